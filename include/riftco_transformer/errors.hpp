@@ -1,0 +1,51 @@
+#pragma once
+// Typed errors. Every message starts with the operation in brackets, e.g.
+// "[matmul] lhs (4, 8) and rhs (7, 3): inner dimensions differ".
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace riftco_transformer {
+
+/// Base of every error riftco throws on purpose.
+class Error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+/// Shapes that do not fit the operation.
+class ShapeError : public Error {
+ public:
+  using Error::Error;
+};
+
+/// Tensors on different backends, or a backend that is not built.
+class BackendError : public Error {
+ public:
+  using Error::Error;
+};
+
+/// An argument outside its valid range (bad enum, bad index, bad config).
+class ValueError : public Error {
+ public:
+  using Error::Error;
+};
+
+/// backward() found a parent whose version changed since the graph was built.
+class StaleGraphError : public Error {
+ public:
+  using Error::Error;
+};
+
+/// backward() called in a way that cannot produce gradients (no seed for a
+/// non-scalar output, output that does not require grad, ...).
+class BackwardError : public Error {
+ public:
+  using Error::Error;
+};
+
+/// "(4, 8)" — used by every error message that carries a shape.
+std::string shape_string(const std::vector<std::int64_t>& shape);
+
+}  // namespace riftco_transformer

@@ -1,0 +1,37 @@
+#pragma once
+// Per-backend allocation accounting. Every Tensor buffer is allocated through
+// `allocate_bytes` / `free_bytes`, so these counters are exact.
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace riftco_transformer {
+
+enum class Backend : std::uint8_t { Cpu = 0, Cuda = 1 };
+
+/// "cpu" / "cuda".
+const char* backend_name(Backend backend);
+/// Parses "cpu" / "cuda"; throws ValueError naming `op` otherwise.
+Backend parse_backend(const std::string& name, const char* op);
+/// True when this build contains the backend's kernels.
+bool backend_available(Backend backend);
+
+struct MemoryStats {
+  std::int64_t live_bytes = 0;        // bytes currently allocated
+  std::int64_t peak_bytes = 0;        // max of live_bytes since the last reset
+  std::int64_t allocation_count = 0;  // allocations since process start
+  std::int64_t free_count = 0;        // frees since process start
+};
+
+MemoryStats memory_stats(Backend backend = Backend::Cpu);
+/// Sets peak_bytes to the current live_bytes.
+void reset_peak_memory(Backend backend = Backend::Cpu);
+
+namespace detail {
+/// 64-byte aligned; counts the bytes on `backend`. Never returns null
+/// (throws std::bad_alloc). Zero bytes returns a valid unique pointer.
+void* allocate_bytes(Backend backend, std::size_t bytes);
+void free_bytes(Backend backend, void* ptr, std::size_t bytes) noexcept;
+}  // namespace detail
+
+}  // namespace riftco_transformer

@@ -1,0 +1,104 @@
+#pragma once
+// Tensor: a cheap handle to shared float32 storage, contiguous row-major.
+// Copying a Tensor shares the buffer (like MLX `array`); `clone()` copies it.
+#include <cstdint>
+#include <initializer_list>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "riftco_transformer/errors.hpp"
+#include "riftco_transformer/memory.hpp"
+#include "riftco_transformer/random.hpp"
+
+namespace riftco_transformer {
+
+using Shape = std::vector<std::int64_t>;
+
+/// Number of elements of a shape; throws ShapeError naming `op` on a negative
+/// dimension or overflow.
+std::int64_t shape_numel(const Shape& shape, const char* op = "tensor");
+
+/// One allocation, owned by every Tensor that views it.
+class Storage {
+ public:
+  Storage(Backend backend, std::int64_t numel);
+  ~Storage();
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+
+  float* data() { return data_; }
+  const float* data() const { return data_; }
+  std::int64_t numel() const { return numel_; }
+  Backend backend() const { return backend_; }
+
+ private:
+  Backend backend_;
+  std::int64_t numel_;
+  float* data_;
+};
+
+class Tensor {
+ public:
+  /// An undefined tensor (no storage); `defined()` is false.
+  Tensor() = default;
+
+  static Tensor empty(const Shape& shape, Backend backend = Backend::Cpu);
+  static Tensor zeros(const Shape& shape, Backend backend = Backend::Cpu);
+  static Tensor ones(const Shape& shape, Backend backend = Backend::Cpu);
+  static Tensor full(const Shape& shape, float value, Backend backend = Backend::Cpu);
+  static Tensor scalar(float value);
+  /// Copies `values` (must have shape_numel(shape) elements).
+  static Tensor from_data(const Shape& shape, std::span<const float> values);
+  static Tensor from_data(const Shape& shape, std::initializer_list<float> values);
+  static Tensor normal(const Shape& shape, Random& random, float mean = 0.0F, float std = 1.0F);
+  static Tensor uniform(const Shape& shape, Random& random, float low = 0.0F, float high = 1.0F);
+
+  bool defined() const { return storage_ != nullptr; }
+  const Shape& shape() const { return shape_; }
+  std::int64_t dim() const { return static_cast<std::int64_t>(shape_.size()); }
+  /// Size of dimension `d`; negative counts from the end.
+  std::int64_t size(std::int64_t d) const;
+  std::int64_t numel() const { return numel_; }
+  std::int64_t nbytes() const { return numel_ * static_cast<std::int64_t>(sizeof(float)); }
+  Backend backend() const;
+
+  /// Host pointer (CPU tensors only; throws BackendError otherwise).
+  float* data();
+  const float* data() const;
+  std::span<const float> values() const { return {data(), static_cast<std::size_t>(numel_)}; }
+
+  /// Deep copy into a new buffer.
+  Tensor clone() const;
+  /// Same storage, new shape with the same element count. One dimension may be -1.
+  Tensor reshape(const Shape& shape) const;
+  /// Copy to another backend (a deep copy even for the same backend is not
+  /// made: same backend returns *this).
+  Tensor to(Backend backend) const;
+  std::vector<float> to_vector() const;
+
+  /// Element access for tests and small host code.
+  float at(std::initializer_list<std::int64_t> index) const;
+  float item() const;  // numel() == 1
+  void fill(float value);
+  /// Copies `other`'s values into this tensor's buffer (same shape).
+  void copy_from(const Tensor& other);
+
+  /// True when both handles view the same buffer.
+  bool shares_storage(const Tensor& other) const { return storage_ == other.storage_; }
+  const void* storage_id() const { return storage_.get(); }
+  /// Handles sharing this buffer (1: this handle owns it alone).
+  long use_count() const { return storage_.use_count(); }
+
+ private:
+  std::shared_ptr<Storage> storage_;
+  Shape shape_;
+  std::int64_t numel_ = 0;
+};
+
+/// Bitwise equality of shape and values (tests: "bit-identical").
+bool bit_equal(const Tensor& a, const Tensor& b);
+/// max |a - b|; shapes must match.
+float max_abs_diff(const Tensor& a, const Tensor& b);
+
+}  // namespace riftco_transformer

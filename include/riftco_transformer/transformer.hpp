@@ -1,0 +1,124 @@
+#pragma once
+// Decoder-only transformer: token embedding → L blocks of
+//   [RMSNorm → causal multi-head self-attention with RoPE → residual;
+//    RMSNorm → SwiGLU MLP → residual]
+// → final RMSNorm → untied LM head. No biases.
+//
+// Initialization: every weight matrix ~ N(0, 0.02²); the two residual
+// projections of each block (attention output, MLP down) ~ N(0, (0.02/√(2L))²);
+// RMSNorm weights = 1.
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "riftco_transformer/attention.hpp"
+#include "riftco_transformer/variable.hpp"
+
+namespace riftco_transformer {
+
+struct TransformerDimensions {
+  std::int64_t vocab_size = 256;
+  std::int64_t context_length = 128;
+  std::int64_t model_width = 128;
+  std::int64_t heads = 4;
+  std::int64_t layers = 4;
+  std::int64_t feed_forward_width = 344;
+
+  /// Throws ValueError naming the bad field: every field > 0, model_width
+  /// divisible by heads, an even head width (RoPE rotates pairs).
+  void validate() const;
+  std::int64_t head_width() const { return model_width / heads; }
+  bool operator==(const TransformerDimensions&) const = default;
+};
+
+/// How a training forward retains activations. Not architecture: it is not in
+/// TransformerDimensions, the C config struct or the model-state file.
+enum class ActivationCheckpointingKind : std::uint8_t {
+  Disabled = 0,          ///< ordinary graph (the compatibility default)
+  TransformerBlock = 1,  ///< checkpoint every transformer block
+  BlockSegments = 2,     ///< checkpoint every k consecutive blocks as one segment
+};
+/// "disabled" / "block" / "segments".
+const char* activation_checkpointing_name(ActivationCheckpointingKind kind);
+ActivationCheckpointingKind parse_activation_checkpointing(const std::string& name,
+                                                           const char* op = "activation_checkpointing");
+
+struct NamedParameter {
+  std::string name;  // e.g. "blocks.3.attention.query.weight"
+  Variable variable;
+};
+
+/// The parameters of one block, in a fixed order. Optional LoRA adapters
+/// (added by the LoRA layer) sit beside the projection they adapt.
+struct BlockWeights {
+  Variable attention_norm;               // (C)
+  Variable query, key, value, output;    // (C, C)
+  Variable mlp_norm;                     // (C)
+  Variable gate, up;                     // (F, C)
+  Variable down;                         // (C, F)
+};
+
+class DecodeSession;
+
+class DecoderOnlyTransformer {
+ public:
+  DecoderOnlyTransformer(const TransformerDimensions& dimensions, Random& random, float norm_epsilon = 1.0e-5F,
+                         FullSequenceAttentionKind attention = FullSequenceAttentionKind::Materialized,
+                         ActivationCheckpointingKind activation_checkpointing = ActivationCheckpointingKind::Disabled);
+
+  const TransformerDimensions& dimensions() const { return dimensions_; }
+  float norm_epsilon() const { return norm_epsilon_; }
+
+  FullSequenceAttentionKind attention_kind() const { return attention_; }
+  void set_attention_kind(FullSequenceAttentionKind kind);
+
+  ActivationCheckpointingKind activation_checkpointing_kind() const { return checkpointing_; }
+  /// Safe at any time, including while a DecodeSession exists (decode never
+  /// checkpoints). Affects graphs built by later forward() calls only.
+  void set_activation_checkpointing_kind(ActivationCheckpointingKind kind);
+  /// Blocks per segment for BlockSegments; 0 (the default) picks
+  /// round(√layers) as in Chen et al. 2016.
+  void set_checkpoint_segment_blocks(std::int64_t blocks);
+  /// The effective segment size (resolves 0 to round(√layers), at least 1).
+  std::int64_t checkpoint_segment_blocks() const;
+
+  /// Every parameter with its stable name, in a fixed order.
+  std::vector<NamedParameter> parameters() const;
+  /// ValueError naming the missing parameter.
+  Variable parameter(const std::string& name) const;
+  std::int64_t parameter_count() const;
+
+  const Variable& token_embedding() const { return token_embedding_; }
+  const Variable& final_norm() const { return final_norm_; }
+  const Variable& lm_head() const { return lm_head_; }
+  const std::vector<BlockWeights>& blocks() const { return blocks_; }
+
+  /// tokens: batch × T ids (row-major), T = tokens.size() / batch ≤ context.
+  /// Returns logits (B, T, V).
+  Variable forward(std::span<const std::int32_t> tokens, std::int64_t batch) const;
+  /// Mean cross-entropy of forward(tokens) against targets (same count);
+  /// targets equal to ignore_index are skipped.
+  Variable loss(std::span<const std::int32_t> tokens, std::span<const std::int32_t> targets, std::int64_t batch,
+                std::int32_t ignore_index = -100) const;
+
+  /// The hidden states after `block` for input h (B, T, C): one block, no
+  /// checkpointing (the function a checkpoint replays).
+  Variable block_forward(std::size_t block, const Variable& h) const;
+
+ private:
+  Variable run_blocks(const Variable& h) const;
+
+  TransformerDimensions dimensions_;
+  float norm_epsilon_;
+  FullSequenceAttentionKind attention_;
+  ActivationCheckpointingKind checkpointing_;
+  std::int64_t segment_blocks_ = 0;
+  Variable token_embedding_;  // (V, C)
+  std::vector<BlockWeights> blocks_;
+  Variable final_norm_;  // (C)
+  Variable lm_head_;     // (V, C)
+};
+
+}  // namespace riftco_transformer

@@ -1,0 +1,124 @@
+#pragma once
+// Variable: a shared handle to an autograd node.
+//
+// A node holds its value Tensor, a public gradient slot of the same shape,
+// its parents with the versions they had when the node was made, a backward
+// closure, requires_grad / leaf flags and a name for error messages.
+// backward() runs every pass in an isolated GradientContext and commits
+// gradients only after the whole pass succeeded (see docs/autograd.md).
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "riftco_transformer/tensor.hpp"
+
+namespace riftco_transformer {
+
+struct Node;
+
+/// Gradient of the loss with respect to each parent, given the gradient with
+/// respect to the node's output. Returns one Tensor per parent, in order; an
+/// undefined Tensor means "no gradient" (allowed where needs_grad is false).
+using BackwardFn =
+    std::function<std::vector<Tensor>(const Tensor& grad_output, const std::vector<bool>& needs_grad)>;
+
+/// Structural diagnostic (spec "Diagnostics and tests"): reachable nodes and
+/// the Tensor elements they own directly (values and committed gradients).
+/// Backend workspaces and tensors captured by closures are not counted.
+struct GraphStatistics {
+  std::int64_t node_count = 0;
+  std::int64_t element_count = 0;
+};
+
+/// One row of the "what is saved" view: what a node keeps alive.
+struct RetainedNode {
+  std::string kind;  // op name, or "leaf"
+  std::string name;  // the node's name ("" for unnamed intermediates)
+  Shape shape;
+  std::int64_t value_bytes = 0;
+  std::int64_t grad_bytes = 0;
+  std::int64_t saved_bytes = 0;  // tensors kept for backward that no reachable node owns as its value
+};
+
+class Variable {
+ public:
+  /// An undefined handle.
+  Variable() = default;
+  /// A leaf holding `value`.
+  explicit Variable(Tensor value, bool requires_grad = false, std::string name = "");
+
+  /// A node made by a differentiable op. When no parent requires grad (or
+  /// NoGradGuard is active) the result is a constant leaf with no parents.
+  /// `saved` lists the tensors the closure keeps (for retained_nodes()).
+  static Variable from_op(std::string op, Tensor value, std::vector<Variable> parents, BackwardFn backward,
+                          std::vector<Tensor> saved = {});
+
+  bool defined() const { return node_ != nullptr; }
+  const Tensor& value() const;
+  const Shape& shape() const { return value().shape(); }
+  Backend backend() const { return value().backend(); }
+
+  bool requires_grad() const;
+  /// Leaves only. Changing it is a structural change: bumps the version.
+  void set_requires_grad(bool requires_grad);
+  bool is_leaf() const;
+  const std::string& name() const;
+  void set_name(std::string name);
+  /// The op that made this node ("leaf" for leaves).
+  const std::string& op() const;
+  std::vector<Variable> parents() const;
+
+  /// Leaves only: replaces the value (any shape) and bumps the version.
+  void set_value(Tensor value);
+  /// Leaves only: the value for an in-place update; bumps the version first.
+  Tensor& mutable_value();
+  /// Leaves only: moves the value to `backend` and bumps the version.
+  void to(Backend backend);
+  std::uint64_t version() const;
+
+  /// The committed gradient; undefined before the first backward() that
+  /// reached this node.
+  const Tensor& grad() const;
+  bool has_grad() const { return grad().defined(); }
+  /// Drops the committed gradient (PyTorch's zero_grad(set_to_none=True)).
+  void clear_grad();
+  /// Keep this non-leaf node's gradient after backward().
+  void retain_grad();
+
+  /// Scalar outputs: seed 1. Non-scalar outputs must pass a seed.
+  void backward() const;
+  void backward(const Tensor& seed) const;
+
+  GraphStatistics graph_statistics() const;
+  std::vector<RetainedNode> retained_nodes() const;
+  /// A table of retained_nodes() for a person to read.
+  std::string retained_report() const;
+
+  bool same_node(const Variable& other) const { return node_ == other.node_; }
+  Node* node() const { return node_.get(); }
+  const std::shared_ptr<Node>& node_ptr() const { return node_; }
+
+ private:
+  explicit Variable(std::shared_ptr<Node> node) : node_(std::move(node)) {}
+  friend class GradientContext;
+  friend struct NodeAccess;
+  std::shared_ptr<Node> node_;
+};
+
+/// While alive, ops on this thread build no graph (decode, evaluation).
+class NoGradGuard {
+ public:
+  NoGradGuard();
+  ~NoGradGuard();
+  NoGradGuard(const NoGradGuard&) = delete;
+  NoGradGuard& operator=(const NoGradGuard&) = delete;
+  static bool active();
+
+ private:
+  bool previous_;
+};
+
+}  // namespace riftco_transformer

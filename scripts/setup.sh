@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Installs everything riftco needs to build and test on a fresh Debian 12
+# machine (run as root, or with sudo available). Safe to run again: it only
+# calls apt-get when a package is missing.
+set -euo pipefail
+
+packages=(
+  build-essential cmake ninja-build pkg-config
+  libopenblas-dev            # BLAS (sgemm) for every matmul
+  nlohmann-json3-dev         # JSON: model-state headers, metadata
+  libgtest-dev               # C++ tests
+  libbenchmark-dev           # kernel micro-benchmarks
+  python3 python3-numpy python3-pytest  # independent file readers, Python tests
+  python3-torch              # PyTorch parity tests and the reference benchmark
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+done
+
+if ((${#missing[@]})); then
+  echo "[setup] installing: ${missing[*]}"
+  SUDO=""
+  if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+echo "[setup] all build and test dependencies present"

@@ -1,0 +1,129 @@
+#include "gradient_context.hpp"
+
+#include <unordered_set>
+
+#include "../backend/cpu/kernels.hpp"
+
+namespace riftco_transformer {
+
+void GradientContext::accumulate(const Node* node, Tensor g) {
+  auto it = grads_.find(node);
+  if (it == grads_.end()) {
+    grads_.emplace(node, std::move(g));
+    return;
+  }
+  Tensor& existing = it->second;
+  if (existing.use_count() == 1) {
+    cpu::add_inplace(existing, g);  // existing += g (we own the buffer)
+  } else {
+    existing = cpu::add(existing, g);  // buffer shared elsewhere: new buffer
+  }
+}
+
+const Tensor* GradientContext::find(const Node* node) const {
+  auto it = grads_.find(node);
+  return it == grads_.end() ? nullptr : &it->second;
+}
+
+Tensor GradientContext::take(const Node* node) {
+  auto it = grads_.find(node);
+  if (it == grads_.end()) return {};
+  Tensor t = std::move(it->second);
+  grads_.erase(it);
+  return t;
+}
+
+std::vector<Node*> topological_order(Node* root) {
+  // Iterative DFS post-order: deep graphs (thousands of nodes) must not
+  // recurse.
+  std::vector<Node*> order;
+  std::unordered_set<Node*> visited;
+  struct Frame {
+    Node* node;
+    std::size_t next_parent;
+  };
+  std::vector<Frame> stack;
+  stack.push_back({root, 0});
+  visited.insert(root);
+  while (!stack.empty()) {
+    Frame& frame = stack.back();
+    if (frame.next_parent < frame.node->parents.size()) {
+      Node* parent = frame.node->parents[frame.next_parent++].node.get();
+      if (parent->requires_grad && visited.insert(parent).second) stack.push_back({parent, 0});
+    } else {
+      order.push_back(frame.node);
+      stack.pop_back();
+    }
+  }
+  return order;  // parents before children
+}
+
+namespace {
+
+void validate_versions(const std::vector<Node*>& order, const char* op) {
+  for (Node* node : order) {
+    for (std::size_t i = 0; i < node->parents.size(); ++i) {
+      const Edge& edge = node->parents[i];
+      if (edge.node->version != edge.version) {
+        throw StaleGraphError(std::string("[") + op + "] stale graph: " + edge.node->label() +
+                              " (input " + std::to_string(i) + " of " + node->label() + ") changed from version " +
+                              std::to_string(edge.version) + " to " + std::to_string(edge.node->version) +
+                              " after the graph was built; run the forward pass again");
+      }
+    }
+  }
+}
+
+}  // namespace
+
+PassResult run_backward_pass(const Variable& root_var, const Tensor& seed, const char* op) {
+  Node* root = root_var.node();
+  if (root == nullptr) throw BackwardError(std::string("[") + op + "] undefined variable");
+  if (!root->requires_grad) {
+    throw BackwardError(std::string("[") + op + "] " + root->label() +
+                        " does not require grad: no input of the graph requires grad");
+  }
+  if (seed.shape() != root->value.shape()) {
+    throw ShapeError(std::string("[") + op + "] seed gradient " + shape_string(seed.shape()) +
+                     " does not match output " + shape_string(root->value.shape()));
+  }
+  const std::vector<Node*> order = topological_order(root);
+  validate_versions(order, op);  // before anything is computed or touched
+
+  PassResult result;
+  GradientContext& ctx = result.context;
+  ctx.accumulate(root, seed);
+  std::vector<bool> needs;
+  for (auto it = order.rbegin(); it != order.rend(); ++it) {
+    Node* node = *it;
+    if (node->is_leaf) {
+      result.leaves.push_back(node);
+      continue;
+    }
+    if (node->retain_grad) result.retained.push_back(node);
+    const Tensor* grad_ptr = ctx.find(node);
+    if (grad_ptr == nullptr) continue;
+    const Tensor grad = node->retain_grad ? *grad_ptr : ctx.take(node);
+    needs.assign(node->parents.size(), false);
+    for (std::size_t i = 0; i < node->parents.size(); ++i) needs[i] = node->parents[i].node->requires_grad;
+    std::vector<Tensor> parent_grads = node->backward(grad, needs);
+    if (parent_grads.size() != node->parents.size()) {
+      throw BackwardError(std::string("[") + op + "] " + node->label() + " returned " +
+                          std::to_string(parent_grads.size()) + " gradients for " +
+                          std::to_string(node->parents.size()) + " inputs");
+    }
+    for (std::size_t i = 0; i < parent_grads.size(); ++i) {
+      if (!needs[i] || !parent_grads[i].defined()) continue;
+      const Node* parent = node->parents[i].node.get();
+      if (parent_grads[i].shape() != parent->value.shape()) {
+        throw BackwardError(std::string("[") + op + "] " + node->label() + " returned a gradient of shape " +
+                            shape_string(parent_grads[i].shape()) + " for input " + std::to_string(i) +
+                            " of shape " + shape_string(parent->value.shape()));
+      }
+      ctx.accumulate(parent, std::move(parent_grads[i]));
+    }
+  }
+  return result;
+}
+
+}  // namespace riftco_transformer

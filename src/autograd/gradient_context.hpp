@@ -1,0 +1,43 @@
+#pragma once
+// GradientContext: where one backward pass accumulates gradients. Nothing in
+// it is public until the pass commits; a nested pass (checkpoint replay) uses
+// its own context and hands its results to the outer one.
+#include <unordered_map>
+
+#include "node.hpp"
+
+namespace riftco_transformer {
+
+class GradientContext {
+ public:
+  /// grad(node) += g. Takes `g` by handle; copies only when a second
+  /// contribution arrives and the first buffer is shared with someone else.
+  void accumulate(const Node* node, Tensor g);
+  /// The accumulated gradient, or nullptr.
+  const Tensor* find(const Node* node) const;
+  /// Removes and returns the gradient (undefined when none).
+  Tensor take(const Node* node);
+  void erase(const Node* node) { grads_.erase(node); }
+
+ private:
+  std::unordered_map<const Node*, Tensor> grads_;
+};
+
+/// One backward pass from `root` with gradient `seed`, in a fresh context.
+/// Validates versions of the whole reachable graph first (StaleGraphError),
+/// then runs closures in reverse topological order. On return the context
+/// holds the gradients of every reached leaf that requires grad and of every
+/// node with retain_grad; other intermediate gradients are freed as soon as
+/// they are consumed. Touches no public state.
+struct PassResult {
+  GradientContext context;
+  std::vector<Node*> leaves;    // leaves requiring grad, in discovery order
+  std::vector<Node*> retained;  // non-leaf nodes with retain_grad
+};
+PassResult run_backward_pass(const Variable& root, const Tensor& seed, const char* op);
+
+/// Reverse topological order helper: every node reachable from `root`
+/// through edges to nodes that require grad; parents come before children.
+std::vector<Node*> topological_order(Node* root);
+
+}  // namespace riftco_transformer

@@ -1,0 +1,238 @@
+#include "riftco_transformer/variable.hpp"
+
+#include <iomanip>
+#include <sstream>
+#include <unordered_set>
+
+#include "gradient_context.hpp"
+#include "node.hpp"
+
+namespace riftco_transformer {
+namespace {
+
+thread_local bool g_no_grad = false;
+
+Node& require(const std::shared_ptr<Node>& node, const char* op) {
+  if (!node) throw ValueError(std::string("[") + op + "] undefined variable");
+  return *node;
+}
+
+void require_leaf(const Node& node, const char* op) {
+  if (!node.is_leaf) {
+    throw ValueError(std::string("[") + op + "] " + node.label() +
+                     " is not a leaf: only leaves (parameters, inputs) can be changed");
+  }
+}
+
+/// Every node reachable from root through all edges (graph statistics count
+/// constants too: they are retained by the graph).
+std::vector<Node*> reachable(Node* root) {
+  std::vector<Node*> out;
+  std::unordered_set<Node*> seen{root};
+  std::vector<Node*> stack{root};
+  while (!stack.empty()) {
+    Node* n = stack.back();
+    stack.pop_back();
+    out.push_back(n);
+    for (const Edge& e : n->parents) {
+      if (seen.insert(e.node.get()).second) stack.push_back(e.node.get());
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+Node::~Node() {
+  // Unlink parents iteratively: take ownership of every parent whose last
+  // handle is ours and drain them from a local stack.
+  std::vector<std::shared_ptr<Node>> pending;
+  for (Edge& e : parents) pending.push_back(std::move(e.node));
+  parents.clear();
+  while (!pending.empty()) {
+    std::shared_ptr<Node> n = std::move(pending.back());
+    pending.pop_back();
+    if (n && n.use_count() == 1) {
+      for (Edge& e : n->parents) pending.push_back(std::move(e.node));
+      n->parents.clear();
+      n->backward = nullptr;  // closures may hold Variables too; they go now
+    }
+  }
+}
+
+std::string Node::label() const {
+  if (!name.empty()) return "'" + name + "' (" + op + ")";
+  return op + " node";
+}
+
+Variable::Variable(Tensor value, bool requires_grad, std::string name) : node_(std::make_shared<Node>()) {
+  if (!value.defined()) throw ValueError("[variable] a leaf needs a defined value");
+  node_->value = std::move(value);
+  node_->requires_grad = requires_grad;
+  node_->name = std::move(name);
+}
+
+Variable Variable::from_op(std::string op, Tensor value, std::vector<Variable> parents, BackwardFn backward,
+                           std::vector<Tensor> saved) {
+  auto node = std::make_shared<Node>();
+  node->value = std::move(value);
+  bool any = false;
+  for (const Variable& p : parents) any = any || (p.defined() && p.node_->requires_grad);
+  node->op = std::move(op);
+  if (!any || g_no_grad) return Variable(std::move(node));  // a constant: no graph
+  node->is_leaf = false;
+  node->requires_grad = true;
+  node->backward = std::move(backward);
+  node->saved = std::move(saved);
+  node->parents.reserve(parents.size());
+  for (Variable& p : parents) node->parents.push_back(Edge{p.node_, p.node_->version});
+  return Variable(std::move(node));
+}
+
+const Tensor& Variable::value() const { return require(node_, "value").value; }
+bool Variable::requires_grad() const { return require(node_, "requires_grad").requires_grad; }
+
+void Variable::set_requires_grad(bool requires_grad) {
+  Node& n = require(node_, "set_requires_grad");
+  require_leaf(n, "set_requires_grad");
+  if (n.requires_grad != requires_grad) {
+    n.requires_grad = requires_grad;
+    ++n.version;
+  }
+}
+
+bool Variable::is_leaf() const { return require(node_, "is_leaf").is_leaf; }
+const std::string& Variable::name() const { return require(node_, "name").name; }
+void Variable::set_name(std::string name) { require(node_, "set_name").name = std::move(name); }
+const std::string& Variable::op() const { return require(node_, "op").op; }
+
+std::vector<Variable> Variable::parents() const {
+  std::vector<Variable> out;
+  for (const Edge& e : require(node_, "parents").parents) out.push_back(Variable(e.node));
+  return out;
+}
+
+void Variable::set_value(Tensor value) {
+  Node& n = require(node_, "set_value");
+  require_leaf(n, "set_value");
+  if (!value.defined()) throw ValueError("[set_value] undefined tensor for " + n.label());
+  n.value = std::move(value);
+  ++n.version;
+}
+
+Tensor& Variable::mutable_value() {
+  Node& n = require(node_, "mutable_value");
+  require_leaf(n, "mutable_value");
+  ++n.version;
+  return n.value;
+}
+
+void Variable::to(Backend backend) {
+  Node& n = require(node_, "to");
+  require_leaf(n, "to");
+  if (n.value.backend() == backend) return;
+  Tensor moved = n.value.to(backend);  // throws before anything changes
+  Tensor grad = n.grad.defined() ? n.grad.to(backend) : Tensor();
+  n.value = std::move(moved);
+  n.grad = std::move(grad);
+  ++n.version;
+}
+
+std::uint64_t Variable::version() const { return require(node_, "version").version; }
+const Tensor& Variable::grad() const { return require(node_, "grad").grad; }
+void Variable::clear_grad() { require(node_, "clear_grad").grad = Tensor(); }
+
+void Variable::retain_grad() {
+  Node& n = require(node_, "retain_grad");
+  if (!n.is_leaf) n.retain_grad = true;
+}
+
+void Variable::backward() const {
+  const Node& n = require(node_, "backward");
+  if (n.value.numel() != 1) {
+    throw BackwardError("[backward] output " + n.label() + " of shape " + shape_string(n.value.shape()) +
+                        " is not a scalar: pass a seed gradient of the same shape");
+  }
+  backward(Tensor::ones(n.value.shape(), n.value.backend()));
+}
+
+void Variable::backward(const Tensor& seed) const {
+  PassResult pass = run_backward_pass(*this, seed, "backward");
+  // Build every committed tensor first (this may allocate and throw), then
+  // publish them with non-throwing handle assignments.
+  std::vector<std::pair<Node*, Tensor>> commits;
+  commits.reserve(pass.leaves.size() + pass.retained.size());
+  auto prepare = [&](Node* node) {
+    Tensor g = pass.context.take(node);
+    if (!g.defined()) {
+      g = Tensor::zeros(node->value.shape(), node->value.backend());  // leaves always receive a gradient
+    } else if (g.use_count() != 1) {
+      g = g.clone();  // never publish a buffer another node or the caller also holds
+    }
+    commits.emplace_back(node, std::move(g));
+  };
+  for (Node* leaf : pass.leaves) prepare(leaf);
+  for (Node* node : pass.retained) prepare(node);
+  for (auto& [node, g] : commits) node->grad = std::move(g);
+}
+
+GraphStatistics Variable::graph_statistics() const {
+  GraphStatistics stats;
+  for (Node* n : reachable(&require(node_, "graph_statistics"))) {
+    ++stats.node_count;
+    stats.element_count += n->value.numel();
+    if (n->grad.defined()) stats.element_count += n->grad.numel();
+  }
+  return stats;
+}
+
+std::vector<RetainedNode> Variable::retained_nodes() const {
+  const std::vector<Node*> nodes = reachable(&require(node_, "retained_nodes"));
+  std::unordered_set<const void*> owned;
+  for (Node* n : nodes) owned.insert(n->value.storage_id());
+  std::vector<RetainedNode> rows;
+  rows.reserve(nodes.size());
+  for (Node* n : nodes) {
+    RetainedNode row;
+    row.kind = n->op;
+    row.name = n->name;
+    row.shape = n->value.shape();
+    row.value_bytes = n->value.nbytes();
+    row.grad_bytes = n->grad.defined() ? n->grad.nbytes() : 0;
+    std::unordered_set<const void*> counted;
+    for (const Tensor& s : n->saved) {
+      if (s.defined() && !owned.contains(s.storage_id()) && counted.insert(s.storage_id()).second) {
+        row.saved_bytes += s.nbytes();
+      }
+    }
+    rows.push_back(std::move(row));
+  }
+  return rows;
+}
+
+std::string Variable::retained_report() const {
+  const std::vector<RetainedNode> rows = retained_nodes();
+  std::ostringstream out;
+  std::int64_t value = 0;
+  std::int64_t grad = 0;
+  std::int64_t saved = 0;
+  out << std::left << std::setw(22) << "kind" << std::setw(36) << "name" << std::setw(22) << "shape" << std::right
+      << std::setw(14) << "value B" << std::setw(14) << "grad B" << std::setw(14) << "saved B" << '\n';
+  for (const RetainedNode& r : rows) {
+    out << std::left << std::setw(22) << r.kind << std::setw(36) << r.name << std::setw(22) << shape_string(r.shape)
+        << std::right << std::setw(14) << r.value_bytes << std::setw(14) << r.grad_bytes << std::setw(14)
+        << r.saved_bytes << '\n';
+    value += r.value_bytes;
+    grad += r.grad_bytes;
+    saved += r.saved_bytes;
+  }
+  out << rows.size() << " nodes; values " << value << " B, gradients " << grad << " B, saved for backward " << saved
+      << " B\n";
+  return out.str();
+}
+
+NoGradGuard::NoGradGuard() : previous_(g_no_grad) { g_no_grad = true; }
+NoGradGuard::~NoGradGuard() { g_no_grad = previous_; }
+bool NoGradGuard::active() { return g_no_grad; }
+
+}  // namespace riftco_transformer

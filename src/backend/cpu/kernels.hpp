@@ -1,0 +1,82 @@
+#pragma once
+// CPU kernels over Tensors (no autograd). Loops use OpenMP with static
+// partitioning and no cross-thread reductions whose order depends on timing,
+// so results are bit-identical for a fixed thread count.
+#include <cstdint>
+#include <span>
+
+#include "riftco_transformer/tensor.hpp"
+
+namespace riftco_transformer::cpu {
+
+// ---- BLAS -----------------------------------------------------------------
+/// C(M,N) = alpha * op(A) op(B) + beta * C, row-major; op transposes when set.
+void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* a,
+          std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c, std::int64_t ldc);
+
+/// Batched matmul: a (batch.., M, K) [or (.., K, M) when trans_a], b either
+/// 2-D (K, N) [(N, K)] shared by every batch or with the same batch dims.
+/// Shapes are validated by the op front-end.
+Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b);
+
+// ---- elementwise ----------------------------------------------------------
+Tensor add(const Tensor& a, const Tensor& b);  // same shape
+void add_inplace(Tensor& a, const Tensor& b);  // a += b, same shape
+void axpy_inplace(Tensor& y, float alpha, const Tensor& x);  // y += alpha * x
+Tensor scale(const Tensor& a, float s);
+
+enum class BinaryOp : std::uint8_t { Add, Sub, Mul };
+/// Numpy broadcasting; `out_shape` is the broadcast shape.
+Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b, const Shape& out_shape);
+/// Sums `grad` (broadcast shape) down to `shape` (the input's shape).
+Tensor reduce_to_shape(const Tensor& grad, const Shape& shape);
+
+// ---- layout ---------------------------------------------------------------
+/// out[i_perm...] = in[i...]: out dim d is in dim perm[d].
+Tensor permute(const Tensor& in, std::span<const std::int64_t> perm);
+
+// ---- activations (elementwise) -------------------------------------------
+enum class Activation : std::uint8_t { Silu, Gelu };
+Tensor activation_forward(Activation act, const Tensor& x);
+/// dx = g * act'(x).
+Tensor activation_backward(Activation act, const Tensor& x, const Tensor& g);
+/// out = silu(gate) * up.
+Tensor swiglu_forward(const Tensor& gate, const Tensor& up);
+/// d_gate, d_up given g.
+void swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& g, Tensor& d_gate, Tensor& d_up);
+
+// ---- normalization --------------------------------------------------------
+/// y = x * rstd * w per row of length C; rstd (rows) is returned for backward.
+Tensor rms_norm_forward(const Tensor& x, const Tensor& w, float eps, Tensor& rstd);
+/// dx and dw (dw summed over rows in row order per column).
+void rms_norm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& g, Tensor& dx, Tensor& dw,
+                       bool need_dx, bool need_dw);
+
+// ---- softmax / mask -------------------------------------------------------
+Tensor softmax_forward(const Tensor& x);  // last axis
+/// dx = y * (g - sum(g * y)) per row.
+Tensor softmax_backward(const Tensor& y, const Tensor& g);
+/// Copy with entries j > i + offset of each (Tq, Tk) matrix set to `fill`.
+Tensor causal_fill(const Tensor& x, std::int64_t offset, float fill);
+
+// ---- rotary embedding -----------------------------------------------------
+/// x (..., T, D): rotate pairs (2i, 2i+1) by angle (offset + t) * theta_i.
+/// inverse = true rotates by the negative angle (the backward).
+Tensor rope_apply(const Tensor& x, std::int64_t offset, float base, bool inverse);
+
+// ---- embedding ------------------------------------------------------------
+Tensor embedding_forward(const Tensor& weight, std::span<const std::int32_t> ids, const Shape& out_shape);
+/// dW[ids[i]] += g[i], in row order (deterministic).
+Tensor embedding_backward(const Shape& weight_shape, std::span<const std::int32_t> ids, const Tensor& g);
+
+// ---- cross-entropy --------------------------------------------------------
+/// logits (N, V): returns the mean loss over rows whose target != ignore and
+/// writes softmax probabilities (N, V) to `probs` for the backward; `count`
+/// receives the number of counted rows.
+float cross_entropy_forward(const Tensor& logits, std::span<const std::int32_t> targets, std::int32_t ignore,
+                            Tensor& probs, std::int64_t& count);
+/// d logits = (probs - onehot) * g / count on counted rows, 0 elsewhere.
+Tensor cross_entropy_backward(const Tensor& probs, std::span<const std::int32_t> targets, std::int32_t ignore,
+                              std::int64_t count, float g);
+
+}  // namespace riftco_transformer::cpu

@@ -1,0 +1,56 @@
+// reshape (shares storage), transpose and permute (copy into the new layout).
+#include <algorithm>
+
+#include "../backend/cpu/kernels.hpp"
+#include "op_util.hpp"
+#include "riftco_transformer/ops.hpp"
+
+namespace riftco_transformer {
+using namespace ops_detail;
+
+Variable reshape(const Variable& x, const Shape& shape) {
+  check_defined("reshape", "input", x);
+  Tensor out = x.value().reshape(shape);  // throws "[reshape] ..." with both shapes
+  const Shape in_shape = x.shape();
+  return Variable::from_op("reshape", std::move(out), {x}, [in_shape](const Tensor& g, const std::vector<bool>&) {
+    return std::vector<Tensor>{g.reshape(in_shape)};
+  });
+}
+
+Variable permute(const Variable& x, const std::vector<std::int64_t>& dims) {
+  const char* op = "permute";
+  check_defined(op, "input", x);
+  const std::int64_t rank = x.value().dim();
+  if (static_cast<std::int64_t>(dims.size()) != rank) {
+    throw ShapeError(tag(op) + std::to_string(dims.size()) + " dims given for shape " + shape_string(x.shape()));
+  }
+  std::vector<std::int64_t> perm(dims.size());
+  std::vector<bool> used(dims.size(), false);
+  for (std::size_t i = 0; i < dims.size(); ++i) {
+    const std::int64_t d = normalize_dim(op, dims[i], rank, x.shape());
+    if (used[static_cast<std::size_t>(d)]) {
+      throw ShapeError(tag(op) + "dimension " + std::to_string(d) + " repeated for shape " + shape_string(x.shape()));
+    }
+    used[static_cast<std::size_t>(d)] = true;
+    perm[i] = d;
+  }
+  std::vector<std::int64_t> inverse(perm.size());
+  for (std::size_t i = 0; i < perm.size(); ++i) inverse[static_cast<std::size_t>(perm[i])] = static_cast<std::int64_t>(i);
+  return Variable::from_op(op, cpu::permute(x.value(), perm), {x},
+                           [inverse](const Tensor& g, const std::vector<bool>&) {
+                             return std::vector<Tensor>{cpu::permute(g, inverse)};
+                           });
+}
+
+Variable transpose(const Variable& x, std::int64_t dim0, std::int64_t dim1) {
+  check_defined("transpose", "input", x);
+  const std::int64_t rank = x.value().dim();
+  const std::int64_t a = normalize_dim("transpose", dim0, rank, x.shape());
+  const std::int64_t b = normalize_dim("transpose", dim1, rank, x.shape());
+  std::vector<std::int64_t> perm(static_cast<std::size_t>(rank));
+  for (std::int64_t i = 0; i < rank; ++i) perm[static_cast<std::size_t>(i)] = i;
+  std::swap(perm[static_cast<std::size_t>(a)], perm[static_cast<std::size_t>(b)]);
+  return permute(x, perm);
+}
+
+}  // namespace riftco_transformer

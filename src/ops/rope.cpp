@@ -1,0 +1,24 @@
+// Rotary position embedding: a rotation per pair, so the backward is the
+// inverse rotation of the gradient.
+#include "../backend/cpu/kernels.hpp"
+#include "op_util.hpp"
+#include "riftco_transformer/ops.hpp"
+
+namespace riftco_transformer {
+using namespace ops_detail;
+
+Variable rope(const Variable& x, std::int64_t position_offset, float base) {
+  const char* op = "rope";
+  check_defined(op, "input", x);
+  if (x.value().dim() < 2 || x.shape().back() % 2 != 0) {
+    throw ShapeError(tag(op) + "input " + shape_string(x.shape()) + " must be (..., T, D) with D even");
+  }
+  if (position_offset < 0) throw ValueError(tag(op) + "position_offset must be >= 0");
+  if (!(base > 1.0F)) throw ValueError(tag(op) + "base must be > 1");
+  return Variable::from_op(op, cpu::rope_apply(x.value(), position_offset, base, false), {x},
+                           [position_offset, base](const Tensor& g, const std::vector<bool>&) {
+                             return std::vector<Tensor>{cpu::rope_apply(g, position_offset, base, true)};
+                           });
+}
+
+}  // namespace riftco_transformer

@@ -1,0 +1,223 @@
+#include "riftco_transformer/tensor.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <sstream>
+
+namespace riftco_transformer {
+
+std::string shape_string(const std::vector<std::int64_t>& shape) {
+  std::ostringstream out;
+  out << '(';
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    if (i != 0) out << ", ";
+    out << shape[i];
+  }
+  if (shape.size() == 1) out << ',';
+  out << ')';
+  return out.str();
+}
+
+std::int64_t shape_numel(const Shape& shape, const char* op) {
+  std::int64_t n = 1;
+  for (const std::int64_t d : shape) {
+    if (d < 0) throw ShapeError(std::string("[") + op + "] shape " + shape_string(shape) + " has a negative dimension");
+    if (d != 0 && n > std::numeric_limits<std::int64_t>::max() / 4 / d) {
+      throw ShapeError(std::string("[") + op + "] shape " + shape_string(shape) + " is too large");
+    }
+    n *= d;
+  }
+  return n;
+}
+
+Storage::Storage(Backend backend, std::int64_t numel)
+    : backend_(backend),
+      numel_(numel),
+      data_(static_cast<float*>(detail::allocate_bytes(backend, static_cast<std::size_t>(numel) * sizeof(float)))) {}
+
+Storage::~Storage() { detail::free_bytes(backend_, data_, static_cast<std::size_t>(numel_) * sizeof(float)); }
+
+Tensor Tensor::empty(const Shape& shape, Backend backend) {
+  Tensor t;
+  t.numel_ = shape_numel(shape, "tensor");
+  if (!backend_available(backend)) {
+    throw BackendError(std::string("[tensor] the ") + backend_name(backend) + " backend is not built in this package");
+  }
+  t.storage_ = std::make_shared<Storage>(backend, t.numel_);
+  t.shape_ = shape;
+  return t;
+}
+
+Tensor Tensor::zeros(const Shape& shape, Backend backend) { return full(shape, 0.0F, backend); }
+Tensor Tensor::ones(const Shape& shape, Backend backend) { return full(shape, 1.0F, backend); }
+
+Tensor Tensor::full(const Shape& shape, float value, Backend backend) {
+  Tensor t = empty(shape, backend);
+  t.fill(value);
+  return t;
+}
+
+Tensor Tensor::scalar(float value) { return full({}, value); }
+
+Tensor Tensor::from_data(const Shape& shape, std::span<const float> values) {
+  const std::int64_t n = shape_numel(shape, "from_data");
+  if (static_cast<std::int64_t>(values.size()) != n) {
+    throw ShapeError("[from_data] shape " + shape_string(shape) + " needs " + std::to_string(n) +
+                     " values, got " + std::to_string(values.size()));
+  }
+  Tensor t = empty(shape);
+  std::copy(values.begin(), values.end(), t.data());
+  return t;
+}
+
+Tensor Tensor::from_data(const Shape& shape, std::initializer_list<float> values) {
+  return from_data(shape, std::span<const float>(values.begin(), values.size()));
+}
+
+Tensor Tensor::normal(const Shape& shape, Random& random, float mean, float std) {
+  Tensor t = empty(shape);
+  float* p = t.data();
+  for (std::int64_t i = 0; i < t.numel_; ++i) p[i] = random.normal(mean, std);
+  return t;
+}
+
+Tensor Tensor::uniform(const Shape& shape, Random& random, float low, float high) {
+  Tensor t = empty(shape);
+  float* p = t.data();
+  for (std::int64_t i = 0; i < t.numel_; ++i) p[i] = random.uniform(low, high);
+  return t;
+}
+
+std::int64_t Tensor::size(std::int64_t d) const {
+  const std::int64_t n = dim();
+  const std::int64_t k = d < 0 ? d + n : d;
+  if (k < 0 || k >= n) {
+    throw ShapeError("[size] dimension " + std::to_string(d) + " out of range for shape " + shape_string(shape_));
+  }
+  return shape_[static_cast<std::size_t>(k)];
+}
+
+Backend Tensor::backend() const {
+  if (!storage_) throw ValueError("[tensor] undefined tensor has no backend");
+  return storage_->backend();
+}
+
+float* Tensor::data() {
+  if (!storage_) throw ValueError("[tensor] data() of an undefined tensor");
+  if (storage_->backend() != Backend::Cpu) throw BackendError("[tensor] data() needs a cpu tensor");
+  return storage_->data();
+}
+
+const float* Tensor::data() const {
+  if (!storage_) throw ValueError("[tensor] data() of an undefined tensor");
+  if (storage_->backend() != Backend::Cpu) throw BackendError("[tensor] data() needs a cpu tensor");
+  return storage_->data();
+}
+
+Tensor Tensor::clone() const {
+  if (!defined()) return {};
+  Tensor t = empty(shape_, backend());
+  std::memcpy(t.data(), data(), static_cast<std::size_t>(nbytes()));
+  return t;
+}
+
+Tensor Tensor::reshape(const Shape& shape) const {
+  Shape resolved = shape;
+  std::int64_t known = 1;
+  int inferred = -1;
+  for (std::size_t i = 0; i < resolved.size(); ++i) {
+    if (resolved[i] == -1) {
+      if (inferred >= 0) throw ShapeError("[reshape] only one dimension may be -1 in " + shape_string(shape));
+      inferred = static_cast<int>(i);
+    } else {
+      if (resolved[i] < 0) throw ShapeError("[reshape] bad target shape " + shape_string(shape));
+      known *= resolved[i];
+    }
+  }
+  if (inferred >= 0) {
+    if (known == 0 || numel_ % known != 0) {
+      throw ShapeError("[reshape] cannot reshape " + shape_string(shape_) + " to " + shape_string(shape));
+    }
+    resolved[static_cast<std::size_t>(inferred)] = numel_ / known;
+  }
+  if (shape_numel(resolved, "reshape") != numel_) {
+    throw ShapeError("[reshape] cannot reshape " + shape_string(shape_) + " (" + std::to_string(numel_) +
+                     " elements) to " + shape_string(shape));
+  }
+  Tensor t = *this;
+  t.shape_ = std::move(resolved);
+  return t;
+}
+
+Tensor Tensor::to(Backend target) const {
+  if (!defined()) throw ValueError("[to] undefined tensor");
+  if (target == backend()) return *this;
+  throw BackendError(std::string("[to] the ") + backend_name(target) + " backend is not built in this package");
+}
+
+std::vector<float> Tensor::to_vector() const {
+  if (!defined()) return {};
+  const float* p = data();
+  return {p, p + numel_};
+}
+
+float Tensor::at(std::initializer_list<std::int64_t> index) const {
+  if (static_cast<std::int64_t>(index.size()) != dim()) {
+    throw ShapeError("[at] " + std::to_string(index.size()) + " indices for shape " + shape_string(shape_));
+  }
+  std::int64_t offset = 0;
+  std::size_t d = 0;
+  for (const std::int64_t i : index) {
+    if (i < 0 || i >= shape_[d]) {
+      throw ShapeError("[at] index " + std::to_string(i) + " out of range in dimension " + std::to_string(d) +
+                       " of " + shape_string(shape_));
+    }
+    offset = offset * shape_[d] + i;
+    ++d;
+  }
+  return data()[offset];
+}
+
+float Tensor::item() const {
+  if (numel_ != 1) throw ShapeError("[item] needs one element, shape is " + shape_string(shape_));
+  return data()[0];
+}
+
+void Tensor::fill(float value) {
+  float* p = data();
+  std::fill(p, p + numel_, value);
+}
+
+void Tensor::copy_from(const Tensor& other) {
+  if (other.shape_ != shape_) {
+    throw ShapeError("[copy_from] destination " + shape_string(shape_) + " and source " +
+                     shape_string(other.shape_) + " differ");
+  }
+  if (storage_ == other.storage_) return;
+  std::memcpy(data(), other.data(), static_cast<std::size_t>(nbytes()));
+}
+
+bool bit_equal(const Tensor& a, const Tensor& b) {
+  if (a.defined() != b.defined()) return false;
+  if (!a.defined()) return true;
+  if (a.shape() != b.shape()) return false;
+  return std::memcmp(a.data(), b.data(), static_cast<std::size_t>(a.nbytes())) == 0;
+}
+
+float max_abs_diff(const Tensor& a, const Tensor& b) {
+  if (a.shape() != b.shape()) {
+    throw ShapeError("[max_abs_diff] " + shape_string(a.shape()) + " and " + shape_string(b.shape()) + " differ");
+  }
+  float m = 0.0F;
+  const float* pa = a.data();
+  const float* pb = b.data();
+  for (std::int64_t i = 0; i < a.numel(); ++i) {
+    const float d = std::fabs(pa[i] - pb[i]);
+    if (!(d <= m)) m = d;  // NaN propagates as NaN
+  }
+  return m;
+}
+
+}  // namespace riftco_transformer
