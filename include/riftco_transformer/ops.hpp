@@ -56,4 +56,9 @@ Variable rope(const Variable& x, std::int64_t position_offset = 0, float base = 
 Variable cross_entropy(const Variable& logits, std::span<const std::int32_t> targets,
                        std::int32_t ignore_index = -100);
 
+// ---- regularization -------------------------------------------------------
+/// Inverted dropout: each element is zeroed with probability p (drawn from
+/// `random` in element order) and the rest scaled by 1/(1-p). p = 0 returns x.
+Variable dropout(const Variable& x, float p, Random& random);
+
 }  // namespace riftco_transformer

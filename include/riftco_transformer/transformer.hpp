@@ -60,21 +60,26 @@ struct BlockWeights {
   Variable down;                         // (C, F)
 };
 
-class DecodeSession;
+struct TransformerCore;
 
 class DecoderOnlyTransformer {
  public:
   DecoderOnlyTransformer(const TransformerDimensions& dimensions, Random& random, float norm_epsilon = 1.0e-5F,
                          FullSequenceAttentionKind attention = FullSequenceAttentionKind::Materialized,
                          ActivationCheckpointingKind activation_checkpointing = ActivationCheckpointingKind::Disabled);
+  ~DecoderOnlyTransformer();
+  DecoderOnlyTransformer(DecoderOnlyTransformer&&) noexcept;
+  DecoderOnlyTransformer& operator=(DecoderOnlyTransformer&&) noexcept;
+  DecoderOnlyTransformer(const DecoderOnlyTransformer&) = delete;
+  DecoderOnlyTransformer& operator=(const DecoderOnlyTransformer&) = delete;
 
-  const TransformerDimensions& dimensions() const { return dimensions_; }
-  float norm_epsilon() const { return norm_epsilon_; }
+  const TransformerDimensions& dimensions() const;
+  float norm_epsilon() const;
 
-  FullSequenceAttentionKind attention_kind() const { return attention_; }
+  FullSequenceAttentionKind attention_kind() const;
   void set_attention_kind(FullSequenceAttentionKind kind);
 
-  ActivationCheckpointingKind activation_checkpointing_kind() const { return checkpointing_; }
+  ActivationCheckpointingKind activation_checkpointing_kind() const;
   /// Safe at any time, including while a DecodeSession exists (decode never
   /// checkpoints). Affects graphs built by later forward() calls only.
   void set_activation_checkpointing_kind(ActivationCheckpointingKind kind);
@@ -84,16 +89,29 @@ class DecoderOnlyTransformer {
   /// The effective segment size (resolves 0 to round(√layers), at least 1).
   std::int64_t checkpoint_segment_blocks() const;
 
+  /// Residual dropout after the attention output and MLP down projections
+  /// of every block, active while training() is true. p = 0 (the default)
+  /// disables it. `seed` restarts the dropout generator.
+  void set_dropout(float p, std::uint64_t seed = 0);
+  float dropout() const;
+  void set_training(bool training);
+  bool training() const;
+  /// The dropout generator (for saving and restoring a training run).
+  Random& dropout_random();
+
   /// Every parameter with its stable name, in a fixed order.
   std::vector<NamedParameter> parameters() const;
   /// ValueError naming the missing parameter.
   Variable parameter(const std::string& name) const;
   std::int64_t parameter_count() const;
 
-  const Variable& token_embedding() const { return token_embedding_; }
-  const Variable& final_norm() const { return final_norm_; }
-  const Variable& lm_head() const { return lm_head_; }
-  const std::vector<BlockWeights>& blocks() const { return blocks_; }
+  const Variable& token_embedding() const;
+  const Variable& final_norm() const;
+  const Variable& lm_head() const;
+  const std::vector<BlockWeights>& blocks() const;
+  /// The leaves block `index` uses, in a fixed order (its checkpoint
+  /// dependencies): every base parameter and every active adapter parameter.
+  std::vector<Variable> block_dependencies(std::size_t index) const;
 
   /// tokens: batch × T ids (row-major), T = tokens.size() / batch ≤ context.
   /// Returns logits (B, T, V).
@@ -103,22 +121,12 @@ class DecoderOnlyTransformer {
   Variable loss(std::span<const std::int32_t> tokens, std::span<const std::int32_t> targets, std::int64_t batch,
                 std::int32_t ignore_index = -100) const;
 
-  /// The hidden states after `block` for input h (B, T, C): one block, no
-  /// checkpointing (the function a checkpoint replays).
-  Variable block_forward(std::size_t block, const Variable& h) const;
+  /// Shared model state (parameters, configuration). Graphs and decode
+  /// sessions hold it, so they outlive the model object.
+  const std::shared_ptr<TransformerCore>& core() const { return core_; }
 
  private:
-  Variable run_blocks(const Variable& h) const;
-
-  TransformerDimensions dimensions_;
-  float norm_epsilon_;
-  FullSequenceAttentionKind attention_;
-  ActivationCheckpointingKind checkpointing_;
-  std::int64_t segment_blocks_ = 0;
-  Variable token_embedding_;  // (V, C)
-  std::vector<BlockWeights> blocks_;
-  Variable final_norm_;  // (C)
-  Variable lm_head_;     // (V, C)
+  std::shared_ptr<TransformerCore> core_;
 };
 
 }  // namespace riftco_transformer

@@ -26,8 +26,9 @@ struct Node {
   bool requires_grad = false;
   bool is_leaf = true;
   bool retain_grad = false;
+  const std::uint64_t id;  // creation order, process-wide (checkpoint tells inside from outside)
 
-  Node() = default;
+  Node();
   Node(const Node&) = delete;
   Node& operator=(const Node&) = delete;
   /// Releases long parent chains iteratively (a 10k-node chain must not
@@ -35,6 +36,23 @@ struct Node {
   ~Node();
 
   std::string label() const;  // "'name' (op)" or "op node" for messages
+};
+
+/// The id the next node will get.
+std::uint64_t next_node_id();
+
+/// While alive, ops on this thread record their parents even when none
+/// requires grad, so a checkpoint can walk everything its callable used.
+class TraceGuard {
+ public:
+  TraceGuard();
+  ~TraceGuard();
+  TraceGuard(const TraceGuard&) = delete;
+  TraceGuard& operator=(const TraceGuard&) = delete;
+  static bool active();
+
+ private:
+  bool previous_;
 };
 
 /// Friend accessor so engine code can reach a Variable's node pointer and

@@ -1,5 +1,6 @@
 #include "riftco_transformer/variable.hpp"
 
+#include <atomic>
 #include <iomanip>
 #include <sstream>
 #include <unordered_set>
@@ -11,6 +12,8 @@ namespace riftco_transformer {
 namespace {
 
 thread_local bool g_no_grad = false;
+thread_local bool g_trace = false;
+std::atomic<std::uint64_t> g_next_node_id{1};
 
 Node& require(const std::shared_ptr<Node>& node, const char* op) {
   if (!node) throw ValueError(std::string("[") + op + "] undefined variable");
@@ -42,6 +45,14 @@ std::vector<Node*> reachable(Node* root) {
 }
 
 }  // namespace
+
+Node::Node() : id(g_next_node_id.fetch_add(1)) {}
+
+std::uint64_t next_node_id() { return g_next_node_id.load(); }
+
+TraceGuard::TraceGuard() : previous_(g_trace) { g_trace = true; }
+TraceGuard::~TraceGuard() { g_trace = previous_; }
+bool TraceGuard::active() { return g_trace; }
 
 Node::~Node() {
   // Unlink parents iteratively: take ownership of every parent whose last
@@ -79,9 +90,10 @@ Variable Variable::from_op(std::string op, Tensor value, std::vector<Variable> p
   bool any = false;
   for (const Variable& p : parents) any = any || (p.defined() && p.node_->requires_grad);
   node->op = std::move(op);
-  if (!any || g_no_grad) return Variable(std::move(node));  // a constant: no graph
+  const bool record = g_trace ? !parents.empty() : (any && !g_no_grad);
+  if (!record) return Variable(std::move(node));  // a constant: no graph
   node->is_leaf = false;
-  node->requires_grad = true;
+  node->requires_grad = any;
   node->backward = std::move(backward);
   node->saved = std::move(saved);
   node->parents.reserve(parents.size());

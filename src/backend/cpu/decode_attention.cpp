@@ -1,0 +1,46 @@
+#include "decode_attention.hpp"
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+namespace riftco_transformer::cpu {
+
+Tensor cached_attention(const Tensor& q, const Tensor& keys, const Tensor& values, std::int64_t length) {
+  const std::int64_t heads = q.size(0);
+  const std::int64_t d = q.size(1);
+  const std::int64_t cap = keys.size(1);
+  const float scale = 1.0F / std::sqrt(static_cast<float>(d));
+  Tensor out = Tensor::zeros({heads, d});
+  const float* pq = q.data();
+  const float* pk = keys.data();
+  const float* pv = values.data();
+  float* po = out.data();
+#pragma omp parallel for schedule(static) if (heads * length * d > 65536)
+  for (std::int64_t h = 0; h < heads; ++h) {
+    std::vector<float> p(static_cast<std::size_t>(length));
+    const float* qh = pq + h * d;
+    float m = -std::numeric_limits<float>::infinity();
+    for (std::int64_t j = 0; j < length; ++j) {
+      const float* kj = pk + (h * cap + j) * d;
+      float s = 0.0F;
+      for (std::int64_t i = 0; i < d; ++i) s += qh[i] * kj[i];
+      p[static_cast<std::size_t>(j)] = s * scale;
+      m = std::max(m, s * scale);
+    }
+    float total = 0.0F;
+    for (float& x : p) {
+      x = std::exp(x - m);
+      total += x;
+    }
+    float* oh = po + h * d;
+    for (std::int64_t j = 0; j < length; ++j) {
+      const float w = p[static_cast<std::size_t>(j)] / total;
+      const float* vj = pv + (h * cap + j) * d;
+      for (std::int64_t i = 0; i < d; ++i) oh[i] += w * vj[i];
+    }
+  }
+  return out;
+}
+
+}  // namespace riftco_transformer::cpu

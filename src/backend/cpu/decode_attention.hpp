@@ -1,0 +1,10 @@
+#pragma once
+#include "riftco_transformer/tensor.hpp"
+
+namespace riftco_transformer::cpu {
+
+/// One query position against a K/V cache: q (H, D); caches (H, capacity, D)
+/// of which the first `length` rows are valid. Returns (H, D).
+Tensor cached_attention(const Tensor& q, const Tensor& keys, const Tensor& values, std::int64_t length);
+
+}  // namespace riftco_transformer::cpu

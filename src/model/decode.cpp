@@ -1,0 +1,158 @@
+#include "riftco_transformer/decode.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+
+#include "../backend/cpu/decode_attention.hpp"
+#include "riftco_transformer/ops.hpp"
+#include "transformer_core.hpp"
+
+namespace riftco_transformer {
+namespace {
+
+std::vector<Variable> all_parameters(const TransformerCore& m) {
+  std::vector<Variable> out{m.token_embedding, m.final_norm, m.lm_head};
+  for (const BlockWeights& b : m.blocks) {
+    for (Variable& v : base_block_parameters(b)) out.push_back(std::move(v));
+  }
+  return out;
+}
+
+/// Copies rows (H, 1, D) into the cache (H, capacity, D) at `position`.
+void write_cache(Tensor& cache, const Tensor& rows, std::int64_t position) {
+  const std::int64_t heads = cache.size(0);
+  const std::int64_t cap = cache.size(1);
+  const std::int64_t d = cache.size(2);
+  for (std::int64_t h = 0; h < heads; ++h) {
+    std::memcpy(cache.data() + (h * cap + position) * d, rows.data() + h * d, static_cast<std::size_t>(d) * sizeof(float));
+  }
+}
+
+}  // namespace
+
+DecodeSession::DecodeSession(const DecoderOnlyTransformer& model) : core_(model.core()) { reset(); }
+
+std::int64_t DecodeSession::capacity() const { return core_->dims.context_length; }
+
+void DecodeSession::reset() {
+  const TransformerDimensions& d = core_->dims;
+  keys_.clear();
+  values_.clear();
+  for (std::int64_t i = 0; i < d.layers; ++i) {
+    keys_.push_back(Tensor::zeros({d.heads, d.context_length, d.head_width()}));
+    values_.push_back(Tensor::zeros({d.heads, d.context_length, d.head_width()}));
+  }
+  versions_.clear();
+  for (const Variable& p : all_parameters(*core_)) versions_.push_back(p.version());
+  position_ = 0;
+}
+
+Tensor DecodeSession::decode_token(std::int32_t token) {
+  TransformerCore& m = *core_;
+  const TransformerDimensions& dims = m.dims;
+  if (position_ >= dims.context_length) {
+    throw ValueError("[decode_token] the context is full (" + std::to_string(dims.context_length) +
+                     " tokens); reset() the session or start a new one");
+  }
+  if (token < 0 || token >= dims.vocab_size) {
+    throw ValueError("[decode_token] token " + std::to_string(token) + " is outside the vocabulary [0, " +
+                     std::to_string(dims.vocab_size) + ")");
+  }
+  const std::vector<Variable> params = all_parameters(m);
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    if (params[i].version() != versions_[i]) {
+      throw StaleGraphError("[decode_token] parameter '" + params[i].name() +
+                            "' changed since the session started; its K/V cache is stale: reset() the session");
+    }
+  }
+  NoGradGuard no_graph;
+  const std::int64_t heads = dims.heads;
+  const std::int64_t d = dims.head_width();
+  const std::int64_t c = dims.model_width;
+  const std::int32_t ids[1] = {token};
+  auto split_heads = [&](const Variable& x) {  // (1, 1, C) → (1, H, 1, D)
+    return permute(reshape(x, {1, 1, heads, d}), {0, 2, 1, 3});
+  };
+  Variable h = embedding(m.token_embedding, ids, {1, 1});  // (1, 1, C)
+  for (std::size_t i = 0; i < m.blocks.size(); ++i) {
+    const BlockWeights& w = m.blocks[i];
+    const Variable x = rms_norm(h, w.attention_norm, m.eps);
+    const Variable q = rope(split_heads(linear(x, w.query)), position_);  // (1, H, 1, D)
+    const Variable k = rope(split_heads(linear(x, w.key)), position_);    // (1, H, 1, D)
+    const Variable v = split_heads(linear(x, w.value));                   // (1, H, 1, D)
+    write_cache(keys_[i], k.value(), position_);
+    write_cache(values_[i], v.value(), position_);
+    const Tensor a = cpu::cached_attention(q.value().reshape({heads, d}), keys_[i], values_[i], position_ + 1);
+    const Variable merged(a.reshape({1, 1, c}));
+    const Variable h1 = add(h, linear(merged, w.output));
+    const Variable y = rms_norm(h1, w.mlp_norm, m.eps);
+    h = add(h1, linear(swiglu(linear(y, w.gate), linear(y, w.up)), w.down));
+  }
+  const Variable logits = linear(rms_norm(h, m.final_norm, m.eps), m.lm_head);  // (1, 1, V)
+  ++position_;
+  return logits.value().reshape({dims.vocab_size});
+}
+
+GenerationResult generate(const DecoderOnlyTransformer& model, std::span<const std::int32_t> prompt,
+                          const GenerationOptions& options) {
+  if (prompt.empty()) throw ValueError("[generate] the prompt is empty: give at least one token");
+  if (options.max_new_tokens < 0) throw ValueError("[generate] max_new_tokens must be >= 0");
+  if (!(options.temperature >= 0.0F)) throw ValueError("[generate] temperature must be >= 0");
+  if (options.top_k < 0) throw ValueError("[generate] top_k must be >= 0");
+  const std::int64_t context = model.dimensions().context_length;
+  if (static_cast<std::int64_t>(prompt.size()) > context) {
+    throw ValueError("[generate] the prompt has " + std::to_string(prompt.size()) +
+                     " tokens, more than the context length " + std::to_string(context));
+  }
+  DecodeSession session(model);
+  Tensor logits;
+  for (const std::int32_t t : prompt) logits = session.decode_token(t);
+  Random random(options.seed);
+  GenerationResult result;
+  const std::int64_t vocab = model.dimensions().vocab_size;
+  std::vector<std::int32_t> order(static_cast<std::size_t>(vocab));
+  std::vector<double> probs(static_cast<std::size_t>(vocab));
+  for (std::int64_t n = 0; n < options.max_new_tokens; ++n) {
+    const float* l = logits.data();
+    std::int32_t next = 0;
+    if (options.temperature == 0.0F) {
+      next = static_cast<std::int32_t>(std::max_element(l, l + vocab) - l);
+    } else {
+      std::iota(order.begin(), order.end(), 0);
+      const std::int64_t keep = options.top_k == 0 ? vocab : std::min(options.top_k, vocab);
+      std::partial_sort(order.begin(), order.begin() + keep, order.end(),
+                        [l](std::int32_t a, std::int32_t b) { return l[a] > l[b] || (l[a] == l[b] && a < b); });
+      const double top = l[order[0]];
+      double total = 0.0;
+      for (std::int64_t i = 0; i < keep; ++i) {
+        probs[static_cast<std::size_t>(i)] = std::exp((l[order[static_cast<std::size_t>(i)]] - top) / options.temperature);
+        total += probs[static_cast<std::size_t>(i)];
+      }
+      double u = static_cast<double>(random.uniform()) * total;
+      next = order[static_cast<std::size_t>(keep - 1)];
+      for (std::int64_t i = 0; i < keep; ++i) {
+        u -= probs[static_cast<std::size_t>(i)];
+        if (u < 0.0) {
+          next = order[static_cast<std::size_t>(i)];
+          break;
+        }
+      }
+    }
+    result.tokens.push_back(next);
+    if (session.position() >= context) {
+      result.reached_context = n + 1 < options.max_new_tokens;
+      if (result.reached_context) {
+        result.message = "stopped after " + std::to_string(result.tokens.size()) +
+                         " new tokens: the context length " + std::to_string(context) + " is full";
+      }
+      break;
+    }
+    if (n + 1 < options.max_new_tokens) logits = session.decode_token(next);
+  }
+  if (result.message.empty()) result.message = "generated " + std::to_string(result.tokens.size()) + " tokens";
+  return result;
+}
+
+}  // namespace riftco_transformer

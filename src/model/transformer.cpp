@@ -1,0 +1,186 @@
+#include "riftco_transformer/transformer.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include "transformer_core.hpp"
+
+namespace riftco_transformer {
+namespace {
+
+void require_positive(std::int64_t value, const char* field) {
+  if (value <= 0) {
+    throw ValueError(std::string("[TransformerDimensions] ") + field + " must be > 0, got " + std::to_string(value));
+  }
+}
+
+Variable parameter_leaf(Tensor value, const std::string& name) { return Variable(std::move(value), true, name); }
+
+}  // namespace
+
+void TransformerDimensions::validate() const {
+  require_positive(vocab_size, "vocab_size");
+  require_positive(context_length, "context_length");
+  require_positive(model_width, "model_width");
+  require_positive(heads, "heads");
+  require_positive(layers, "layers");
+  require_positive(feed_forward_width, "feed_forward_width");
+  if (model_width % heads != 0) {
+    throw ValueError("[TransformerDimensions] model_width " + std::to_string(model_width) +
+                     " is not divisible by heads " + std::to_string(heads));
+  }
+  if (head_width() % 2 != 0) {
+    throw ValueError("[TransformerDimensions] head width model_width/heads = " + std::to_string(head_width()) +
+                     " must be even (RoPE rotates pairs)");
+  }
+  if (vocab_size > (std::int64_t{1} << 31) - 1) {
+    throw ValueError("[TransformerDimensions] vocab_size " + std::to_string(vocab_size) + " does not fit int32 ids");
+  }
+}
+
+const char* activation_checkpointing_name(ActivationCheckpointingKind kind) {
+  switch (kind) {
+    case ActivationCheckpointingKind::Disabled:
+      return "disabled";
+    case ActivationCheckpointingKind::TransformerBlock:
+      return "block";
+    case ActivationCheckpointingKind::BlockSegments:
+      return "segments";
+  }
+  return "unknown";
+}
+
+ActivationCheckpointingKind parse_activation_checkpointing(const std::string& name, const char* op) {
+  if (name == "disabled") return ActivationCheckpointingKind::Disabled;
+  if (name == "block") return ActivationCheckpointingKind::TransformerBlock;
+  if (name == "segments") return ActivationCheckpointingKind::BlockSegments;
+  throw ValueError(std::string("[") + op + "] unknown activation checkpointing policy '" + name +
+                   "' (expected 'disabled', 'block' or 'segments')");
+}
+
+DecoderOnlyTransformer::DecoderOnlyTransformer(const TransformerDimensions& dimensions, Random& random,
+                                               float norm_epsilon, FullSequenceAttentionKind attention,
+                                               ActivationCheckpointingKind activation_checkpointing)
+    : core_(std::make_shared<TransformerCore>()) {
+  TransformerCore& m = *core_;
+  dimensions.validate();
+  m.dims = dimensions;
+  if (!(norm_epsilon > 0.0F)) {
+    throw ValueError("[DecoderOnlyTransformer] norm_epsilon must be > 0, got " + std::to_string(norm_epsilon));
+  }
+  m.eps = norm_epsilon;
+  set_attention_kind(attention);
+  set_activation_checkpointing_kind(activation_checkpointing);
+  const std::int64_t v = m.dims.vocab_size;
+  const std::int64_t c = m.dims.model_width;
+  const std::int64_t f = m.dims.feed_forward_width;
+  constexpr float kStd = 0.02F;
+  const float residual_std = kStd / std::sqrt(2.0F * static_cast<float>(m.dims.layers));
+  m.token_embedding = parameter_leaf(Tensor::normal({v, c}, random, 0.0F, kStd), "token_embedding.weight");
+  for (std::int64_t i = 0; i < m.dims.layers; ++i) {
+    const std::string p = "blocks." + std::to_string(i) + ".";
+    BlockWeights b;
+    b.attention_norm = parameter_leaf(Tensor::ones({c}), p + "attention_norm.weight");
+    b.query = parameter_leaf(Tensor::normal({c, c}, random, 0.0F, kStd), p + "attention.query.weight");
+    b.key = parameter_leaf(Tensor::normal({c, c}, random, 0.0F, kStd), p + "attention.key.weight");
+    b.value = parameter_leaf(Tensor::normal({c, c}, random, 0.0F, kStd), p + "attention.value.weight");
+    b.output = parameter_leaf(Tensor::normal({c, c}, random, 0.0F, residual_std), p + "attention.output.weight");
+    b.mlp_norm = parameter_leaf(Tensor::ones({c}), p + "mlp_norm.weight");
+    b.gate = parameter_leaf(Tensor::normal({f, c}, random, 0.0F, kStd), p + "mlp.gate.weight");
+    b.up = parameter_leaf(Tensor::normal({f, c}, random, 0.0F, kStd), p + "mlp.up.weight");
+    b.down = parameter_leaf(Tensor::normal({c, f}, random, 0.0F, residual_std), p + "mlp.down.weight");
+    m.blocks.push_back(std::move(b));
+  }
+  m.final_norm = parameter_leaf(Tensor::ones({c}), "final_norm.weight");
+  m.lm_head = parameter_leaf(Tensor::normal({v, c}, random, 0.0F, kStd), "lm_head.weight");
+}
+
+DecoderOnlyTransformer::~DecoderOnlyTransformer() = default;
+DecoderOnlyTransformer::DecoderOnlyTransformer(DecoderOnlyTransformer&&) noexcept = default;
+DecoderOnlyTransformer& DecoderOnlyTransformer::operator=(DecoderOnlyTransformer&&) noexcept = default;
+
+const TransformerDimensions& DecoderOnlyTransformer::dimensions() const { return core_->dims; }
+float DecoderOnlyTransformer::norm_epsilon() const { return core_->eps; }
+FullSequenceAttentionKind DecoderOnlyTransformer::attention_kind() const { return core_->attention; }
+ActivationCheckpointingKind DecoderOnlyTransformer::activation_checkpointing_kind() const {
+  return core_->checkpointing;
+}
+
+void DecoderOnlyTransformer::set_attention_kind(FullSequenceAttentionKind kind) {
+  if (kind != FullSequenceAttentionKind::Materialized && kind != FullSequenceAttentionKind::Flash) {
+    throw ValueError("[set_attention_kind] unknown attention kind " + std::to_string(static_cast<int>(kind)));
+  }
+  core_->attention = kind;
+}
+
+void DecoderOnlyTransformer::set_activation_checkpointing_kind(ActivationCheckpointingKind kind) {
+  if (kind != ActivationCheckpointingKind::Disabled && kind != ActivationCheckpointingKind::TransformerBlock &&
+      kind != ActivationCheckpointingKind::BlockSegments) {
+    throw ValueError("[set_activation_checkpointing_kind] unknown policy " + std::to_string(static_cast<int>(kind)));
+  }
+  core_->checkpointing = kind;
+}
+
+void DecoderOnlyTransformer::set_checkpoint_segment_blocks(std::int64_t blocks) {
+  if (blocks < 0) {
+    throw ValueError("[set_checkpoint_segment_blocks] blocks must be >= 0 (0 = round(sqrt(layers))), got " +
+                     std::to_string(blocks));
+  }
+  core_->segment_blocks = blocks;
+}
+
+std::int64_t DecoderOnlyTransformer::checkpoint_segment_blocks() const {
+  const std::int64_t layers = core_->dims.layers;
+  if (core_->segment_blocks > 0) return std::min(core_->segment_blocks, layers);
+  const auto k = static_cast<std::int64_t>(std::lround(std::sqrt(static_cast<double>(layers))));
+  return std::max<std::int64_t>(1, k);
+}
+
+void DecoderOnlyTransformer::set_dropout(float p, std::uint64_t seed) {
+  if (!(p >= 0.0F && p < 1.0F)) {
+    throw ValueError("[set_dropout] probability must be in [0, 1), got " + std::to_string(p));
+  }
+  core_->dropout_probability = p;
+  core_->dropout_random = Random(seed);
+}
+
+float DecoderOnlyTransformer::dropout() const { return core_->dropout_probability; }
+void DecoderOnlyTransformer::set_training(bool training) { core_->training = training; }
+bool DecoderOnlyTransformer::training() const { return core_->training; }
+Random& DecoderOnlyTransformer::dropout_random() { return core_->dropout_random; }
+
+const Variable& DecoderOnlyTransformer::token_embedding() const { return core_->token_embedding; }
+const Variable& DecoderOnlyTransformer::final_norm() const { return core_->final_norm; }
+const Variable& DecoderOnlyTransformer::lm_head() const { return core_->lm_head; }
+const std::vector<BlockWeights>& DecoderOnlyTransformer::blocks() const { return core_->blocks; }
+
+std::vector<Variable> DecoderOnlyTransformer::block_dependencies(std::size_t index) const {
+  return core_->block_dependencies(index);
+}
+
+std::vector<NamedParameter> DecoderOnlyTransformer::parameters() const {
+  std::vector<NamedParameter> out;
+  auto push = [&out](const Variable& v) { out.push_back({v.name(), v}); };
+  push(core_->token_embedding);
+  for (std::size_t i = 0; i < core_->blocks.size(); ++i) {
+    for (const Variable& v : base_block_parameters(core_->blocks[i])) push(v);
+  }
+  push(core_->final_norm);
+  push(core_->lm_head);
+  return out;
+}
+
+Variable DecoderOnlyTransformer::parameter(const std::string& name) const {
+  for (const NamedParameter& p : parameters()) {
+    if (p.name == name) return p.variable;
+  }
+  throw ValueError("[parameter] the model has no parameter named '" + name + "'");
+}
+
+std::int64_t DecoderOnlyTransformer::parameter_count() const {
+  std::int64_t n = 0;
+  for (const NamedParameter& p : parameters()) n += p.variable.value().numel();
+  return n;
+}
+
+}  // namespace riftco_transformer

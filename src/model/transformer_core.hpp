@@ -1,0 +1,34 @@
+#pragma once
+// The model's shared state. A DecoderOnlyTransformer, every graph its forward
+// built (through checkpoint closures) and every DecodeSession hold it, so
+// destroying the model object never invalidates them.
+#include "riftco_transformer/transformer.hpp"
+
+namespace riftco_transformer {
+
+/// The nine base parameters of a block, in their fixed order.
+std::vector<Variable> base_block_parameters(const BlockWeights& block);
+
+struct TransformerCore {
+  TransformerDimensions dims;
+  float eps = 1.0e-5F;
+  FullSequenceAttentionKind attention = FullSequenceAttentionKind::Materialized;
+  ActivationCheckpointingKind checkpointing = ActivationCheckpointingKind::Disabled;
+  std::int64_t segment_blocks = 0;  // 0 = round(sqrt(layers))
+  float dropout_probability = 0.0F;
+  bool training = true;
+  Random dropout_random{0};
+
+  Variable token_embedding;  // (V, C)
+  std::vector<BlockWeights> blocks;
+  Variable final_norm;  // (C)
+  Variable lm_head;     // (V, C)
+
+  /// One block, never checkpointed (what a checkpoint replays). Reads the
+  /// block's weights as they are now. `drop` > 0 applies residual dropout
+  /// drawing from dropout_random.
+  Variable block_forward(std::size_t index, const Variable& h, FullSequenceAttentionKind kind, float drop);
+  std::vector<Variable> block_dependencies(std::size_t index) const;
+};
+
+}  // namespace riftco_transformer

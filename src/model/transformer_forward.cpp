@@ -1,0 +1,115 @@
+// The forward pass and how the activation-checkpointing policy is applied.
+// The trainer never sees checkpoint mechanics: it calls forward()/loss().
+#include <algorithm>
+
+#include "riftco_transformer/checkpoint.hpp"
+#include "riftco_transformer/ops.hpp"
+#include "transformer_core.hpp"
+
+namespace riftco_transformer {
+
+std::vector<Variable> base_block_parameters(const BlockWeights& b) {
+  return {b.attention_norm, b.query, b.key, b.value, b.output, b.mlp_norm, b.gate, b.up, b.down};
+}
+
+std::vector<Variable> TransformerCore::block_dependencies(std::size_t index) const {
+  if (index >= blocks.size()) {
+    throw ValueError("[block_dependencies] block " + std::to_string(index) + " of " + std::to_string(blocks.size()));
+  }
+  return base_block_parameters(blocks[index]);
+}
+
+Variable TransformerCore::block_forward(std::size_t index, const Variable& h, FullSequenceAttentionKind kind,
+                                        float drop) {
+  const BlockWeights& w = blocks.at(index);
+  const std::int64_t b = h.shape()[0];
+  const std::int64_t t = h.shape()[1];
+  const std::int64_t heads = dims.heads;
+  const std::int64_t d = dims.head_width();
+  const std::int64_t c = dims.model_width;
+  auto split_heads = [&](const Variable& x) {  // (B, T, C) → (B, H, T, D)
+    return permute(reshape(x, {b, t, heads, d}), {0, 2, 1, 3});
+  };
+  // Attention sub-block.
+  const Variable x = rms_norm(h, w.attention_norm, eps);                 // (B, T, C)
+  const Variable q = rope(split_heads(linear(x, w.query)));              // (B, H, T, D)
+  const Variable k = rope(split_heads(linear(x, w.key)));                // (B, H, T, D)
+  const Variable v = split_heads(linear(x, w.value));                    // (B, H, T, D)
+  const Variable a = causal_attention(q, k, v, kind);                    // (B, H, T, D)
+  const Variable merged = reshape(permute(a, {0, 2, 1, 3}), {b, t, c});  // (B, T, C)
+  const Variable h1 = add(h, dropout(linear(merged, w.output), drop, dropout_random));
+  // MLP sub-block.
+  const Variable y = rms_norm(h1, w.mlp_norm, eps);               // (B, T, C)
+  const Variable m = swiglu(linear(y, w.gate), linear(y, w.up));  // (B, T, F)
+  return add(h1, dropout(linear(m, w.down), drop, dropout_random));  // (B, T, C)
+}
+
+namespace {
+
+/// Runs blocks [first, last) on h as one checkpoint whose dependencies are
+/// every leaf those blocks use. The callable holds the shared core (not the
+/// model object) and the execution policy of this forward.
+Variable checkpointed_blocks(const std::shared_ptr<TransformerCore>& core, std::size_t first, std::size_t last,
+                             const Variable& h, FullSequenceAttentionKind kind, float drop) {
+  std::vector<Variable> deps;
+  for (std::size_t i = first; i < last; ++i) {
+    for (Variable& v : core->block_dependencies(i)) deps.push_back(std::move(v));
+  }
+  auto recompute = [core, first, last, kind, drop](const Variable& input) {
+    Variable x = input;
+    for (std::size_t i = first; i < last; ++i) x = core->block_forward(i, x, kind, drop);
+    return x;
+  };
+  CheckpointOptions options;
+  options.random = drop > 0.0F ? &core->dropout_random : nullptr;
+  options.name = last - first == 1 ? "block " + std::to_string(first)
+                                   : "blocks " + std::to_string(first) + "-" + std::to_string(last - 1);
+  return checkpoint(h, deps, recompute, options);
+}
+
+}  // namespace
+
+Variable DecoderOnlyTransformer::forward(std::span<const std::int32_t> tokens, std::int64_t batch) const {
+  TransformerCore& m = *core_;
+  if (batch <= 0 || tokens.empty() || static_cast<std::int64_t>(tokens.size()) % batch != 0) {
+    throw ShapeError("[forward] " + std::to_string(tokens.size()) + " tokens cannot be split into batch " +
+                     std::to_string(batch));
+  }
+  const std::int64_t t = static_cast<std::int64_t>(tokens.size()) / batch;
+  if (t > m.dims.context_length) {
+    throw ShapeError("[forward] sequence length " + std::to_string(t) + " exceeds the context length " +
+                     std::to_string(m.dims.context_length));
+  }
+  const float drop = m.training ? m.dropout_probability : 0.0F;
+  const bool grad = !NoGradGuard::active();
+  Variable h = embedding(m.token_embedding, tokens, {batch, t});  // (B, T, C)
+  const std::size_t layers = m.blocks.size();
+  std::size_t step = 0;  // blocks per checkpoint; 0 = none
+  if (grad && m.checkpointing == ActivationCheckpointingKind::TransformerBlock) step = 1;
+  if (grad && m.checkpointing == ActivationCheckpointingKind::BlockSegments) {
+    step = static_cast<std::size_t>(checkpoint_segment_blocks());
+  }
+  for (std::size_t i = 0; i < layers;) {
+    if (step == 0) {
+      h = m.block_forward(i, h, m.attention, drop);
+      ++i;
+    } else {
+      const std::size_t last = std::min(layers, i + step);
+      h = checkpointed_blocks(core_, i, last, h, m.attention, drop);
+      i = last;
+    }
+  }
+  h = rms_norm(h, m.final_norm, m.eps);  // (B, T, C)
+  return linear(h, m.lm_head);          // (B, T, V)
+}
+
+Variable DecoderOnlyTransformer::loss(std::span<const std::int32_t> tokens, std::span<const std::int32_t> targets,
+                                      std::int64_t batch, std::int32_t ignore_index) const {
+  if (targets.size() != tokens.size()) {
+    throw ShapeError("[loss] " + std::to_string(tokens.size()) + " tokens but " + std::to_string(targets.size()) +
+                     " targets");
+  }
+  return cross_entropy(forward(tokens, batch), targets, ignore_index);
+}
+
+}  // namespace riftco_transformer

@@ -1,0 +1,122 @@
+#include "riftco_transformer/adam.hpp"
+
+#include <cmath>
+
+namespace riftco_transformer {
+
+void AdamOptions::validate() const {
+  auto bad = [](const char* field, float value, const char* rule) {
+    throw ValueError(std::string("[Adam] ") + field + " must be " + rule + ", got " + std::to_string(value));
+  };
+  if (!(learning_rate >= 0.0F) || !std::isfinite(learning_rate)) bad("learning_rate", learning_rate, ">= 0");
+  if (!(beta1 >= 0.0F && beta1 < 1.0F)) bad("beta1", beta1, "in [0, 1)");
+  if (!(beta2 >= 0.0F && beta2 < 1.0F)) bad("beta2", beta2, "in [0, 1)");
+  if (!(epsilon > 0.0F)) bad("epsilon", epsilon, "> 0");
+  if (!(weight_decay >= 0.0F)) bad("weight_decay", weight_decay, ">= 0");
+  if (!(max_grad_norm >= 0.0F)) bad("max_grad_norm", max_grad_norm, ">= 0 (0 disables clipping)");
+}
+
+Adam::Adam(std::vector<Variable> parameters, AdamOptions options)
+    : params_(std::move(parameters)), options_(options) {
+  options_.validate();
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    const Variable& p = params_[i];
+    if (!p.defined() || !p.is_leaf() || !p.requires_grad()) {
+      throw ValueError("[Adam] parameter " + std::to_string(i) + (p.defined() ? " '" + p.name() + "'" : "") +
+                       " must be a leaf that requires grad");
+    }
+    m_.push_back(Tensor::zeros(p.value().shape(), p.value().backend()));
+    v_.push_back(Tensor::zeros(p.value().shape(), p.value().backend()));
+  }
+}
+
+void Adam::set_learning_rate(float lr) {
+  AdamOptions next = options_;
+  next.learning_rate = lr;
+  next.validate();
+  options_ = next;
+}
+
+float Adam::step() {
+  // Validate everything first: a bad gradient changes nothing.
+  double norm_sq = 0.0;
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    const Tensor& g = params_[i].grad();
+    if (!g.defined()) continue;
+    if (g.shape() != params_[i].value().shape()) {
+      throw ShapeError("[Adam] gradient " + shape_string(g.shape()) + " of '" + params_[i].name() +
+                       "' does not match its value " + shape_string(params_[i].value().shape()));
+    }
+    const float* pg = g.data();
+    for (std::int64_t j = 0; j < g.numel(); ++j) norm_sq += static_cast<double>(pg[j]) * pg[j];
+  }
+  const auto norm = static_cast<float>(std::sqrt(norm_sq));
+  float clip = 1.0F;
+  if (options_.max_grad_norm > 0.0F && norm > options_.max_grad_norm) clip = options_.max_grad_norm / (norm + 1e-6F);
+
+  ++steps_;
+  const float b1 = options_.beta1;
+  const float b2 = options_.beta2;
+  const auto t = static_cast<double>(steps_);
+  const auto c1 = static_cast<float>(1.0 - std::pow(static_cast<double>(b1), t));
+  const auto c2 = static_cast<float>(1.0 - std::pow(static_cast<double>(b2), t));
+  const float lr = options_.learning_rate;
+  const float decay = 1.0F - lr * options_.weight_decay;
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    const Tensor g = params_[i].grad();
+    if (!g.defined()) continue;
+    float* theta = params_[i].mutable_value().data();  // bumps the version
+    float* m = m_[i].data();
+    float* v = v_[i].data();
+    const float* pg = g.data();
+    const std::int64_t n = g.numel();
+#pragma omp parallel for schedule(static) if (n > 65536)
+    for (std::int64_t j = 0; j < n; ++j) {
+      const float gj = pg[j] * clip;
+      m[j] = b1 * m[j] + (1.0F - b1) * gj;
+      v[j] = b2 * v[j] + (1.0F - b2) * gj * gj;
+      const float m_hat = m[j] / c1;
+      const float v_hat = v[j] / c2;
+      theta[j] = theta[j] * decay - lr * m_hat / (std::sqrt(v_hat) + options_.epsilon);
+    }
+  }
+  return norm;
+}
+
+void Adam::zero_grad() {
+  for (Variable& p : params_) p.clear_grad();
+}
+
+Adam::State Adam::state() const {
+  State s;
+  s.steps = steps_;
+  for (const Tensor& t : m_) s.first_moment.push_back(t.clone());
+  for (const Tensor& t : v_) s.second_moment.push_back(t.clone());
+  return s;
+}
+
+void Adam::set_state(const State& state) {
+  if (state.steps < 0 || state.first_moment.size() != params_.size() ||
+      state.second_moment.size() != params_.size()) {
+    throw ValueError("[Adam] state has " + std::to_string(state.first_moment.size()) + " moments for " +
+                     std::to_string(params_.size()) + " parameters");
+  }
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    const Shape& shape = params_[i].value().shape();
+    if (state.first_moment[i].shape() != shape || state.second_moment[i].shape() != shape) {
+      throw ShapeError("[Adam] state for '" + params_[i].name() + "' has shape " +
+                       shape_string(state.first_moment[i].shape()) + ", parameter is " + shape_string(shape));
+    }
+  }
+  std::vector<Tensor> m;
+  std::vector<Tensor> v;
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    m.push_back(state.first_moment[i].clone());
+    v.push_back(state.second_moment[i].clone());
+  }
+  m_ = std::move(m);
+  v_ = std::move(v);
+  steps_ = state.steps;
+}
+
+}  // namespace riftco_transformer
