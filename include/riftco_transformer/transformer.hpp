@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "riftco_transformer/attention.hpp"
+#include "riftco_transformer/lora.hpp"
 #include "riftco_transformer/variable.hpp"
 
 namespace riftco_transformer {
@@ -58,6 +59,9 @@ struct BlockWeights {
   Variable mlp_norm;                     // (C)
   Variable gate, up;                     // (F, C)
   Variable down;                         // (C, F)
+  std::vector<LoraAdapter> adapters;     // LoRA adapters on this block's projections (maybe none)
+  /// The base weight a target adapts.
+  const Variable& projection(LoraTarget target) const;
 };
 
 struct TransformerCore;
@@ -112,6 +116,27 @@ class DecoderOnlyTransformer {
   /// The leaves block `index` uses, in a fixed order (its checkpoint
   /// dependencies): every base parameter and every active adapter parameter.
   std::vector<Variable> block_dependencies(std::size_t index) const;
+
+  // ---- LoRA (src/model/lora.cpp) -----------------------------------------
+  /// Adds adapters to every block's target projections (ValueError when the
+  /// model already has adapters). Adapters start active. Graphs built before
+  /// are stale afterwards (the adapted weights' versions move).
+  void add_lora(const LoraConfig& config, Random& random);
+  /// Removes every adapter (graphs built before become stale).
+  void remove_lora();
+  bool has_lora() const;
+  const LoraConfig& lora_config() const;
+  /// Inactive adapters are not used by forward/decode, are not checkpoint
+  /// dependencies and receive no gradient. Changing it makes graphs stale.
+  void set_lora_active(bool active);
+  bool lora_active() const;
+  /// Adapter parameters ("blocks.0.attention.query.lora_a", ...).
+  std::vector<NamedParameter> lora_parameters() const;
+  /// Freezes (false) or unfreezes every base parameter.
+  void set_base_trainable(bool trainable);
+  /// W += (alpha/r)·B A for every adapter, then removes the adapters: the
+  /// merged model gives the logits base + active adapters gave.
+  void merge_lora();
 
   /// tokens: batch × T ids (row-major), T = tokens.size() / batch ≤ context.
   /// Returns logits (B, T, V).

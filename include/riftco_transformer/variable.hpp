@@ -78,6 +78,10 @@ class Variable {
   /// Leaves only: moves the value to `backend` and bumps the version.
   void to(Backend backend);
   std::uint64_t version() const;
+  /// Leaves only: a structural change that graphs built earlier must not
+  /// survive (e.g. a LoRA adapter added to this weight); bumps the version.
+  /// `reason` appears in the StaleGraphError message.
+  void mark_changed(std::string reason);
 
   /// The committed gradient; undefined before the first backward() that
   /// reached this node.

@@ -66,8 +66,9 @@ void validate_versions(const std::vector<Node*>& order, const char* op) {
       const Edge& edge = node->parents[i];
       if (edge.node->version != edge.version) {
         throw StaleGraphError(std::string("[") + op + "] stale graph: " + edge.node->label() +
-                              " (input " + std::to_string(i) + " of " + node->label() + ") changed from version " +
-                              std::to_string(edge.version) + " to " + std::to_string(edge.node->version) +
+                              " (input " + std::to_string(i) + " of " + node->label() + ") changed (" +
+                              edge.node->last_change + ") from version " + std::to_string(edge.version) + " to " +
+                              std::to_string(edge.node->version) +
                               " after the graph was built; run the forward pass again");
       }
     }

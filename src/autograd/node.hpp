@@ -23,6 +23,7 @@ struct Node {
   std::string op = "leaf";
   std::string name;
   std::uint64_t version = 0;
+  std::string last_change;  // why the version last moved, for stale-graph messages
   bool requires_grad = false;
   bool is_leaf = true;
   bool retain_grad = false;
@@ -36,6 +37,10 @@ struct Node {
   ~Node();
 
   std::string label() const;  // "'name' (op)" or "op node" for messages
+  void bump(std::string why) {
+    ++version;
+    last_change = std::move(why);
+  }
 };
 
 /// The id the next node will get.

@@ -109,7 +109,7 @@ void Variable::set_requires_grad(bool requires_grad) {
   require_leaf(n, "set_requires_grad");
   if (n.requires_grad != requires_grad) {
     n.requires_grad = requires_grad;
-    ++n.version;
+    n.bump(requires_grad ? "requires_grad turned on" : "requires_grad turned off (frozen)");
   }
 }
 
@@ -128,14 +128,15 @@ void Variable::set_value(Tensor value) {
   Node& n = require(node_, "set_value");
   require_leaf(n, "set_value");
   if (!value.defined()) throw ValueError("[set_value] undefined tensor for " + n.label());
+  const bool same_shape = n.value.shape() == value.shape();
+  n.bump(same_shape ? "value replaced" : "replaced by a value of shape " + shape_string(value.shape()));
   n.value = std::move(value);
-  ++n.version;
 }
 
 Tensor& Variable::mutable_value() {
   Node& n = require(node_, "mutable_value");
   require_leaf(n, "mutable_value");
-  ++n.version;
+  n.bump("updated in place");
   return n.value;
 }
 
@@ -147,7 +148,13 @@ void Variable::to(Backend backend) {
   Tensor grad = n.grad.defined() ? n.grad.to(backend) : Tensor();
   n.value = std::move(moved);
   n.grad = std::move(grad);
-  ++n.version;
+  n.bump(std::string("moved to ") + backend_name(backend));
+}
+
+void Variable::mark_changed(std::string reason) {
+  Node& n = require(node_, "mark_changed");
+  require_leaf(n, "mark_changed");
+  n.bump(std::move(reason));
 }
 
 std::uint64_t Variable::version() const { return require(node_, "version").version; }

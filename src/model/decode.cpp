@@ -12,14 +12,6 @@
 namespace riftco_transformer {
 namespace {
 
-std::vector<Variable> all_parameters(const TransformerCore& m) {
-  std::vector<Variable> out{m.token_embedding, m.final_norm, m.lm_head};
-  for (const BlockWeights& b : m.blocks) {
-    for (Variable& v : base_block_parameters(b)) out.push_back(std::move(v));
-  }
-  return out;
-}
-
 /// Copies rows (H, 1, D) into the cache (H, capacity, D) at `position`.
 void write_cache(Tensor& cache, const Tensor& rows, std::int64_t position) {
   const std::int64_t heads = cache.size(0);
@@ -45,7 +37,7 @@ void DecodeSession::reset() {
     values_.push_back(Tensor::zeros({d.heads, d.context_length, d.head_width()}));
   }
   versions_.clear();
-  for (const Variable& p : all_parameters(*core_)) versions_.push_back(p.version());
+  for (const Variable& p : core_->all_leaves()) versions_.push_back(p.version());
   position_ = 0;
 }
 
@@ -60,7 +52,10 @@ Tensor DecodeSession::decode_token(std::int32_t token) {
     throw ValueError("[decode_token] token " + std::to_string(token) + " is outside the vocabulary [0, " +
                      std::to_string(dims.vocab_size) + ")");
   }
-  const std::vector<Variable> params = all_parameters(m);
+  const std::vector<Variable> params = m.all_leaves();
+  if (params.size() != versions_.size()) {
+    throw StaleGraphError("[decode_token] the model's adapters changed since the session started; reset() the session");
+  }
   for (std::size_t i = 0; i < params.size(); ++i) {
     if (params[i].version() != versions_[i]) {
       throw StaleGraphError("[decode_token] parameter '" + params[i].name() +
@@ -79,16 +74,17 @@ Tensor DecodeSession::decode_token(std::int32_t token) {
   for (std::size_t i = 0; i < m.blocks.size(); ++i) {
     const BlockWeights& w = m.blocks[i];
     const Variable x = rms_norm(h, w.attention_norm, m.eps);
-    const Variable q = rope(split_heads(linear(x, w.query)), position_);  // (1, H, 1, D)
-    const Variable k = rope(split_heads(linear(x, w.key)), position_);    // (1, H, 1, D)
-    const Variable v = split_heads(linear(x, w.value));                   // (1, H, 1, D)
+    const Variable q = rope(split_heads(m.project(w, LoraTarget::Query, x)), position_);  // (1, H, 1, D)
+    const Variable k = rope(split_heads(m.project(w, LoraTarget::Key, x)), position_);    // (1, H, 1, D)
+    const Variable v = split_heads(m.project(w, LoraTarget::Value, x));                   // (1, H, 1, D)
     write_cache(keys_[i], k.value(), position_);
     write_cache(values_[i], v.value(), position_);
     const Tensor a = cpu::cached_attention(q.value().reshape({heads, d}), keys_[i], values_[i], position_ + 1);
     const Variable merged(a.reshape({1, 1, c}));
-    const Variable h1 = add(h, linear(merged, w.output));
+    const Variable h1 = add(h, m.project(w, LoraTarget::Output, merged));
     const Variable y = rms_norm(h1, w.mlp_norm, m.eps);
-    h = add(h1, linear(swiglu(linear(y, w.gate), linear(y, w.up)), w.down));
+    const Variable g = swiglu(m.project(w, LoraTarget::Gate, y), m.project(w, LoraTarget::Up, y));
+    h = add(h1, m.project(w, LoraTarget::Down, g));
   }
   const Variable logits = linear(rms_norm(h, m.final_norm, m.eps), m.lm_head);  // (1, 1, V)
   ++position_;

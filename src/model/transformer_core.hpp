@@ -19,6 +19,10 @@ struct TransformerCore {
   bool training = true;
   Random dropout_random{0};
 
+  LoraConfig lora;           // config of the current adapters (when any)
+  bool has_lora = false;
+  bool lora_active = true;
+
   Variable token_embedding;  // (V, C)
   std::vector<BlockWeights> blocks;
   Variable final_norm;  // (C)
@@ -29,6 +33,10 @@ struct TransformerCore {
   /// drawing from dropout_random.
   Variable block_forward(std::size_t index, const Variable& h, FullSequenceAttentionKind kind, float drop);
   std::vector<Variable> block_dependencies(std::size_t index) const;
+  /// x Wᵀ for the block's `target` projection, plus its active adapter.
+  Variable project(const BlockWeights& block, LoraTarget target, const Variable& x) const;
+  /// Every leaf decode and forward read: base parameters and active adapters.
+  std::vector<Variable> all_leaves() const;
 };
 
 }  // namespace riftco_transformer

@@ -12,11 +12,55 @@ std::vector<Variable> base_block_parameters(const BlockWeights& b) {
   return {b.attention_norm, b.query, b.key, b.value, b.output, b.mlp_norm, b.gate, b.up, b.down};
 }
 
+const Variable& BlockWeights::projection(LoraTarget target) const {
+  switch (target) {
+    case LoraTarget::Query:
+      return query;
+    case LoraTarget::Key:
+      return key;
+    case LoraTarget::Value:
+      return value;
+    case LoraTarget::Output:
+      return output;
+    case LoraTarget::Gate:
+      return gate;
+    case LoraTarget::Up:
+      return up;
+    case LoraTarget::Down:
+      return down;
+  }
+  throw ValueError("[projection] unknown LoRA target " + std::to_string(static_cast<int>(target)));
+}
+
 std::vector<Variable> TransformerCore::block_dependencies(std::size_t index) const {
   if (index >= blocks.size()) {
     throw ValueError("[block_dependencies] block " + std::to_string(index) + " of " + std::to_string(blocks.size()));
   }
-  return base_block_parameters(blocks[index]);
+  std::vector<Variable> deps = base_block_parameters(blocks[index]);
+  if (lora_active) {
+    for (const LoraAdapter& adapter : blocks[index].adapters) {
+      deps.push_back(adapter.a);
+      deps.push_back(adapter.b);
+    }
+  }
+  return deps;
+}
+
+std::vector<Variable> TransformerCore::all_leaves() const {
+  std::vector<Variable> out{token_embedding, final_norm, lm_head};
+  for (std::size_t i = 0; i < blocks.size(); ++i) {
+    for (Variable& v : block_dependencies(i)) out.push_back(std::move(v));
+  }
+  return out;
+}
+
+Variable TransformerCore::project(const BlockWeights& block, LoraTarget target, const Variable& x) const {
+  Variable y = linear(x, block.projection(target));
+  if (!lora_active) return y;
+  for (const LoraAdapter& adapter : block.adapters) {
+    if (adapter.target == target) y = add(y, scale(linear(linear(x, adapter.a), adapter.b), adapter.scale));
+  }
+  return y;
 }
 
 Variable TransformerCore::block_forward(std::size_t index, const Variable& h, FullSequenceAttentionKind kind,
@@ -32,16 +76,16 @@ Variable TransformerCore::block_forward(std::size_t index, const Variable& h, Fu
   };
   // Attention sub-block.
   const Variable x = rms_norm(h, w.attention_norm, eps);                 // (B, T, C)
-  const Variable q = rope(split_heads(linear(x, w.query)));              // (B, H, T, D)
-  const Variable k = rope(split_heads(linear(x, w.key)));                // (B, H, T, D)
-  const Variable v = split_heads(linear(x, w.value));                    // (B, H, T, D)
+  const Variable q = rope(split_heads(project(w, LoraTarget::Query, x)));  // (B, H, T, D)
+  const Variable k = rope(split_heads(project(w, LoraTarget::Key, x)));    // (B, H, T, D)
+  const Variable v = split_heads(project(w, LoraTarget::Value, x));        // (B, H, T, D)
   const Variable a = causal_attention(q, k, v, kind);                    // (B, H, T, D)
   const Variable merged = reshape(permute(a, {0, 2, 1, 3}), {b, t, c});  // (B, T, C)
-  const Variable h1 = add(h, dropout(linear(merged, w.output), drop, dropout_random));
+  const Variable h1 = add(h, dropout(project(w, LoraTarget::Output, merged), drop, dropout_random));
   // MLP sub-block.
   const Variable y = rms_norm(h1, w.mlp_norm, eps);               // (B, T, C)
-  const Variable m = swiglu(linear(y, w.gate), linear(y, w.up));  // (B, T, F)
-  return add(h1, dropout(linear(m, w.down), drop, dropout_random));  // (B, T, C)
+  const Variable m = swiglu(project(w, LoraTarget::Gate, y), project(w, LoraTarget::Up, y));  // (B, T, F)
+  return add(h1, dropout(project(w, LoraTarget::Down, m), drop, dropout_random));              // (B, T, C)
 }
 
 namespace {
