@@ -19,9 +19,11 @@ struct FlashTiles {
   std::int64_t key_rows = 64;
 };
 
-/// 64 query rows; 64 key rows, halved (down to 16) while 64·key_rows·D
-/// exceeds 2^18, so every tile GEMM stays below OpenBLAS's threading
-/// threshold and runs on the calling OpenMP thread.
+/// 64 query rows and 64 key rows; while query_rows·key_rows·D exceeds 2^18
+/// the key rows, then the query rows, are halved (down to 16), so every tile
+/// GEMM stays at or below OpenBLAS's threading threshold (M·N·K <= 65536·4)
+/// and runs on the calling OpenMP thread: 64×64 up to D = 64, 64×32 at
+/// D = 128, 64×16 at D = 256.
 FlashTiles flash_default_tiles(std::int64_t head_width);
 
 /// out = softmax(causal(q kᵀ · scale)) v; writes lse (B, H, T) = the
