@@ -150,6 +150,25 @@ TEST(AttentionParity, KernelTilesDoNotChangeTheResult) {
   }
 }
 
+TEST(AttentionParity, WideHeadsUseNarrowerKeyTiles) {
+  // Every tile GEMM has M·N·K = query_rows·key_rows·D <= 2^18 (OpenBLAS then
+  // stays on the calling thread).
+  EXPECT_EQ(cpu::flash_default_tiles(16).key_rows, 64);
+  EXPECT_EQ(cpu::flash_default_tiles(64).key_rows, 64);
+  EXPECT_EQ(cpu::flash_default_tiles(128).key_rows, 32);
+  EXPECT_EQ(cpu::flash_default_tiles(256).key_rows, 16);
+  EXPECT_EQ(cpu::flash_default_tiles(256).query_rows, 64);
+  EXPECT_EQ(cpu::flash_default_tiles(1024).query_rows, 16);
+  // D = 128 (64×32 tiles), T = 100: same tolerances as above.
+  const Inputs in = make_inputs({1, 2, 100, 128}, 25);
+  const Result m = run_kind(kMaterialized, in.q, in.k, in.v, in.seed);
+  const Result f = run_kind(kFlash, in.q, in.k, in.v, in.seed);
+  EXPECT_LE(max_abs_diff(m.out, f.out), 1e-5F);
+  EXPECT_LE(max_abs_diff(m.dq, f.dq), 1e-4F);
+  EXPECT_LE(max_abs_diff(m.dk, f.dk), 1e-4F);
+  EXPECT_LE(max_abs_diff(m.dv, f.dv), 1e-4F);
+}
+
 TEST(AttentionParity, SharedInputAccumulatesLikeMaterialized) {
   // Self-attention on one Variable used as q, k and v: its gradient is the sum.
   const Tensor x = randn({1, 2, 40, 8}, 31);
@@ -170,6 +189,19 @@ TEST(AttentionForward, SingleTokenReturnsItsValue) {
     EXPECT_TRUE(bit_equal(causal_attention(Variable(q), Variable(q), Variable(v), kind).value(), v))
         << attention_kind_name(kind);
   }
+}
+
+TEST(AttentionForward, FlashNanInAQueryPoisonsOnlyItsRow) {
+  // A NaN query makes its scores NaN: that output row must be NaN, not a
+  // finite number (divergence stays visible). Flash only: the existing
+  // softmax kernel's row max skips NaN, so it treats an all-NaN row as fully
+  // masked and the materialized path returns zeros there.
+  Tensor q = randn({1, 1, 70, 4}, 43);
+  q.data()[66 * 4 + 1] = std::nanf("");
+  const Tensor k = randn({1, 1, 70, 4}, 44);
+  const Tensor v = randn({1, 1, 70, 4}, 45);
+  const Tensor out = causal_attention(Variable(q), Variable(k), Variable(v), kFlash).value();
+  for (std::int64_t i = 0; i < 70; ++i) EXPECT_EQ(std::isnan(out.at({0, 0, i, 0})), i == 66) << "row " << i;
 }
 
 // ---- causality ------------------------------------------------------------------
