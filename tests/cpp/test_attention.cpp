@@ -333,4 +333,5 @@ TEST(AttentionErrors, NameTheOpAndEveryShape) {
   expect_error([&] { causal_attention(q, q, v, static_cast<FullSequenceAttentionKind>(7)); },
                {"[causal_attention]", "unknown attention kind 7"});
   EXPECT_THROW(causal_attention(q, q, v, static_cast<FullSequenceAttentionKind>(7)), ValueError);
+  expect_error([&] { flash_with_tiles(q, q, v, {0, 4}); }, {"[flash_attention]", "0x4"});
 }

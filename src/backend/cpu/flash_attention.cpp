@@ -8,6 +8,7 @@
 #include <bit>
 #include <cmath>
 #include <limits>
+#include <string>
 
 #include "kernels.hpp"
 
@@ -22,13 +23,13 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 struct Workspace {
   Tensor buffer;
   std::int64_t per_thread;
-  Workspace(std::int64_t per_thread_floats)
+  explicit Workspace(std::int64_t per_thread_floats)
       : buffer(Tensor::empty({std::max<std::int64_t>(omp_get_max_threads(), 1) * per_thread_floats})),
         per_thread(per_thread_floats) {}
   float* slice() { return buffer.data() + omp_get_thread_num() * per_thread; }
 };
 
-/// Work items below this many score elements run on one thread.
+/// Calls with at most this many (B·H·T²) score elements run on one thread.
 constexpr std::int64_t kParallelThreshold = 1 << 14;
 
 /// x[c] = exp(x[c] - shift) for n elements: the Cephes expf polynomial
@@ -69,6 +70,13 @@ __attribute__((target_clones("avx2", "default"))) void exp_shifted(float* x, std
   }
 }
 
+void check_tiles(FlashTiles tiles) {
+  if (tiles.query_rows < 1 || tiles.key_rows < 1) {
+    throw ValueError("[flash_attention] tiles must be positive, got " + std::to_string(tiles.query_rows) + "x" +
+                     std::to_string(tiles.key_rows));
+  }
+}
+
 }  // namespace
 
 FlashTiles flash_default_tiles(std::int64_t head_width) {
@@ -87,6 +95,7 @@ FlashTiles flash_default_tiles(std::int64_t head_width) {
 
 Tensor flash_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, float scale, FlashTiles tiles,
                                Tensor& lse) {
+  check_tiles(tiles);
   const std::int64_t B = q.size(0);
   const std::int64_t H = q.size(1);
   const std::int64_t T = q.size(2);
@@ -163,6 +172,7 @@ Tensor flash_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v
 
 void flash_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                               const Tensor& d_out, float scale, FlashTiles tiles, Tensor& dq, Tensor& dk, Tensor& dv) {
+  check_tiles(tiles);
   const std::int64_t B = q.size(0);
   const std::int64_t H = q.size(1);
   const std::int64_t T = q.size(2);
