@@ -1,0 +1,337 @@
+// Causal attention: materialized (composed ops) and flash (tiled kernel).
+// Finite-difference gradients for both (gradcheck.hpp tolerances), flash vs
+// materialized parity, causality, retained graph and allocator peak,
+// determinism and errors. Tolerances are stated where they are asserted.
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <cmath>
+#include <iostream>
+
+#include "../../src/backend/cpu/flash_attention.hpp"
+#include "gradcheck.hpp"
+#include "riftco_transformer/attention.hpp"
+#include "riftco_transformer/memory.hpp"
+#include "riftco_transformer/ops.hpp"
+
+using namespace riftco_transformer;
+using rt_test::gradcheck;
+
+namespace {
+
+constexpr auto kMaterialized = FullSequenceAttentionKind::Materialized;
+constexpr auto kFlash = FullSequenceAttentionKind::Flash;
+
+Tensor randn(const Shape& shape, std::uint64_t seed) {
+  Random r(seed);
+  return Tensor::normal(shape, r);
+}
+
+/// The flash kernel with explicit tiles, as a node (the op picks tiles from
+/// D; tests force many small, non-dividing tiles through this wrapper).
+Variable flash_with_tiles(const Variable& q, const Variable& k, const Variable& v, cpu::FlashTiles tiles) {
+  const float s = 1.0F / std::sqrt(static_cast<float>(q.shape()[3]));
+  Tensor lse;
+  Tensor out = cpu::flash_attention_forward(q.value(), k.value(), v.value(), s, tiles, lse);
+  const Tensor qv = q.value();
+  const Tensor kv = k.value();
+  const Tensor vv = v.value();
+  const Tensor ov = out;
+  return Variable::from_op("flash_attention_test", std::move(out), {q, k, v},
+                           [=](const Tensor& g, const std::vector<bool>&) {
+                             std::vector<Tensor> grads(3);
+                             cpu::flash_attention_backward(qv, kv, vv, ov, lse, g, s, tiles, grads[0], grads[1],
+                                                           grads[2]);
+                             return grads;
+                           });
+}
+
+struct Result {
+  Tensor out, dq, dk, dv;
+};
+
+/// Forward, then backward with seed `seed`; fresh leaves each call.
+template <typename F>
+Result run(F&& attend, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& seed) {
+  Variable qv(q.clone(), true, "q");
+  Variable kv(k.clone(), true, "k");
+  Variable vv(v.clone(), true, "v");
+  Variable out = attend(qv, kv, vv);
+  out.backward(seed);
+  return {out.value().clone(), qv.grad().clone(), kv.grad().clone(), vv.grad().clone()};
+}
+
+Result run_kind(FullSequenceAttentionKind kind, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& seed) {
+  return run([kind](auto& a, auto& b, auto& c) { return causal_attention(a, b, c, kind); }, q, k, v, seed);
+}
+
+struct Inputs {
+  Tensor q, k, v, seed;
+};
+
+Inputs make_inputs(const Shape& shape, std::uint64_t seed) {
+  return {randn(shape, seed), randn(shape, seed + 1), randn(shape, seed + 2), randn(shape, seed + 3)};
+}
+
+template <typename F>
+void expect_error(F&& f, const std::vector<std::string>& parts) {
+  try {
+    f();
+    ADD_FAILURE() << "expected an error mentioning " << parts.front();
+  } catch (const Error& e) {
+    for (const std::string& p : parts) EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+
+TEST(AttentionKind, NamesRoundTripAndBadStringsAreValueErrors) {
+  for (auto kind : {kMaterialized, kFlash}) EXPECT_EQ(parse_attention_kind(attention_kind_name(kind)), kind);
+  EXPECT_STREQ(attention_kind_name(kFlash), "flash");
+  EXPECT_STREQ(attention_kind_name(kMaterialized), "materialized");
+  EXPECT_THROW(parse_attention_kind("Flash"), ValueError);
+  expect_error([] { parse_attention_kind("Flash"); }, {"[attention]", "\"Flash\"", "\"materialized\"", "\"flash\""});
+  expect_error([] { parse_attention_kind("", "model"); }, {"[model]", "\"\""});
+}
+
+// ---- finite differences (gradcheck.hpp: eps 1e-2, |a−n| ≤ 2e-3 + 2e-2·|n|) --
+
+TEST(AttentionGradient, MaterializedFiniteDifferences) {
+  const auto f = [](const std::vector<Variable>& x) { return causal_attention(x[0], x[1], x[2], kMaterialized); };
+  EXPECT_EQ(gradcheck(f, {randn({1, 2, 5, 4}, 1), randn({1, 2, 5, 4}, 2), randn({1, 2, 5, 4}, 3)}), 0);
+}
+
+TEST(AttentionGradient, FlashFiniteDifferences) {
+  const auto f = [](const std::vector<Variable>& x) { return causal_attention(x[0], x[1], x[2], kFlash); };
+  EXPECT_EQ(gradcheck(f, {randn({1, 2, 5, 4}, 1), randn({1, 2, 5, 4}, 2), randn({1, 2, 5, 4}, 3)}), 0);
+  EXPECT_EQ(gradcheck(f, {randn({2, 1, 9, 3}, 4), randn({2, 1, 9, 3}, 5), randn({2, 1, 9, 3}, 6)}), 0);
+}
+
+TEST(AttentionGradient, FlashFiniteDifferencesAcrossManyTiles) {
+  // T = 11 with 4-row query tiles and 3-row key tiles: several tiles, none
+  // dividing T, query and key tiles misaligned.
+  const auto f = [](const std::vector<Variable>& x) { return flash_with_tiles(x[0], x[1], x[2], {4, 3}); };
+  EXPECT_EQ(gradcheck(f, {randn({1, 2, 11, 4}, 7), randn({1, 2, 11, 4}, 8), randn({1, 2, 11, 4}, 9)}), 0);
+}
+
+// ---- flash vs materialized ----------------------------------------------------
+
+TEST(AttentionParity, FlashMatchesMaterializedOnTwoAndAHalfTiles) {
+  // N(0,1) inputs, B=2, H=3, T=130 (> 2 tiles of 64, not a multiple), D=16.
+  // Tolerance: max |Δ| ≤ 1e-5 for outputs, ≤ 1e-4 for q/k/v gradients.
+  const Inputs in = make_inputs({2, 3, 130, 16}, 11);
+  const Result m = run_kind(kMaterialized, in.q, in.k, in.v, in.seed);
+  const Result f = run_kind(kFlash, in.q, in.k, in.v, in.seed);
+  const float d_out = max_abs_diff(m.out, f.out);
+  const float d_q = max_abs_diff(m.dq, f.dq);
+  const float d_k = max_abs_diff(m.dk, f.dk);
+  const float d_v = max_abs_diff(m.dv, f.dv);
+  std::cout << "[ parity   ] B=2 H=3 T=130 D=16 max|flash-materialized|: out " << d_out << " dq " << d_q << " dk "
+            << d_k << " dv " << d_v << '\n';
+  EXPECT_LE(d_out, 1e-5F);
+  EXPECT_LE(d_q, 1e-4F);
+  EXPECT_LE(d_k, 1e-4F);
+  EXPECT_LE(d_v, 1e-4F);
+}
+
+TEST(AttentionParity, KernelTilesDoNotChangeTheResult) {
+  // Same tolerances as above, T = 37, every tile shape from 1×1 to one tile.
+  const Inputs in = make_inputs({1, 2, 37, 8}, 21);
+  const Result m = run_kind(kMaterialized, in.q, in.k, in.v, in.seed);
+  for (const cpu::FlashTiles tiles : {cpu::FlashTiles{1, 1}, cpu::FlashTiles{3, 5}, cpu::FlashTiles{5, 3},
+                                      cpu::FlashTiles{16, 16}, cpu::FlashTiles{64, 64}, cpu::FlashTiles{8, 32}}) {
+    const Result f = run([&](auto& a, auto& b, auto& c) { return flash_with_tiles(a, b, c, tiles); }, in.q, in.k,
+                         in.v, in.seed);
+    SCOPED_TRACE("tiles " + std::to_string(tiles.query_rows) + "x" + std::to_string(tiles.key_rows));
+    EXPECT_LE(max_abs_diff(m.out, f.out), 1e-5F);
+    EXPECT_LE(max_abs_diff(m.dq, f.dq), 1e-4F);
+    EXPECT_LE(max_abs_diff(m.dk, f.dk), 1e-4F);
+    EXPECT_LE(max_abs_diff(m.dv, f.dv), 1e-4F);
+  }
+}
+
+TEST(AttentionParity, WideHeadsUseNarrowerKeyTiles) {
+  // Every tile GEMM has M·N·K = query_rows·key_rows·D <= 2^18 (OpenBLAS then
+  // stays on the calling thread).
+  EXPECT_EQ(cpu::flash_default_tiles(16).key_rows, 64);
+  EXPECT_EQ(cpu::flash_default_tiles(64).key_rows, 64);
+  EXPECT_EQ(cpu::flash_default_tiles(128).key_rows, 32);
+  EXPECT_EQ(cpu::flash_default_tiles(256).key_rows, 16);
+  EXPECT_EQ(cpu::flash_default_tiles(256).query_rows, 64);
+  EXPECT_EQ(cpu::flash_default_tiles(1024).query_rows, 16);
+  // D = 128 (64×32 tiles), T = 100: same tolerances as above.
+  const Inputs in = make_inputs({1, 2, 100, 128}, 25);
+  const Result m = run_kind(kMaterialized, in.q, in.k, in.v, in.seed);
+  const Result f = run_kind(kFlash, in.q, in.k, in.v, in.seed);
+  EXPECT_LE(max_abs_diff(m.out, f.out), 1e-5F);
+  EXPECT_LE(max_abs_diff(m.dq, f.dq), 1e-4F);
+  EXPECT_LE(max_abs_diff(m.dk, f.dk), 1e-4F);
+  EXPECT_LE(max_abs_diff(m.dv, f.dv), 1e-4F);
+}
+
+TEST(AttentionParity, SharedInputAccumulatesLikeMaterialized) {
+  // Self-attention on one Variable used as q, k and v: its gradient is the sum.
+  const Tensor x = randn({1, 2, 40, 8}, 31);
+  const Tensor seed = randn({1, 2, 40, 8}, 32);
+  Tensor grads[2];
+  for (int i = 0; i < 2; ++i) {
+    Variable xv(x.clone(), true, "x");
+    causal_attention(xv, xv, xv, i == 0 ? kMaterialized : kFlash).backward(seed);
+    grads[i] = xv.grad().clone();
+  }
+  EXPECT_LE(max_abs_diff(grads[0], grads[1]), 1e-4F);
+}
+
+TEST(AttentionForward, SingleTokenReturnsItsValue) {
+  const Tensor q = randn({2, 2, 1, 5}, 41);
+  const Tensor v = randn({2, 2, 1, 5}, 42);
+  for (auto kind : {kMaterialized, kFlash}) {
+    EXPECT_TRUE(bit_equal(causal_attention(Variable(q), Variable(q), Variable(v), kind).value(), v))
+        << attention_kind_name(kind);
+  }
+}
+
+TEST(AttentionForward, FlashNanInAQueryPoisonsOnlyItsRow) {
+  // A NaN query makes its scores NaN: that output row must be NaN, not a
+  // finite number (divergence stays visible). Flash only: the existing
+  // softmax kernel's row max skips NaN, so it treats an all-NaN row as fully
+  // masked and the materialized path returns zeros there.
+  Tensor q = randn({1, 1, 70, 4}, 43);
+  q.data()[66 * 4 + 1] = std::nanf("");
+  const Tensor k = randn({1, 1, 70, 4}, 44);
+  const Tensor v = randn({1, 1, 70, 4}, 45);
+  const Tensor out = causal_attention(Variable(q), Variable(k), Variable(v), kFlash).value();
+  for (std::int64_t i = 0; i < 70; ++i) EXPECT_EQ(std::isnan(out.at({0, 0, i, 0})), i == 66) << "row " << i;
+}
+
+// ---- causality ------------------------------------------------------------------
+
+TEST(AttentionCausality, LaterKeysAndValuesDoNotChangeEarlierOutputs) {
+  const Shape shape{1, 2, 130, 8};
+  const Tensor q = randn(shape, 51);
+  const Tensor k = randn(shape, 52);
+  const Tensor v = randn(shape, 53);
+  for (auto kind : {kMaterialized, kFlash}) {
+    for (const std::int64_t j : {std::int64_t{1}, std::int64_t{70}, std::int64_t{129}}) {
+      Tensor k2 = k.clone();
+      Tensor v2 = v.clone();
+      for (std::int64_t h = 0; h < 2; ++h)
+        for (std::int64_t d = 0; d < 8; ++d) {
+          k2.data()[(h * 130 + j) * 8 + d] += 3.0F;
+          v2.data()[(h * 130 + j) * 8 + d] -= 5.0F;
+        }
+      const Tensor a = causal_attention(Variable(q), Variable(k), Variable(v), kind).value();
+      const Tensor b = causal_attention(Variable(q), Variable(k2), Variable(v2), kind).value();
+      SCOPED_TRACE(std::string(attention_kind_name(kind)) + " j=" + std::to_string(j));
+      for (std::int64_t h = 0; h < 2; ++h) {
+        for (std::int64_t i = 0; i < 130; ++i) {
+          bool same = true;
+          for (std::int64_t d = 0; d < 8; ++d) same = same && a.at({0, h, i, d}) == b.at({0, h, i, d});
+          if (i < j) {
+            EXPECT_TRUE(same) << "output " << i << " changed";  // bit-identical: masked weights are exactly 0
+          } else if (i == j) {
+            EXPECT_FALSE(same) << "output " << i << " did not see its own key/value";
+          }
+        }
+      }
+    }
+  }
+}
+
+// ---- memory -------------------------------------------------------------------
+
+TEST(AttentionMemory, MaterializedRetainsTheScoreMatricesFlashDoesNot) {
+  const std::int64_t B = 2, H = 2, T = 48, D = 8;
+  const Inputs in = make_inputs({B, H, T, D}, 61);
+  GraphStatistics stats[2];
+  for (int i = 0; i < 2; ++i) {
+    Variable q(in.q, true), k(in.k, true), v(in.v, true);
+    Variable loss = sum(causal_attention(q, k, v, i == 0 ? kMaterialized : kFlash));
+    stats[i] = loss.graph_statistics();
+    if (i == 1) {
+      // The flash node keeps q, k, v, O (owned by graph nodes) and the LSE.
+      std::int64_t saved = 0;
+      for (const RetainedNode& r : loss.retained_nodes()) saved += r.saved_bytes;
+      EXPECT_EQ(saved, B * H * T * static_cast<std::int64_t>(sizeof(float)));
+    }
+  }
+  std::cout << "[ graph    ] B=2 H=2 T=48 D=8: materialized " << stats[0].node_count << " nodes "
+            << stats[0].element_count << " elements; flash " << stats[1].node_count << " nodes "
+            << stats[1].element_count << " elements; 2BHTT = " << 2 * B * H * T * T << '\n';
+  EXPECT_GE(stats[0].element_count - stats[1].element_count, 2 * B * H * T * T);
+  EXPECT_LT(stats[1].node_count, stats[0].node_count);
+}
+
+TEST(AttentionMemory, FlashPeakBytesAreLowerAtT256) {
+  const Inputs in = make_inputs({1, 2, 256, 16}, 71);
+  std::int64_t peak[2];
+  for (int i = 0; i < 2; ++i) {
+    Variable q(in.q, true), k(in.k, true), v(in.v, true);
+    const std::int64_t live = memory_stats().live_bytes;
+    reset_peak_memory();
+    {
+      Variable loss = sum(causal_attention(q, k, v, i == 0 ? kMaterialized : kFlash));
+      loss.backward();
+    }
+    peak[i] = memory_stats().peak_bytes - live;
+  }
+  std::cout << "[ peak     ] B=1 H=2 T=256 D=16 forward+backward peak bytes above inputs: materialized " << peak[0]
+            << ", flash " << peak[1] << '\n';
+  EXPECT_LT(peak[1], peak[0]);
+  EXPECT_LT(peak[1] * 4, peak[0]);  // T×T scores dominate the materialized peak
+}
+
+// ---- determinism --------------------------------------------------------------
+
+TEST(AttentionDeterminism, TwoRunsAreBitIdentical) {
+  const Inputs in = make_inputs({2, 3, 130, 16}, 81);
+  for (auto kind : {kMaterialized, kFlash}) {
+    const Result a = run_kind(kind, in.q, in.k, in.v, in.seed);
+    const Result b = run_kind(kind, in.q, in.k, in.v, in.seed);
+    SCOPED_TRACE(attention_kind_name(kind));
+    EXPECT_TRUE(bit_equal(a.out, b.out));
+    EXPECT_TRUE(bit_equal(a.dq, b.dq));
+    EXPECT_TRUE(bit_equal(a.dk, b.dk));
+    EXPECT_TRUE(bit_equal(a.dv, b.dv));
+  }
+}
+
+TEST(AttentionDeterminism, FlashDoesNotDependOnTheThreadCount) {
+  // Every output element is produced by one thread in a fixed order, so even
+  // different thread counts agree bit for bit (stronger than DESIGN requires).
+  const Inputs in = make_inputs({2, 3, 130, 16}, 91);
+  const int threads = omp_get_max_threads();
+  omp_set_num_threads(1);
+  const Result one = run_kind(kFlash, in.q, in.k, in.v, in.seed);
+  omp_set_num_threads(3);
+  const Result three = run_kind(kFlash, in.q, in.k, in.v, in.seed);
+  omp_set_num_threads(threads);
+  EXPECT_TRUE(bit_equal(one.out, three.out));
+  EXPECT_TRUE(bit_equal(one.dq, three.dq));
+  EXPECT_TRUE(bit_equal(one.dk, three.dk));
+  EXPECT_TRUE(bit_equal(one.dv, three.dv));
+}
+
+// ---- errors -------------------------------------------------------------------
+
+TEST(AttentionErrors, NameTheOpAndEveryShape) {
+  Variable q(Tensor::zeros({1, 2, 5, 4}), true);
+  Variable k6(Tensor::zeros({1, 2, 6, 4}), true);
+  Variable v(Tensor::zeros({1, 2, 5, 4}), true);
+  Variable x3(Tensor::zeros({2, 5, 4}), true);
+  for (auto kind : {kMaterialized, kFlash}) {
+    expect_error([&] { causal_attention(q, k6, v, kind); },
+                 {"[causal_attention]", "q (1, 2, 5, 4)", "k (1, 2, 6, 4)", "v (1, 2, 5, 4)", "same shape"});
+    EXPECT_THROW(causal_attention(q, k6, v, kind), ShapeError);
+    expect_error([&] { causal_attention(x3, x3, x3, kind); },
+                 {"[causal_attention]", "q (2, 5, 4)", "k (2, 5, 4)", "v (2, 5, 4)", "4-D"});
+    EXPECT_THROW(causal_attention(x3, x3, x3, kind), ShapeError);
+    expect_error([&] { causal_attention(q, Variable(), v, kind); }, {"[causal_attention] k is an undefined"});
+    Variable empty_d(Tensor::zeros({1, 2, 5, 0}));
+    expect_error([&] { causal_attention(empty_d, empty_d, empty_d, kind); }, {"[causal_attention]", "(1, 2, 5, 0)"});
+  }
+  expect_error([&] { causal_attention(q, q, v, static_cast<FullSequenceAttentionKind>(7)); },
+               {"[causal_attention]", "unknown attention kind 7"});
+  EXPECT_THROW(causal_attention(q, q, v, static_cast<FullSequenceAttentionKind>(7)), ValueError);
+  expect_error([&] { flash_with_tiles(q, q, v, {0, 4}); }, {"[flash_attention]", "0x4"});
+}
