@@ -8,12 +8,14 @@
 // pipelines record it in their run metadata.
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "riftco_transformer/errors.hpp"
 #include "riftco_transformer/tensor.hpp"
+#include "riftco_transformer/transformer.hpp"
 
 namespace riftco_transformer {
 
@@ -45,5 +47,33 @@ void write_safetensors(const std::filesystem::path& path, const std::vector<std:
 /// coverage of the data section, metadata) before returning; any problem is a
 /// ModelStateError "[load] <path>: ...".
 TensorFile read_safetensors(const std::filesystem::path& path);
+
+// ---- model level ---------------------------------------------------------
+
+/// Metadata "format" of a model-state file.
+inline constexpr const char* kModelStateFormat = "riftco.model_state";
+/// Metadata "schema_version" this build writes and reads.
+inline constexpr const char* kModelStateSchemaVersion = "1";
+
+/// Every parameter by its stable name, plus metadata "format",
+/// "schema_version", "dimensions" (a JSON object of the six
+/// TransformerDimensions fields) and "norm_epsilon".
+void save_model_state(const DecoderOnlyTransformer& model, const std::filesystem::path& path);
+
+/// The dimensions recorded in a model-state file (validated).
+TransformerDimensions read_model_dimensions(const std::filesystem::path& path);
+
+/// Reads and validates the whole file against `model` (format, schema
+/// version, dimensions, norm epsilon, every parameter present with its shape,
+/// no extra tensors), and only then sets every parameter's value (which bumps
+/// its version). On any ModelStateError the model is untouched.
+void load_model_state(DecoderOnlyTransformer& model, const std::filesystem::path& path);
+
+/// A model of the file's dimensions and norm epsilon with the file's weights.
+/// The execution policies are the caller's choice: the file has none.
+std::unique_ptr<DecoderOnlyTransformer> load_model(
+    const std::filesystem::path& path,
+    FullSequenceAttentionKind attention = FullSequenceAttentionKind::Materialized,
+    ActivationCheckpointingKind activation_checkpointing = ActivationCheckpointingKind::Disabled);
 
 }  // namespace riftco_transformer
