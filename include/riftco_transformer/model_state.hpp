@@ -1,0 +1,79 @@
+#pragma once
+// Model-state files: the safetensors layout (8-byte little-endian header
+// length, JSON header, raw little-endian float32 data) so PyTorch and other
+// tools can read what we write. See docs/model-state.md.
+//
+// The file holds architecture and weights only. Execution policy — the
+// activation-checkpointing kind and the attention kind — is not stored:
+// pipelines record it in their run metadata.
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "riftco_transformer/errors.hpp"
+#include "riftco_transformer/tensor.hpp"
+#include "riftco_transformer/transformer.hpp"
+
+namespace riftco_transformer {
+
+/// A model-state or safetensors file that cannot be written or read, or that
+/// does not fit the model. Messages start with "[save] <path>: " or
+/// "[load] <path>: ".
+class ModelStateError : public Error {
+ public:
+  using Error::Error;
+};
+
+/// The contents of a safetensors file: tensors in data-section order (ties
+/// between empty tensors keep header order), and the "__metadata__" map.
+struct TensorFile {
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  std::map<std::string, std::string> metadata;
+};
+
+/// Writes `tensors` (F32, in the given order) and `metadata` in the
+/// safetensors layout. Atomic: the file is written beside the target under a
+/// temporary name, synced, and renamed over it; on any failure the temporary
+/// file is removed and an existing target is left untouched. Names must be
+/// unique, non-empty, valid UTF-8 and not "__metadata__"; tensors must be
+/// defined (non-CPU tensors are copied to the CPU first).
+void write_safetensors(const std::filesystem::path& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
+                       const std::map<std::string, std::string>& metadata = {});
+
+/// Reads and validates the whole file (header, dtypes, shapes, offsets,
+/// coverage of the data section, metadata) before returning; any problem is a
+/// ModelStateError "[load] <path>: ...".
+TensorFile read_safetensors(const std::filesystem::path& path);
+
+// ---- model level ---------------------------------------------------------
+
+/// Metadata "format" of a model-state file.
+inline constexpr const char* kModelStateFormat = "riftco.model_state";
+/// Metadata "schema_version" this build writes and reads.
+inline constexpr const char* kModelStateSchemaVersion = "1";
+
+/// Every parameter by its stable name, plus metadata "format",
+/// "schema_version", "dimensions" (a JSON object of the six
+/// TransformerDimensions fields) and "norm_epsilon".
+void save_model_state(const DecoderOnlyTransformer& model, const std::filesystem::path& path);
+
+/// The dimensions recorded in a model-state file (validated).
+TransformerDimensions read_model_dimensions(const std::filesystem::path& path);
+
+/// Reads and validates the whole file against `model` (format, schema
+/// version, dimensions, norm epsilon, every parameter present with its shape,
+/// no extra tensors), and only then sets every parameter's value (which bumps
+/// its version). On any ModelStateError the model is untouched.
+void load_model_state(DecoderOnlyTransformer& model, const std::filesystem::path& path);
+
+/// A model of the file's dimensions and norm epsilon with the file's weights.
+/// The execution policies are the caller's choice: the file has none.
+std::unique_ptr<DecoderOnlyTransformer> load_model(
+    const std::filesystem::path& path,
+    FullSequenceAttentionKind attention = FullSequenceAttentionKind::Materialized,
+    ActivationCheckpointingKind activation_checkpointing = ActivationCheckpointingKind::Disabled);
+
+}  // namespace riftco_transformer

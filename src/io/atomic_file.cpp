@@ -1,0 +1,130 @@
+#include "atomic_file.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <string>
+
+#include "riftco_transformer/model_state.hpp"
+
+namespace riftco_transformer::detail {
+namespace {
+
+[[noreturn]] void save_error(const std::filesystem::path& path, const std::string& what, int error = 0) {
+  std::string message = "[save] " + path.string() + ": " + what;
+  if (error != 0) message += ": " + std::string(std::strerror(error));
+  throw ModelStateError(message);
+}
+
+/// Owns the temporary file until it has been renamed over the target.
+class TemporaryFile {
+ public:
+  TemporaryFile(const std::filesystem::path& target, const std::filesystem::path& directory) {
+    static std::atomic<unsigned> counter{0};
+    for (int attempt = 0; attempt < 100; ++attempt) {
+      std::string name = target.filename().string();
+      name.insert(0, 1, '.');
+      name += ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter.fetch_add(1));
+      path_ = directory / name;
+      fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+      if (fd_ >= 0 || errno != EEXIST) break;
+    }
+    if (fd_ < 0) {
+      const int error = errno;
+      save_error(target, "cannot create a temporary file in '" + directory.string() + "'", error);
+    }
+  }
+  ~TemporaryFile() {
+    if (fd_ >= 0) ::close(fd_);
+    if (!renamed_) ::unlink(path_.c_str());
+  }
+  TemporaryFile(const TemporaryFile&) = delete;
+  TemporaryFile& operator=(const TemporaryFile&) = delete;
+
+  const std::filesystem::path& path() const { return path_; }
+  int fd() const { return fd_; }
+  /// close(2) reports deferred write errors on some file systems.
+  int close() {
+    const int result = ::close(fd_);
+    fd_ = -1;
+    return result;
+  }
+  void mark_renamed() { renamed_ = true; }
+
+ private:
+  std::filesystem::path path_;
+  int fd_ = -1;
+  bool renamed_ = false;
+};
+
+/// Closes a directory descriptor on every path out.
+struct DirectoryHandle {
+  int fd = -1;
+  ~DirectoryHandle() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+bool write_all(int fd, std::span<const std::byte> bytes) {
+  while (!bytes.empty()) {
+    const ssize_t n = ::write(fd, bytes.data(), bytes.size());
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return false;
+    }
+    bytes = bytes.subspan(static_cast<std::size_t>(n));
+  }
+  return true;
+}
+
+}  // namespace
+
+void write_file_atomically(const std::filesystem::path& path, std::span<const std::span<const std::byte>> pieces) {
+  if (!path.has_filename()) save_error(path, "not a file name");
+  std::error_code ec;
+  if (std::filesystem::is_directory(std::filesystem::symlink_status(path, ec))) {
+    save_error(path, "the target is a directory");
+  }
+  const std::filesystem::path directory = path.has_parent_path() ? path.parent_path() : std::filesystem::path(".");
+
+  // Each failure below copies errno before building its message (building
+  // the message may allocate and overwrite errno).
+  TemporaryFile temporary(path, directory);
+  const std::string temp_name = std::string("'").append(temporary.path().string()).append("'");
+  for (const std::span<const std::byte> piece : pieces) {
+    if (!write_all(temporary.fd(), piece)) {
+      const int error = errno;
+      save_error(path, "cannot write " + temp_name, error);
+    }
+  }
+  if (::fsync(temporary.fd()) != 0) {
+    const int error = errno;
+    save_error(path, "cannot sync " + temp_name, error);
+  }
+  if (temporary.close() != 0) {
+    const int error = errno;
+    save_error(path, "cannot close " + temp_name, error);
+  }
+
+  // Opened before the rename so that, once the target is replaced, only the
+  // directory sync itself can still fail.
+  DirectoryHandle dir{::open(directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)};
+  if (dir.fd < 0) {
+    const int error = errno;
+    save_error(path, "cannot open directory '" + directory.string() + "'", error);
+  }
+  if (::rename(temporary.path().c_str(), path.c_str()) != 0) {
+    const int error = errno;
+    save_error(path, "cannot rename " + temp_name + " over the target", error);
+  }
+  temporary.mark_renamed();
+  if (::fsync(dir.fd) != 0) {
+    const int error = errno;
+    save_error(path, "the file was replaced but syncing its directory failed", error);
+  }
+}
+
+}  // namespace riftco_transformer::detail

@@ -1,0 +1,17 @@
+#pragma once
+// Replace a file atomically: write a temporary file beside it, fsync it,
+// rename it over the target, fsync the directory.
+#include <cstddef>
+#include <filesystem>
+#include <span>
+
+namespace riftco_transformer::detail {
+
+/// Writes the concatenation of `pieces` to `path`. On any failure before the
+/// rename the temporary file is removed, the target is untouched, and a
+/// ModelStateError "[save] <path>: ..." is thrown. The one failure after the
+/// rename (syncing the directory) is reported too, though the new file is
+/// already in place.
+void write_file_atomically(const std::filesystem::path& path, std::span<const std::span<const std::byte>> pieces);
+
+}  // namespace riftco_transformer::detail

@@ -1,0 +1,203 @@
+#include "safetensors_header.hpp"
+
+#include <algorithm>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "riftco_transformer/model_state.hpp"
+
+namespace riftco_transformer::detail {
+namespace {
+
+using Json = nlohmann::ordered_json;  // keeps header order (the tie-break for empty tensors)
+
+constexpr std::uint64_t kMaxInt64 = static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max());
+
+// Built with append: GCC 12 warns falsely (-Wrestrict) on "literal" + std::string&& here.
+std::string range_string(std::uint64_t begin, std::uint64_t end) {
+  return std::string("[").append(std::to_string(begin)).append(", ").append(std::to_string(end)).append(")");
+}
+
+/// Parses JSON, refusing duplicate keys in any object (a JSON parser would
+/// silently keep one of them).
+Json parse_json(const std::filesystem::path& path, std::string_view text) {
+  std::vector<std::set<std::string>> open_objects;
+  std::string duplicate;
+  bool has_duplicate = false;
+  const Json::parser_callback_t callback = [&](int, Json::parse_event_t event, Json& parsed) {
+    if (event == Json::parse_event_t::object_start) {
+      open_objects.emplace_back();
+    } else if (event == Json::parse_event_t::object_end) {
+      open_objects.pop_back();
+    } else if (event == Json::parse_event_t::key && !has_duplicate) {
+      const auto& key = parsed.get_ref<const std::string&>();
+      if (!open_objects.back().insert(key).second) {
+        has_duplicate = true;
+        duplicate = key;
+      }
+    }
+    return true;
+  };
+  Json root;
+  try {
+    root = Json::parse(text.begin(), text.end(), callback);
+  } catch (const nlohmann::json::exception& e) {
+    load_error(path, std::string("header is not valid JSON (") + e.what() + ")");
+  }
+  if (has_duplicate) load_error(path, "header has the key '" + duplicate + "' twice");
+  return root;
+}
+
+Shape parse_shape(const std::filesystem::path& path, const std::string& name, const Json& shape) {
+  const std::string where = "tensor '" + name + "': ";
+  if (!shape.is_array()) load_error(path, where + "\"shape\" is not an array");
+  Shape result;
+  for (const Json& d : shape) {
+    if (d.is_number_integer() && !d.is_number_unsigned()) {
+      load_error(path, where + "shape " + shape.dump() + " has a negative dimension");
+    }
+    if (!d.is_number_unsigned()) load_error(path, where + "shape " + shape.dump() + " has a non-integer dimension");
+    const auto value = d.get<std::uint64_t>();
+    if (value > kMaxInt64) load_error(path, where + "shape " + shape.dump() + " has a dimension that is too large");
+    result.push_back(static_cast<std::int64_t>(value));
+  }
+  return result;
+}
+
+/// numel * 4; shapes a Tensor could not hold (shape_numel's limits) are errors.
+std::uint64_t shape_bytes(const std::filesystem::path& path, const std::string& name, const Shape& shape) {
+  try {
+    return static_cast<std::uint64_t>(shape_numel(shape, "load")) * sizeof(float);
+  } catch (const ShapeError&) {
+    load_error(path, "tensor '" + name + "': shape " + shape_string(shape) + " is too large");
+  }
+}
+
+SafetensorsEntry parse_entry(const std::filesystem::path& path, const std::string& name, const Json& info,
+                             std::uint64_t data_size) {
+  const std::string where = "tensor '" + name + "': ";
+  if (!info.is_object()) load_error(path, where + "entry is not a JSON object");
+  for (const char* field : {"dtype", "shape", "data_offsets"}) {
+    if (!info.contains(field)) load_error(path, where + "missing \"" + field + "\"");
+  }
+  // Other keys are ignored, as the reference safetensors reader does.
+  const Json& dtype = info.at("dtype");
+  if (!dtype.is_string()) load_error(path, where + "\"dtype\" is not a string");
+  if (dtype.get_ref<const std::string&>() != "F32") {
+    load_error(path, where + "dtype '" + dtype.get<std::string>() + "' is not supported (only F32)");
+  }
+  SafetensorsEntry entry{name, parse_shape(path, name, info.at("shape")), 0, 0};
+  const std::uint64_t expected = shape_bytes(path, name, entry.shape);
+
+  const Json& offsets = info.at("data_offsets");
+  if (!offsets.is_array() || offsets.size() != 2 || !offsets[0].is_number_unsigned() ||
+      !offsets[1].is_number_unsigned()) {
+    load_error(path, where + "\"data_offsets\" must be [begin, end] with non-negative integers, got " +
+                         offsets.dump());
+  }
+  entry.begin = offsets[0].get<std::uint64_t>();
+  entry.end = offsets[1].get<std::uint64_t>();
+  const std::string range = range_string(entry.begin, entry.end);
+  if (entry.begin > entry.end) load_error(path, where + "data_offsets " + range + " end before they begin");
+  if (entry.end - entry.begin != expected) {
+    load_error(path, where + "data_offsets " + range + " hold " + std::to_string(entry.end - entry.begin) +
+                         " bytes but shape " + shape_string(entry.shape) + " needs " + std::to_string(expected));
+  }
+  if (entry.end > data_size) {
+    load_error(path, where + "data_offsets " + range + " run past the data section (" + std::to_string(data_size) +
+                         " bytes)");
+  }
+  return entry;
+}
+
+std::map<std::string, std::string> parse_metadata(const std::filesystem::path& path, const Json& metadata) {
+  if (!metadata.is_object()) load_error(path, "\"__metadata__\" is not a JSON object");
+  std::map<std::string, std::string> result;
+  for (const auto& [key, value] : metadata.items()) {
+    if (!value.is_string()) load_error(path, "\"__metadata__\" value of '" + key + "' is not a string: " + value.dump());
+    result.emplace(key, value.get<std::string>());
+  }
+  return result;
+}
+
+/// safetensors requires the entries to tile the data section exactly.
+void check_coverage(const std::filesystem::path& path, const std::vector<SafetensorsEntry>& entries,
+                    std::uint64_t data_size) {
+  std::uint64_t cursor = 0;
+  const SafetensorsEntry* previous = nullptr;
+  for (const SafetensorsEntry& entry : entries) {
+    if (entry.begin < cursor) {
+      load_error(path, "tensor '" + entry.name + "' at " + range_string(entry.begin, entry.end) +
+                           " overlaps tensor '" + previous->name + "' at " +
+                           range_string(previous->begin, previous->end));
+    }
+    if (entry.begin > cursor) {
+      load_error(path, "bytes " + range_string(cursor, entry.begin) + " of the data section belong to no tensor");
+    }
+    cursor = entry.end;
+    previous = &entry;
+  }
+  if (cursor != data_size) {
+    load_error(path, std::to_string(data_size - cursor) + " trailing bytes after the tensors (data section is " +
+                         std::to_string(data_size) + " bytes, tensors cover " + std::to_string(cursor) + ")");
+  }
+}
+
+}  // namespace
+
+void load_error(const std::filesystem::path& path, const std::string& what) {
+  throw ModelStateError("[load] " + path.string() + ": " + what);
+}
+
+void save_error(const std::filesystem::path& path, const std::string& what) {
+  throw ModelStateError("[save] " + path.string() + ": " + what);
+}
+
+std::string encode_safetensors_header(const std::filesystem::path& path,
+                                      const std::vector<std::pair<std::string, Tensor>>& tensors,
+                                      const std::map<std::string, std::string>& metadata) {
+  Json header = Json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  std::set<std::string> seen;
+  std::uint64_t offset = 0;
+  for (const auto& [name, tensor] : tensors) {
+    if (name.empty()) save_error(path, "a tensor name is empty");
+    if (name == "__metadata__") save_error(path, "'__metadata__' is reserved and cannot name a tensor");
+    if (!seen.insert(name).second) save_error(path, "tensor name '" + name + "' appears twice");
+    if (!tensor.defined()) save_error(path, "tensor '" + name + "' is undefined");
+    const auto bytes = static_cast<std::uint64_t>(tensor.nbytes());
+    header[name] = {{"dtype", "F32"}, {"shape", tensor.shape()}, {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
+  }
+  std::string text;
+  try {
+    text = header.dump();
+  } catch (const nlohmann::json::exception&) {
+    save_error(path, "a tensor name or metadata string is not valid UTF-8");
+  }
+  text.append((8 - text.size() % 8) % 8, ' ');
+  return text;
+}
+
+SafetensorsHeader parse_safetensors_header(const std::filesystem::path& path, std::string_view text,
+                                           std::uint64_t data_size) {
+  const Json root = parse_json(path, text);
+  if (!root.is_object()) load_error(path, "header is not a JSON object");
+  SafetensorsHeader header;
+  for (const auto& [key, value] : root.items()) {
+    if (key == "__metadata__") {
+      header.metadata = parse_metadata(path, value);
+    } else {
+      header.entries.push_back(parse_entry(path, key, value, data_size));
+    }
+  }
+  std::stable_sort(header.entries.begin(), header.entries.end(),
+                   [](const SafetensorsEntry& a, const SafetensorsEntry& b) {
+                     return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+                   });
+  check_coverage(path, header.entries, data_size);
+  return header;
+}
+
+}  // namespace riftco_transformer::detail

@@ -1,0 +1,53 @@
+#pragma once
+// The JSON header of a safetensors file: encoding (with offsets) and the
+// validating parser. Shared by the safetensors reader/writer and model state.
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "riftco_transformer/tensor.hpp"
+
+namespace riftco_transformer::detail {
+
+/// Header lengths above this are refused before anything is allocated.
+inline constexpr std::uint64_t kMaxSafetensorsHeaderBytes = std::uint64_t{100} << 20;
+
+struct SafetensorsEntry {
+  std::string name;
+  Shape shape;
+  std::uint64_t begin = 0;  // byte offsets relative to the data section
+  std::uint64_t end = 0;
+};
+
+struct SafetensorsHeader {
+  std::vector<SafetensorsEntry> entries;  // data-section order; ties keep header order
+  std::map<std::string, std::string> metadata;
+  std::uint64_t data_start = 0;  // absolute file offset of the data section
+};
+
+/// Throws ModelStateError "[load] <path>: <what>".
+[[noreturn]] void load_error(const std::filesystem::path& path, const std::string& what);
+/// Throws ModelStateError "[save] <path>: <what>".
+[[noreturn]] void save_error(const std::filesystem::path& path, const std::string& what);
+
+/// The JSON header for `tensors` stored back to back in the given order,
+/// padded with spaces to a multiple of 8 bytes. Validates names and tensors
+/// (errors name `path` as "[save] <path>: ...").
+std::string encode_safetensors_header(const std::filesystem::path& path,
+                                      const std::vector<std::pair<std::string, Tensor>>& tensors,
+                                      const std::map<std::string, std::string>& metadata);
+
+/// Parses and validates `text` for a data section of `data_size` bytes:
+/// JSON object, entries, dtypes, shapes, offsets, full coverage, metadata.
+/// `data_start` is left 0 for the caller to fill in.
+SafetensorsHeader parse_safetensors_header(const std::filesystem::path& path, std::string_view text,
+                                           std::uint64_t data_size);
+
+/// Opens `path` and reads and validates its header only (no tensor data).
+SafetensorsHeader read_safetensors_header(const std::filesystem::path& path);
+
+}  // namespace riftco_transformer::detail
