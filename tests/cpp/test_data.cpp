@@ -1,0 +1,239 @@
+// Training data: tokenizer, text files, default corpus, TextDataset.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "riftco_transformer/data.hpp"
+
+using namespace riftco_transformer;
+namespace fs = std::filesystem;
+
+namespace {
+
+// A fresh folder per test, removed afterwards.
+class TempDir {
+ public:
+  TempDir() {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    path_ = fs::temp_directory_path() /
+            ("riftco_data_" + std::to_string(::getpid()) + "_" + info->test_suite_name() + "_" + info->name());
+    fs::remove_all(path_);
+    fs::create_directories(path_);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  const fs::path& path() const { return path_; }
+  fs::path write(const std::string& name, const std::string& bytes) const {
+    const fs::path p = path_ / name;
+    std::ofstream(p, std::ios::binary) << bytes;
+    return p;
+  }
+
+ private:
+  fs::path path_;
+};
+
+std::string read_bytes(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// Runs `f`, expects exception E whose message contains every needle.
+template <class E, class F>
+void expect_error(F&& f, std::initializer_list<std::string> needles) {
+  try {
+    f();
+    ADD_FAILURE() << "no exception; expected one containing '" << *needles.begin() << "'";
+  } catch (const E& e) {
+    const std::string msg = e.what();
+    for (const std::string& n : needles) EXPECT_NE(msg.find(n), std::string::npos) << "'" << n << "' not in: " << msg;
+  }
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- tokenizer
+
+TEST(ByteTokenizer, RoundTripsAsciiAndMultiByteUtf8) {
+  const ByteTokenizer tok;
+  EXPECT_EQ(tok.vocab_size(), 256);
+  const std::string text = "h\xC3\xA9llo, \xE4\xB8\x96\xE7\x95\x8C \xF0\x9F\x99\x82\n";  // "héllo, 世界 🙂"
+  const std::vector<std::int32_t> ids = tok.encode(text);
+  ASSERT_EQ(ids.size(), text.size());
+  EXPECT_EQ(ids[0], 'h');
+  EXPECT_EQ(ids[1], 0xC3);
+  EXPECT_EQ(ids[2], 0xA9);
+  for (const std::int32_t id : ids) EXPECT_TRUE(id >= 0 && id < 256);
+  EXPECT_EQ(tok.decode(ids), text);
+  EXPECT_TRUE(tok.encode("").empty());
+  EXPECT_EQ(tok.decode({}), "");
+}
+
+TEST(ByteTokenizer, DecodeNamesTheBadIdAndItsPosition) {
+  const ByteTokenizer tok;
+  const std::vector<std::int32_t> high = {104, 105, 300, 1};
+  expect_error<ValueError>([&] { (void)tok.decode(high); }, {"[ByteTokenizer::decode]", "id 300", "position 2"});
+  const std::vector<std::int32_t> negative = {-1};
+  expect_error<ValueError>([&] { (void)tok.decode(negative); }, {"id -1", "position 0"});
+}
+
+TEST(Utf8, FindsTheFirstInvalidSequence) {
+  EXPECT_EQ(first_invalid_utf8("plain \xC3\xA9 \xF0\x9F\x99\x82"), std::nullopt);
+  EXPECT_EQ(first_invalid_utf8("ab\xC0\xAF"), 2U);              // overlong '/'
+  EXPECT_EQ(first_invalid_utf8("x\xE0\x80\xAF"), 1U);           // overlong 3-byte
+  EXPECT_EQ(first_invalid_utf8("\xED\xA0\x80"), 0U);            // surrogate
+  EXPECT_EQ(first_invalid_utf8("ok\xF4\x90\x80\x80"), 2U);      // above U+10FFFF
+  EXPECT_EQ(first_invalid_utf8("abc\xE2\x82"), 3U);             // truncated at the end
+  EXPECT_EQ(first_invalid_utf8("\x80"), 0U);                    // lone continuation
+  EXPECT_EQ(first_invalid_utf8("\xC3\xA9\xC3("), 2U);           // bad continuation
+  EXPECT_EQ(first_invalid_utf8(std::string("a\0b", 3)), std::nullopt);
+}
+
+// ------------------------------------------------------------ text files
+
+TEST(DefaultCorpus, LoadsTheFortunesPackage) {
+  if (!fs::is_directory(default_corpus_dir())) {
+    GTEST_SKIP() << default_corpus_dir() << " is absent: run scripts/setup.sh (Debian package 'fortunes')";
+  }
+  const std::string corpus = load_default_corpus();
+  EXPECT_GT(corpus.size(), 1'000'000U);
+  EXPECT_EQ(first_invalid_utf8(corpus), std::nullopt);
+  std::istringstream lines(corpus);
+  std::string line;
+  std::size_t separators = 0, blank = 0;
+  while (std::getline(lines, line)) {
+    separators += line == "%";
+    blank += line.empty();
+  }
+  EXPECT_EQ(separators, 0U);
+  EXPECT_GT(blank, 1000U);  // the separators became blank lines
+}
+
+TEST(DefaultCorpus, ReadsPlainFilesSortedAndTurnsSeparatorsIntoBlankLines) {
+  TempDir dir;
+  dir.write("b", "third\n%\n");
+  dir.write("a", "first line\nsecond line\n%\n\n%\nsecond\r\n%\r\n");
+  dir.write("a.dat", "\xFF\xFE binary index");        // skipped: extension
+  fs::create_symlink(dir.path() / "a", dir.path() / "a.u8");  // skipped: link
+  fs::create_directory(dir.path() / "off");
+  dir.write("off/c", "offensive\n%\n");  // skipped: folder
+  EXPECT_EQ(load_fortune_corpus(dir.path()), "first line\nsecond line\n\nsecond\n\nthird\n\n");
+}
+
+TEST(DefaultCorpus, MissingFilesGiveAnInstallHint) {
+  TempDir dir;
+  expect_error<DataError>([&] { (void)load_fortune_corpus(dir.path() / "nope"); },
+                          {"[data] ", "nope", "run scripts/setup.sh (Debian package 'fortunes')"});
+  dir.write("only.dat", "x");
+  expect_error<DataError>([&] { (void)load_fortune_corpus(dir.path()); },
+                          {"no fortune files", "run scripts/setup.sh (Debian package 'fortunes')"});
+}
+
+TEST(TextFile, LoadsValidUtf8) {
+  TempDir dir;
+  const fs::path p = dir.write("ok.txt", "caf\xC3\xA9\n");
+  EXPECT_EQ(load_text_file(p), "caf\xC3\xA9\n");
+}
+
+TEST(TextFile, RejectsMissingEmptyDirectoryAndInvalidUtf8) {
+  TempDir dir;
+  const fs::path missing = dir.path() / "missing.txt";
+  expect_error<DataError>([&] { (void)load_text_file(missing); }, {"[data] " + missing.string() + ": ", "does not exist"});
+  const fs::path empty = dir.write("empty.txt", "");
+  expect_error<DataError>([&] { (void)load_text_file(empty); }, {empty.string(), "empty"});
+  expect_error<DataError>([&] { (void)load_text_file(dir.path()); }, {dir.path().string(), "not a regular file"});
+  const fs::path bad = dir.write("bad.txt", "hello \xC3\xA9 w\xFForld");
+  expect_error<DataError>([&] { (void)load_text_file(bad); }, {bad.string(), "invalid UTF-8 at byte offset 10"});
+}
+
+// ------------------------------------------------------------ TextDataset
+
+TEST(TextDataset, SplitsByPositionWithTheLastFractionForValidation) {
+  std::string text;
+  for (int i = 0; i < 1000; ++i) text += static_cast<char>('a' + i % 26);
+  const TextDataset ds(text);
+  EXPECT_EQ(ds.train_tokens(), 900);
+  EXPECT_EQ(ds.validation_tokens(), 100);
+  const std::vector<std::int32_t> all = ByteTokenizer{}.encode(text);
+  const auto val = ds.tokens(Split::Validation);
+  EXPECT_TRUE(std::equal(val.begin(), val.end(), all.end() - 100, all.end()));
+  const auto train = ds.tokens(Split::Train);
+  EXPECT_TRUE(std::equal(train.begin(), train.end(), all.begin(), all.begin() + 900));
+
+  EXPECT_EQ(TextDataset("0123456789", {}, 0.25).validation_tokens(), 2);  // floor(2.5)
+  EXPECT_EQ(TextDataset("0123456789", {}, 0.0).validation_tokens(), 0);
+  for (const double bad : {-0.1, 1.0, std::nan("")}) {
+    expect_error<ValueError>([&] { TextDataset("abc", {}, bad); }, {"[TextDataset]", "validation_fraction"});
+  }
+}
+
+TEST(TextDataset, WindowsFollowTheDocumentedDrawsAndShiftTargetsByOne) {
+  std::string text;
+  Random gen(7);
+  for (int i = 0; i < 5000; ++i) text += static_cast<char>(32 + gen.below(90));
+  const TextDataset ds(text);
+  for (const Split split : {Split::Train, Split::Validation}) {
+    const auto stream = ds.tokens(split);
+    const std::int64_t B = 4, T = 16;
+    Random random(42), replay(42);
+    const TokenBatch batch = ds.sample_batch(random, B, T, split);
+    ASSERT_EQ(batch.batch, B);
+    ASSERT_EQ(batch.seq_len, T);
+    ASSERT_EQ(batch.tokens.size(), static_cast<std::size_t>(B * T));
+    ASSERT_EQ(batch.targets.size(), static_cast<std::size_t>(B * T));
+    for (std::int64_t b = 0; b < B; ++b) {
+      const std::size_t s = replay.below(static_cast<std::uint32_t>(stream.size() - T));
+      for (std::int64_t t = 0; t < T; ++t) {
+        const std::size_t i = static_cast<std::size_t>(b * T + t);
+        EXPECT_EQ(batch.tokens[i], stream[s + static_cast<std::size_t>(t)]);
+        EXPECT_EQ(batch.targets[i], stream[s + static_cast<std::size_t>(t) + 1]);
+        if (t + 1 < T) {
+          EXPECT_EQ(batch.targets[i], batch.tokens[i + 1]);
+        }
+      }
+    }
+    EXPECT_EQ(random.state(), replay.state());
+  }
+}
+
+TEST(TextDataset, SameRandomStateGivesTheSameBatch) {
+  const TextDataset ds(std::string(3000, 'x') + "the quick brown fox jumps over the lazy dog, again and again");
+  Random a(3), b(3), c(4);
+  const TokenBatch x = ds.sample_batch(a, 8, 32);
+  const TokenBatch y = ds.sample_batch(b, 8, 32);
+  EXPECT_EQ(x.tokens, y.tokens);
+  EXPECT_EQ(x.targets, y.targets);
+  const TokenBatch z = ds.sample_batch(c, 8, 32);
+  EXPECT_EQ(z.tokens.size(), x.tokens.size());
+}
+
+TEST(TextDataset, ValidationWindowsStayInsideTheValidationTail) {
+  const TextDataset ds(std::string(90, 'a') + std::string(10, 'b'));
+  Random random(1);
+  const TokenBatch val = ds.sample_batch(random, 16, 9, Split::Validation);  // 10 tokens: one window
+  for (const std::int32_t id : val.tokens) EXPECT_EQ(id, 'b');
+  for (const std::int32_t id : val.targets) EXPECT_EQ(id, 'b');
+  const TokenBatch train = ds.sample_batch(random, 16, 20, Split::Train);
+  for (const std::int32_t id : train.targets) EXPECT_EQ(id, 'a');  // no window crosses the boundary
+}
+
+TEST(TextDataset, TooShortSplitsAndBadShapesThrow) {
+  const TextDataset ds(std::string(100, 'z'));
+  Random random(0);
+  expect_error<DataError>([&] { (void)ds.sample_batch(random, 1, 10, Split::Validation); },
+                          {"[data] validation split has 10 tokens", "seq_len 10 needs at least 11"});
+  expect_error<DataError>([&] { (void)ds.sample_batch(random, 1, 90, Split::Train); }, {"train split has 90 tokens"});
+  expect_error<ValueError>([&] { (void)ds.sample_batch(random, 0, 4); }, {"batch 0"});
+  expect_error<ValueError>([&] { (void)ds.sample_batch(random, 2, -1); }, {"seq_len -1"});
+  const TextDataset none("abcdef", {}, 0.0);
+  expect_error<DataError>([&] { (void)none.sample_batch(random, 1, 1, Split::Validation); }, {"has 0 tokens"});
+}
