@@ -1,6 +1,7 @@
 #pragma once
 // Training data: a byte tokenizer, text files and the default corpus, a
-// pretraining token stream (TextDataset).
+// pretraining token stream (TextDataset) and a post-training chat set
+// (ChatDataset). See docs/data.md for the split rules and target layouts.
 #include <cstdint>
 #include <filesystem>
 #include <optional>
@@ -87,6 +88,46 @@ class TextDataset {
  private:
   std::vector<std::int32_t> tokens_;
   std::int64_t train_count_ = 0;
+};
+
+/// One prompt/response pair, tokenized. With s = bytes(prompt + response),
+/// P = prompt bytes, L = |s|: tokens = s[0, L-1), targets[i] = s[i+1] when
+/// i + 1 >= P (the next byte is a response byte) and kIgnoreTarget otherwise.
+/// So positions 0..P-2 are masked and exactly |response| targets are real.
+struct ChatExample {
+  std::vector<std::int32_t> tokens;
+  std::vector<std::int32_t> targets;
+  std::int64_t prompt_tokens = 0;
+  std::int64_t line = 0;  // 1-based line in the source file
+};
+
+/// Post-training pairs from JSON Lines: one {"prompt": str, "response": str}
+/// object per line (extra keys ignored, blank lines skipped, both strings
+/// non-empty). Example k (0-based, in file order) is Validation when there
+/// are at least 10 examples and k % 10 == 9; otherwise it is Train.
+class ChatDataset {
+ public:
+  /// DataError "[data] <path>: line N: <what>" for the first bad line, or
+  /// "[data] <path>: <what>" for a missing/empty file.
+  static ChatDataset load(const std::filesystem::path& path, const ByteTokenizer& tokenizer = ByteTokenizer{});
+  /// Same rules on in-memory text; `source` names it in errors.
+  static ChatDataset parse(std::string_view jsonl, const std::string& source,
+                           const ByteTokenizer& tokenizer = ByteTokenizer{});
+
+  const std::vector<ChatExample>& examples(Split split) const;
+  std::int64_t size(Split split) const { return static_cast<std::int64_t>(examples(split).size()); }
+  /// Longest tokens() of any example (the seq_len that never truncates).
+  std::int64_t max_length() const { return max_length_; }
+
+  /// `batch` examples drawn uniformly (one random.below per row). Each row
+  /// is the example's tokens/targets cut to seq_len, then padded with token 0
+  /// and target kIgnoreTarget. DataError when the split is empty.
+  TokenBatch sample_batch(Random& random, std::int64_t batch, std::int64_t seq_len, Split split = Split::Train) const;
+
+ private:
+  std::vector<ChatExample> train_;
+  std::vector<ChatExample> validation_;
+  std::int64_t max_length_ = 0;
 };
 
 }  // namespace riftco_transformer

@@ -1,4 +1,4 @@
-// Training data: tokenizer, text files, default corpus, TextDataset.
+// Training data: tokenizer, text files, default corpus, datasets, chat JSONL.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -236,4 +236,113 @@ TEST(TextDataset, TooShortSplitsAndBadShapesThrow) {
   expect_error<ValueError>([&] { (void)ds.sample_batch(random, 2, -1); }, {"seq_len -1"});
   const TextDataset none("abcdef", {}, 0.0);
   expect_error<DataError>([&] { (void)none.sample_batch(random, 1, 1, Split::Validation); }, {"has 0 tokens"});
+}
+
+// ------------------------------------------------------------ ChatDataset
+
+TEST(ChatDataset, MasksExactlyThePromptPositions) {
+  const ChatDataset ds = ChatDataset::parse(R"({"prompt": "ab", "response": "cde"})"
+                                            "\n"
+                                            R"({"prompt": "\u00e9?", "response": "ok"})",
+                                            "mem");
+  ASSERT_EQ(ds.size(Split::Train), 2);
+  EXPECT_EQ(ds.size(Split::Validation), 0);
+  const ChatExample& a = ds.examples(Split::Train)[0];
+  EXPECT_EQ(a.tokens, (std::vector<std::int32_t>{'a', 'b', 'c', 'd'}));
+  EXPECT_EQ(a.targets, (std::vector<std::int32_t>{kIgnoreTarget, 'c', 'd', 'e'}));
+  EXPECT_EQ(a.prompt_tokens, 2);
+  EXPECT_EQ(a.line, 1);
+  const ChatExample& b = ds.examples(Split::Train)[1];  // "é?" is 3 bytes: positions 0, 1 masked
+  EXPECT_EQ(b.tokens, (std::vector<std::int32_t>{0xC3, 0xA9, '?', 'o'}));
+  EXPECT_EQ(b.targets, (std::vector<std::int32_t>{kIgnoreTarget, kIgnoreTarget, 'o', 'k'}));
+  EXPECT_EQ(b.line, 2);
+  EXPECT_EQ(ds.max_length(), 4);
+}
+
+TEST(ChatDataset, BatchesPadAndTruncateWithTheDocumentedDraws) {
+  const ChatDataset ds = ChatDataset::parse("{\"prompt\": \"Q\", \"response\": \"yes\"}\n"
+                                            "{\"prompt\": \"long prompt\", \"response\": \"no\"}\n",
+                                            "mem");
+  Random random(5), replay(5);
+  const std::int64_t B = 6, T = 6;
+  const TokenBatch batch = ds.sample_batch(random, B, T);
+  ASSERT_EQ(batch.tokens.size(), static_cast<std::size_t>(B * T));
+  for (std::int64_t b = 0; b < B; ++b) {
+    const ChatExample& ex = ds.examples(Split::Train)[replay.below(2)];
+    for (std::int64_t t = 0; t < T; ++t) {
+      const auto i = static_cast<std::size_t>(b * T + t);
+      const auto k = static_cast<std::size_t>(t);
+      EXPECT_EQ(batch.tokens[i], k < ex.tokens.size() ? ex.tokens[k] : 0);
+      EXPECT_EQ(batch.targets[i], k < ex.targets.size() ? ex.targets[k] : kIgnoreTarget);
+    }
+  }
+  Random again(5);
+  EXPECT_EQ(ds.sample_batch(again, B, T).targets, batch.targets);
+}
+
+TEST(ChatDataset, EveryTenthExampleIsValidation) {
+  std::string text;
+  for (int i = 0; i < 25; ++i) text += "{\"prompt\": \"p" + std::to_string(i) + "\", \"response\": \"r\"}\n";
+  const ChatDataset ds = ChatDataset::parse(text, "mem");
+  ASSERT_EQ(ds.size(Split::Validation), 2);
+  EXPECT_EQ(ds.size(Split::Train), 23);
+  EXPECT_EQ(ds.examples(Split::Validation)[0].line, 10);
+  EXPECT_EQ(ds.examples(Split::Validation)[1].line, 20);
+
+  const ChatDataset small = ChatDataset::parse("{\"prompt\": \"p\", \"response\": \"r\"}", "mem");
+  Random random(0);
+  expect_error<DataError>([&] { (void)small.sample_batch(random, 1, 4, Split::Validation); },
+                          {"validation split has no examples"});
+}
+
+TEST(ChatDataset, MalformedLinesNameTheirLineNumber) {
+  const std::string ok = "{\"prompt\": \"p\", \"response\": \"r\"}\n";
+  const struct {
+    std::string text;
+    std::string line;
+    std::string what;
+  } cases[] = {
+      {ok + "{\"prompt\": \"p\",\n", "line 2: ", "invalid JSON at column"},
+      {ok + ok + "not json\n", "line 3: ", "invalid JSON"},
+      {"{\"prompt\": \"p\"}\n", "line 1: ", "missing key \"response\""},
+      {ok + "{\"response\": \"r\"}\n", "line 2: ", "missing key \"prompt\""},
+      {"{\"prompt\": 5, \"response\": \"r\"}\n", "line 1: ", "\"prompt\" must be a string, got number"},
+      {"{\"prompt\": \"p\", \"response\": null}\n", "line 1: ", "\"response\" must be a string, got null"},
+      {"[\"p\", \"r\"]\n", "line 1: ", "expected an object, got array"},
+      {"{\"prompt\": \"\", \"response\": \"r\"}\n", "line 1: ", "\"prompt\" is empty"},
+      {"\n  \n" + ok + "{bad\n", "line 4: ", "invalid JSON"},  // blank lines count
+      {"{\"prompt\": \"p\xFF\", \"response\": \"r\"}\n", "line 1: ", "invalid JSON"},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.text);
+    expect_error<DataError>([&] { (void)ChatDataset::parse(c.text, "mem.jsonl"); },
+                            {"[data] mem.jsonl: " + c.line, c.what});
+  }
+  expect_error<DataError>([&] { (void)ChatDataset::parse("", "mem.jsonl"); }, {"[data] mem.jsonl: no examples"});
+  expect_error<DataError>([&] { (void)ChatDataset::parse("\n \n", "mem.jsonl"); }, {"no examples"});
+}
+
+TEST(ChatDataset, LoadNamesThePath) {
+  TempDir dir;
+  const fs::path bad = dir.write("chat.jsonl", "{\"prompt\": \"p\", \"response\": \"r\"}\n{\"prompt\": 1}\n");
+  expect_error<DataError>([&] { (void)ChatDataset::load(bad); }, {"[data] " + bad.string() + ": line 2: "});
+  const fs::path empty = dir.write("empty.jsonl", "");
+  expect_error<DataError>([&] { (void)ChatDataset::load(empty); }, {empty.string(), "no examples"});
+  expect_error<DataError>([&] { (void)ChatDataset::load(dir.path() / "nope.jsonl"); }, {"nope.jsonl", "does not exist"});
+}
+
+TEST(ChatDataset, ShippedExampleFileLoads) {
+  const ChatDataset ds = ChatDataset::load(fs::path(RIFTCO_SOURCE_DIR) / "data" / "chat_example.jsonl");
+  EXPECT_GE(ds.size(Split::Train) + ds.size(Split::Validation), 50);
+  EXPECT_GE(ds.size(Split::Validation), 5);
+  for (const Split split : {Split::Train, Split::Validation}) {
+    for (const ChatExample& ex : ds.examples(split)) {
+      ASSERT_EQ(ex.tokens.size(), ex.targets.size());
+      const auto masked = std::count(ex.targets.begin(), ex.targets.end(), kIgnoreTarget);
+      EXPECT_EQ(masked, ex.prompt_tokens - 1) << "line " << ex.line;
+    }
+  }
+  Random random(1);
+  const TokenBatch batch = ds.sample_batch(random, 4, ds.max_length());
+  EXPECT_EQ(batch.tokens.size(), static_cast<std::size_t>(4 * ds.max_length()));
 }
