@@ -1,0 +1,127 @@
+// ChatDataset: prompt/response pairs from JSON Lines, loss on response bytes.
+#include <algorithm>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "riftco_transformer/data.hpp"
+#include "sampling.hpp"
+
+namespace riftco_transformer {
+namespace {
+
+[[noreturn]] void fail_line(const std::string& source, std::int64_t line, const std::string& what) {
+  throw DataError("[data] " + source + ": line " + std::to_string(line) + ": " + what);
+}
+
+std::string string_field(const nlohmann::json& object, const char* key, const std::string& source,
+                         std::int64_t line) {
+  const auto it = object.find(key);
+  if (it == object.end()) fail_line(source, line, std::string("missing key \"") + key + "\"");
+  if (!it->is_string()) {
+    fail_line(source, line, std::string("\"") + key + "\" must be a string, got " + it->type_name());
+  }
+  std::string value = it->get<std::string>();
+  if (value.empty()) fail_line(source, line, std::string("\"") + key + "\" is empty");
+  return value;
+}
+
+// "invalid JSON at column 12: syntax error ..." without nlohmann's prefix,
+// whose "line 1" would contradict our file line number.
+std::string json_error(const nlohmann::json::parse_error& e) {
+  std::string detail = e.what();
+  const std::size_t column = detail.find("column ");
+  const std::size_t colon = column == std::string::npos ? column : detail.find(": ", column);
+  if (colon != std::string::npos) detail = detail.substr(colon + 2);
+  return "invalid JSON at column " + std::to_string(e.byte) + ": " + detail;
+}
+
+// s = prompt + response; tokens = s[0, L-1); targets[i] = s[i+1] if i+1 >= P.
+ChatExample make_example(const ByteTokenizer& tokenizer, const std::string& prompt, const std::string& response,
+                         std::int64_t line) {
+  const std::vector<std::int32_t> s = tokenizer.encode(prompt + response);
+  const auto prompt_len = static_cast<std::int64_t>(tokenizer.encode(prompt).size());
+  ChatExample ex;
+  ex.prompt_tokens = prompt_len;
+  ex.line = line;
+  ex.tokens.assign(s.begin(), s.end() - 1);
+  ex.targets.resize(ex.tokens.size());
+  for (std::size_t i = 0; i < ex.targets.size(); ++i) {
+    ex.targets[i] = static_cast<std::int64_t>(i) + 1 >= prompt_len ? s[i + 1] : kIgnoreTarget;
+  }
+  return ex;
+}
+
+}  // namespace
+
+ChatDataset ChatDataset::load(const std::filesystem::path& path, const ByteTokenizer& tokenizer) {
+  std::error_code ec;
+  const auto st = std::filesystem::status(path, ec);
+  if (!std::filesystem::exists(st)) throw DataError("[data] " + path.string() + ": file does not exist");
+  if (!std::filesystem::is_regular_file(st)) throw DataError("[data] " + path.string() + ": not a regular file");
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw DataError("[data] " + path.string() + ": cannot be opened for reading");
+  std::ostringstream text;
+  text << in.rdbuf();
+  return parse(text.str(), path.string(), tokenizer);
+}
+
+ChatDataset ChatDataset::parse(std::string_view jsonl, const std::string& source, const ByteTokenizer& tokenizer) {
+  std::vector<ChatExample> all;
+  std::int64_t line_number = 0;
+  std::size_t pos = 0;
+  while (pos < jsonl.size()) {
+    std::size_t end = jsonl.find('\n', pos);
+    if (end == std::string_view::npos) end = jsonl.size();
+    const std::string_view line = jsonl.substr(pos, end - pos);
+    pos = end + 1;
+    ++line_number;
+    if (line.find_first_not_of(" \t\r") == std::string_view::npos) continue;  // blank line
+    nlohmann::json object;
+    try {
+      object = nlohmann::json::parse(line);
+    } catch (const nlohmann::json::parse_error& e) {
+      fail_line(source, line_number, json_error(e));
+    }
+    if (!object.is_object()) fail_line(source, line_number, std::string("expected an object, got ") + object.type_name());
+    const std::string prompt = string_field(object, "prompt", source, line_number);
+    const std::string response = string_field(object, "response", source, line_number);
+    all.push_back(make_example(tokenizer, prompt, response, line_number));
+  }
+  if (all.empty()) throw DataError("[data] " + source + ": no examples (the file is empty or blank)");
+  ChatDataset out;
+  const bool hold_out = all.size() >= 10;
+  for (std::size_t k = 0; k < all.size(); ++k) {
+    out.max_length_ = std::max(out.max_length_, static_cast<std::int64_t>(all[k].tokens.size()));
+    (hold_out && k % 10 == 9 ? out.validation_ : out.train_).push_back(std::move(all[k]));
+  }
+  return out;
+}
+
+const std::vector<ChatExample>& ChatDataset::examples(Split split) const {
+  return split == Split::Train ? train_ : validation_;
+}
+
+TokenBatch ChatDataset::sample_batch(Random& random, std::int64_t batch, std::int64_t seq_len, Split split) const {
+  data_detail::check_batch_shape("ChatDataset::sample_batch", batch, seq_len);
+  const std::vector<ChatExample>& pool = examples(split);
+  if (pool.empty()) {
+    throw DataError(std::string("[data] the ") + data_detail::split_name(split) +
+                    " split has no examples (validation needs at least 10 in the file)");
+  }
+  TokenBatch out;
+  out.batch = batch;
+  out.seq_len = seq_len;
+  out.tokens.assign(static_cast<std::size_t>(batch * seq_len), 0);                // (B, T), pad 0
+  out.targets.assign(static_cast<std::size_t>(batch * seq_len), kIgnoreTarget);  // (B, T)
+  for (std::int64_t b = 0; b < batch; ++b) {
+    const ChatExample& ex = pool[data_detail::draw_index(random, pool.size())];
+    const std::size_t n = std::min(ex.tokens.size(), static_cast<std::size_t>(seq_len));
+    const auto row = out.tokens.begin() + b * seq_len;
+    std::copy_n(ex.tokens.begin(), n, row);
+    std::copy_n(ex.targets.begin(), n, out.targets.begin() + b * seq_len);
+  }
+  return out;
+}
+
+}  // namespace riftco_transformer
