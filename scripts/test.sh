@@ -14,6 +14,9 @@ cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j "$jobs"
 ctest --test-dir build --output-on-failure -j "$jobs"
 
+echo "== Python tests (pytest, Debian's /usr/bin/python3 with numpy and torch) =="
+RIFTCO_BUILD_DIR="$PWD/build" /usr/bin/python3 -m pytest tests/python -q
+
 echo "== sanitizer build (ASan + UBSan) =="
 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DRIFTCO_SANITIZE=ON >/dev/null
 cmake --build build-asan -j "$jobs"

@@ -132,6 +132,8 @@ class DecoderOnlyTransformer {
   bool lora_active() const;
   /// Adapter parameters ("blocks.0.attention.query.lora_a", ...).
   std::vector<NamedParameter> lora_parameters() const;
+  /// Names and shapes add_lora(config) would create, in lora_parameters() order.
+  std::vector<std::pair<std::string, Shape>> lora_parameter_layout(const LoraConfig& config) const;
   /// Freezes (false) or unfreezes every base parameter.
   void set_base_trainable(bool trainable);
   /// W += (alpha/r)·B A for every adapter, then removes the adapters: the

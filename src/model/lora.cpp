@@ -16,7 +16,9 @@ constexpr LoraTarget kAllTargets[] = {LoraTarget::Query, LoraTarget::Key, LoraTa
 std::string adapter_prefix(std::size_t block, LoraTarget target) {
   const bool attention = target == LoraTarget::Query || target == LoraTarget::Key || target == LoraTarget::Value ||
                          target == LoraTarget::Output;
-  return "blocks." + std::to_string(block) + (attention ? ".attention." : ".mlp.") + lora_target_name(target);
+  std::string prefix = "blocks.";
+  prefix.append(std::to_string(block)).append(attention ? ".attention." : ".mlp.").append(lora_target_name(target));
+  return prefix;
 }
 
 void mark_adapters_changed(TransformerCore& m, const std::string& why) {
@@ -102,6 +104,21 @@ void LoraConfig::validate() const {
       throw ValueError(std::string("[LoraConfig] target '") + lora_target_name(targets[i]) + "' given twice");
     }
   }
+}
+
+std::vector<std::pair<std::string, Shape>> DecoderOnlyTransformer::lora_parameter_layout(
+    const LoraConfig& config) const {
+  config.validate();
+  std::vector<std::pair<std::string, Shape>> out;
+  for (std::size_t i = 0; i < core_->blocks.size(); ++i) {
+    for (const LoraTarget target : config.targets) {
+      const Shape& w = core_->blocks[i].projection(target).shape();  // (out, in)
+      const std::string prefix = adapter_prefix(i, target);
+      out.emplace_back(prefix + ".lora_a", Shape{config.rank, w[1]});
+      out.emplace_back(prefix + ".lora_b", Shape{w[0], config.rank});
+    }
+  }
+  return out;
 }
 
 void DecoderOnlyTransformer::add_lora(const LoraConfig& config, Random& random) {

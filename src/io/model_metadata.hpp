@@ -1,0 +1,21 @@
+#pragma once
+// Architecture metadata shared by model-state and adapter-state files.
+#include <filesystem>
+#include <map>
+#include <string>
+
+#include "riftco_transformer/transformer.hpp"
+
+namespace riftco_transformer::detail {
+
+/// {"vocab_size": .., "context_length": .., ...} in a fixed key order.
+std::string dimensions_json(const TransformerDimensions& dimensions);
+/// Shortest text that parses back to the same float.
+std::string float_string(float value);
+/// metadata[key] or a "[load] <path>: ..." ModelStateError.
+const std::string& required(const std::filesystem::path& path, const std::map<std::string, std::string>& metadata,
+                            const std::string& key);
+/// Parses and validates dimensions_json() text.
+TransformerDimensions parse_dimensions(const std::filesystem::path& path, const std::string& text);
+
+}  // namespace riftco_transformer::detail
