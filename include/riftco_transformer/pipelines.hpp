@@ -1,0 +1,116 @@
+#pragma once
+// Stage pipelines: pretraining and post-training (LoRA or full fine-tuning).
+// One C++ implementation shared by the command line, C and Python.
+//
+// A run writes to its output directory:
+//   model.safetensors | adapter.safetensors   the trained weights
+//   metadata.json        the whole configuration (including the activation-
+//                        checkpointing policy), final losses, tokens/s, peak bytes
+//   metrics.jsonl        one JSON row per logged step
+//   loss_curve.png/.svg  train and validation loss against step
+//   training_checkpoint.safetensors  model, Adam state, step and RNG states,
+//                        written atomically every checkpoint_interval steps;
+//                        `resume` continues from it bit for bit.
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <optional>
+#include <string>
+
+#include "riftco_transformer/lora.hpp"
+#include "riftco_transformer/transformer.hpp"
+
+namespace riftco_transformer {
+
+/// Settings every stage shares.
+struct StageSettings {
+  FullSequenceAttentionKind attention = FullSequenceAttentionKind::Flash;
+  /// Execution policy, not architecture: recorded in metadata.json only.
+  ActivationCheckpointingKind activation_checkpointing = ActivationCheckpointingKind::Disabled;
+  std::int64_t checkpoint_segment_blocks = 0;  // BlockSegments: 0 = round(sqrt(layers))
+  float dropout = 0.0F;
+
+  std::filesystem::path data;  // empty: the stage's default data
+  std::int64_t steps = 200;
+  std::int64_t batch = 8;
+  std::int64_t sequence_length = 64;
+
+  float learning_rate = 3.0e-3F;  // peak, after linear warmup
+  std::int64_t warmup_steps = 20;
+  float min_learning_rate_ratio = 0.1F;  // cosine decay ends at lr · ratio
+  float weight_decay = 0.01F;
+  float max_grad_norm = 1.0F;  // 0 disables clipping
+  float beta1 = 0.9F;
+  float beta2 = 0.95F;
+
+  std::uint64_t seed = 1234;
+  std::int64_t eval_interval = 50;  // steps between validation losses (0: only at the end)
+  std::int64_t eval_batches = 4;
+  std::int64_t checkpoint_interval = 100;  // steps between training checkpoints (0: none)
+  std::filesystem::path output_dir = "runs/run";
+  /// Continue from output_dir/training_checkpoint.safetensors when present.
+  bool resume = false;
+
+  /// Learning rate at `step` (0-based): linear warmup to learning_rate, then
+  /// cosine decay to learning_rate · min_learning_rate_ratio at the last step.
+  float learning_rate_at(std::int64_t step) const;
+};
+
+struct PretrainingConfig : StageSettings {
+  TransformerDimensions dimensions{256, 128, 128, 4, 4, 344};
+  float norm_epsilon = 1.0e-5F;
+  /// `data` empty: the default corpus (Debian's fortunes); otherwise a UTF-8 text file.
+  double validation_fraction = 0.1;
+  /// ValueError naming the field.
+  void validate() const;
+};
+
+enum class FineTuningMethod : std::uint8_t { Lora = 0, Full = 1 };
+const char* fine_tuning_method_name(FineTuningMethod method);  // "lora" / "full"
+FineTuningMethod parse_fine_tuning_method(const std::string& name, const char* op = "fine_tuning_method");
+
+struct PostTrainingConfig : StageSettings {
+  std::filesystem::path base_model;  // a model-state file
+  FineTuningMethod fine_tuning_method = FineTuningMethod::Lora;
+  LoraConfig lora;
+  /// `data`: JSON Lines of {"prompt": ..., "response": ...} (required).
+  PostTrainingConfig() {
+    learning_rate = 1.0e-3F;
+    weight_decay = 0.0F;
+  }
+  void validate() const;
+};
+
+/// What the pipeline reports after every step.
+struct StepReport {
+  std::int64_t step = 0;  // 1-based: steps completed
+  std::int64_t total_steps = 0;
+  float loss = 0.0F;
+  std::optional<float> validation_loss;  // on evaluation steps
+  float learning_rate = 0.0F;
+  float grad_norm = 0.0F;
+  double tokens_per_second = 0.0;  // over this run's steps so far
+  double elapsed_seconds = 0.0;
+  double eta_seconds = 0.0;
+  std::int64_t peak_bytes = 0;  // allocator peak so far in this run
+};
+/// Return false to stop the run after this step (as an interruption would:
+/// no final files are written; a resume continues from the last checkpoint).
+using ProgressCallback = std::function<bool(const StepReport&)>;
+
+struct RunResult {
+  bool completed = false;  // false when the callback stopped the run
+  std::int64_t steps = 0;  // steps completed, including resumed ones
+  std::int64_t resumed_from_step = 0;
+  float final_train_loss = 0.0F;
+  float final_validation_loss = 0.0F;
+  double tokens_per_second = 0.0;
+  std::int64_t peak_bytes = 0;
+  std::filesystem::path output_dir;
+  std::filesystem::path weights;  // model.safetensors or adapter.safetensors
+};
+
+RunResult run_pretraining(const PretrainingConfig& config, const ProgressCallback& progress = {});
+RunResult run_post_training(const PostTrainingConfig& config, const ProgressCallback& progress = {});
+
+}  // namespace riftco_transformer

@@ -1,0 +1,86 @@
+// run_post_training: LoRA or full fine-tuning of a saved model on chat data.
+#include "riftco_transformer/adapter_state.hpp"
+#include "riftco_transformer/model_state.hpp"
+#include "stage_loop.hpp"
+
+namespace riftco_transformer {
+
+const char* fine_tuning_method_name(FineTuningMethod method) {
+  return method == FineTuningMethod::Full ? "full" : "lora";
+}
+
+FineTuningMethod parse_fine_tuning_method(const std::string& name, const char* op) {
+  if (name == "lora") return FineTuningMethod::Lora;
+  if (name == "full") return FineTuningMethod::Full;
+  throw ValueError(std::string("[") + op + "] unknown fine-tuning method '" + name + "' (expected 'lora' or 'full')");
+}
+
+void PostTrainingConfig::validate() const {
+  if (base_model.empty()) throw ValueError("[PostTrainingConfig] base_model must name a model-state file");
+  if (data.empty()) throw ValueError("[PostTrainingConfig] data must name a JSON Lines file of prompt/response pairs");
+  if (fine_tuning_method != FineTuningMethod::Lora && fine_tuning_method != FineTuningMethod::Full) {
+    throw ValueError("[PostTrainingConfig] unknown fine-tuning method " +
+                     std::to_string(static_cast<int>(fine_tuning_method)));
+  }
+  if (fine_tuning_method == FineTuningMethod::Lora) lora.validate();
+}
+
+RunResult run_post_training(const PostTrainingConfig& config, const ProgressCallback& progress) {
+  config.validate();
+  const ChatDataset dataset = ChatDataset::load(config.data);
+  if (dataset.size(Split::Validation) == 0) {
+    throw DataError("[data] " + config.data.string() + ": " + std::to_string(dataset.size(Split::Train)) +
+                    " examples; at least 10 are needed so that every 10th can be held out for validation");
+  }
+  std::unique_ptr<DecoderOnlyTransformer> model =
+      load_model(config.base_model, config.attention, config.activation_checkpointing);
+  stage::validate_settings(config, model->dimensions().context_length, "PostTrainingConfig");
+  if (model->dimensions().vocab_size < ByteTokenizer::kVocabSize) {
+    throw ValueError("[PostTrainingConfig] the base model's vocabulary (" +
+                     std::to_string(model->dimensions().vocab_size) + ") is smaller than the byte tokenizer's 256");
+  }
+  const bool lora = config.fine_tuning_method == FineTuningMethod::Lora;
+
+  stage::StageRun run;
+  run.stage = "post_training";
+  run.settings = &config;
+  run.model = model.get();
+  if (lora) {
+    Random adapter_init(config.seed);
+    model->add_lora(config.lora, adapter_init);
+    model->set_base_trainable(false);
+    run.trainable = model->lora_parameters();
+  } else {
+    run.trainable = model->parameters();
+  }
+  run.sample = [&](Random& random, Split split) {
+    return dataset.sample_batch(random, config.batch, config.sequence_length, split);
+  };
+  run.config = stage::settings_json(config);
+  run.config["base_model"] = config.base_model.string();
+  run.config["fine_tuning_method"] = fine_tuning_method_name(config.fine_tuning_method);
+  if (lora) {
+    run.config["lora"] = {{"rank", config.lora.rank},
+                          {"alpha", config.lora.alpha},
+                          {"targets", lora_targets_string(config.lora.targets)}};
+  }
+  std::int64_t trainable = 0;
+  for (const NamedParameter& p : run.trainable) trainable += p.variable.value().numel();
+  run.facts = {{"base_parameters", model->parameter_count()},
+               {"trainable_parameters", trainable},
+               {"train_examples", dataset.size(Split::Train)},
+               {"validation_examples", dataset.size(Split::Validation)}};
+  DecoderOnlyTransformer* m = model.get();
+  run.save_weights = [m, lora](const std::filesystem::path& dir) {
+    const std::filesystem::path path = dir / (lora ? "adapter.safetensors" : "model.safetensors");
+    if (lora) {
+      save_adapter_state(*m, path);
+    } else {
+      save_model_state(*m, path);
+    }
+    return path;
+  };
+  return stage::run(run, progress);
+}
+
+}  // namespace riftco_transformer

@@ -1,0 +1,67 @@
+// run_pretraining: a fresh model on a text corpus.
+#include "riftco_transformer/model_state.hpp"
+#include "stage_loop.hpp"
+
+namespace riftco_transformer {
+
+void PretrainingConfig::validate() const {
+  dimensions.validate();
+  if (dimensions.vocab_size < ByteTokenizer::kVocabSize) {
+    throw ValueError("[PretrainingConfig] vocab_size must be >= 256 for the byte tokenizer, got " +
+                     std::to_string(dimensions.vocab_size));
+  }
+  if (!(norm_epsilon > 0.0F)) throw ValueError("[PretrainingConfig] norm_epsilon must be > 0");
+  if (!(validation_fraction > 0.0 && validation_fraction < 1.0)) {
+    throw ValueError("[PretrainingConfig] validation_fraction must be in (0, 1)");
+  }
+  stage::validate_settings(*this, dimensions.context_length, "PretrainingConfig");
+}
+
+RunResult run_pretraining(const PretrainingConfig& config, const ProgressCallback& progress) {
+  config.validate();
+  // Everything that can fail on bad input happens before the output
+  // directory is touched.
+  const std::string text = config.data.empty() ? load_default_corpus() : load_text_file(config.data);
+  const TextDataset dataset(text, ByteTokenizer{}, config.validation_fraction);
+  for (const Split split : {Split::Train, Split::Validation}) {
+    if (static_cast<std::int64_t>(dataset.tokens(split).size()) < config.sequence_length + 1) {
+      throw DataError("[data] " + (config.data.empty() ? std::string("default corpus") : config.data.string()) +
+                      ": the " + (split == Split::Train ? "train" : "validation") + " split has " +
+                      std::to_string(dataset.tokens(split).size()) + " tokens, fewer than sequence_length + 1 = " +
+                      std::to_string(config.sequence_length + 1));
+    }
+  }
+  Random init(config.seed);
+  DecoderOnlyTransformer model(config.dimensions, init, config.norm_epsilon, config.attention,
+                               config.activation_checkpointing);
+
+  stage::StageRun run;
+  run.stage = "pretraining";
+  run.settings = &config;
+  run.model = &model;
+  run.trainable = model.parameters();
+  run.sample = [&](Random& random, Split split) {
+    return dataset.sample_batch(random, config.batch, config.sequence_length, split);
+  };
+  run.config = stage::settings_json(config);
+  run.config["data"] = config.data.empty() ? "default corpus (" + default_corpus_dir().string() + ")"
+                                           : config.data.string();
+  run.config["validation_fraction"] = config.validation_fraction;
+  run.config["norm_epsilon"] = config.norm_epsilon;
+  const TransformerDimensions& d = config.dimensions;
+  run.config["dimensions"] = {{"vocab_size", d.vocab_size},   {"context_length", d.context_length},
+                              {"model_width", d.model_width}, {"heads", d.heads},
+                              {"layers", d.layers},           {"feed_forward_width", d.feed_forward_width}};
+  run.facts = {{"parameters", model.parameter_count()},
+               {"train_tokens", dataset.train_tokens()},
+               {"validation_tokens", dataset.validation_tokens()},
+               {"tokenizer", "bytes (vocabulary 256)"}};
+  run.save_weights = [&model](const std::filesystem::path& dir) {
+    const std::filesystem::path path = dir / "model.safetensors";
+    save_model_state(model, path);
+    return path;
+  };
+  return stage::run(run, progress);
+}
+
+}  // namespace riftco_transformer

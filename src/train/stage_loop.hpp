@@ -1,0 +1,35 @@
+#pragma once
+// The training loop both stages share: schedule, steps, evaluation, metrics,
+// training checkpoints and resume, final files. Private to the train layer.
+#include <functional>
+#include <nlohmann/json.hpp>
+
+#include "riftco_transformer/data.hpp"
+#include "riftco_transformer/pipelines.hpp"
+
+namespace riftco_transformer::stage {
+
+struct StageRun {
+  std::string stage;  // "pretraining" / "post_training"
+  const StageSettings* settings = nullptr;
+  DecoderOnlyTransformer* model = nullptr;
+  /// What Adam trains (and what a training checkpoint stores).
+  std::vector<NamedParameter> trainable;
+  /// Draws one batch from a split.
+  std::function<TokenBatch(Random&, Split)> sample;
+  /// The whole configuration, as metadata.json records it.
+  nlohmann::json config;
+  /// Writes the final weights into the output directory; returns the path.
+  std::function<std::filesystem::path(const std::filesystem::path& dir)> save_weights;
+  /// Extra facts for metadata.json (data sizes, parameter counts, ...).
+  nlohmann::json facts;
+};
+
+RunResult run(StageRun& run, const ProgressCallback& progress);
+
+/// JSON of the settings every stage shares (enums as their strings).
+nlohmann::json settings_json(const StageSettings& s);
+/// ValueError naming the first bad shared field.
+void validate_settings(const StageSettings& s, std::int64_t context_length, const char* op);
+
+}  // namespace riftco_transformer::stage

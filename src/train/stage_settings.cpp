@@ -1,0 +1,80 @@
+// StageSettings: learning-rate schedule, validation, JSON.
+#include <algorithm>
+#include <cmath>
+
+#include "riftco_transformer/pipelines.hpp"
+#include "stage_loop.hpp"
+
+namespace riftco_transformer {
+
+float StageSettings::learning_rate_at(std::int64_t step) const {
+  if (warmup_steps > 0 && step < warmup_steps) {
+    return learning_rate * static_cast<float>(step + 1) / static_cast<float>(warmup_steps);
+  }
+  const std::int64_t decay_steps = std::max<std::int64_t>(1, steps - warmup_steps - 1);
+  const double progress =
+      std::clamp(static_cast<double>(step - warmup_steps) / static_cast<double>(decay_steps), 0.0, 1.0);
+  const double cosine = 0.5 * (1.0 + std::cos(3.14159265358979323846 * progress));
+  const double floor = static_cast<double>(min_learning_rate_ratio);
+  return static_cast<float>(static_cast<double>(learning_rate) * (floor + (1.0 - floor) * cosine));
+}
+
+namespace stage {
+
+void validate_settings(const StageSettings& s, std::int64_t context_length, const char* op) {
+  auto bad = [op](const std::string& what) { throw ValueError(std::string("[") + op + "] " + what); };
+  if (s.steps <= 0) bad("steps must be > 0, got " + std::to_string(s.steps));
+  if (s.batch <= 0) bad("batch must be > 0, got " + std::to_string(s.batch));
+  if (s.sequence_length < 1 || s.sequence_length > context_length) {
+    bad("sequence_length must be in [1, context_length " + std::to_string(context_length) + "], got " +
+        std::to_string(s.sequence_length));
+  }
+  if (!(s.learning_rate > 0.0F) || !std::isfinite(s.learning_rate)) bad("learning_rate must be > 0");
+  if (s.warmup_steps < 0) bad("warmup_steps must be >= 0");
+  if (!(s.min_learning_rate_ratio >= 0.0F && s.min_learning_rate_ratio <= 1.0F)) {
+    bad("min_learning_rate_ratio must be in [0, 1]");
+  }
+  if (!(s.weight_decay >= 0.0F)) bad("weight_decay must be >= 0");
+  if (!(s.max_grad_norm >= 0.0F)) bad("max_grad_norm must be >= 0 (0 disables clipping)");
+  if (!(s.beta1 >= 0.0F && s.beta1 < 1.0F) || !(s.beta2 >= 0.0F && s.beta2 < 1.0F)) bad("betas must be in [0, 1)");
+  if (!(s.dropout >= 0.0F && s.dropout < 1.0F)) bad("dropout must be in [0, 1)");
+  if (s.checkpoint_segment_blocks < 0) bad("checkpoint_segment_blocks must be >= 0");
+  if (s.eval_interval < 0) bad("eval_interval must be >= 0");
+  if (s.eval_batches <= 0) bad("eval_batches must be > 0");
+  if (s.checkpoint_interval < 0) bad("checkpoint_interval must be >= 0");
+  if (s.output_dir.empty()) bad("output_dir must not be empty");
+  if (s.attention != FullSequenceAttentionKind::Materialized && s.attention != FullSequenceAttentionKind::Flash) {
+    bad("unknown attention kind " + std::to_string(static_cast<int>(s.attention)));
+  }
+  if (s.activation_checkpointing != ActivationCheckpointingKind::Disabled &&
+      s.activation_checkpointing != ActivationCheckpointingKind::TransformerBlock &&
+      s.activation_checkpointing != ActivationCheckpointingKind::BlockSegments) {
+    bad("unknown activation checkpointing policy " + std::to_string(static_cast<int>(s.activation_checkpointing)));
+  }
+}
+
+nlohmann::json settings_json(const StageSettings& s) {
+  return {{"attention", attention_kind_name(s.attention)},
+          {"activation_checkpointing", activation_checkpointing_name(s.activation_checkpointing)},
+          {"checkpoint_segment_blocks", s.checkpoint_segment_blocks},
+          {"dropout", s.dropout},
+          {"data", s.data.string()},
+          {"steps", s.steps},
+          {"batch", s.batch},
+          {"sequence_length", s.sequence_length},
+          {"learning_rate", s.learning_rate},
+          {"warmup_steps", s.warmup_steps},
+          {"min_learning_rate_ratio", s.min_learning_rate_ratio},
+          {"weight_decay", s.weight_decay},
+          {"max_grad_norm", s.max_grad_norm},
+          {"beta1", s.beta1},
+          {"beta2", s.beta2},
+          {"seed", s.seed},
+          {"eval_interval", s.eval_interval},
+          {"eval_batches", s.eval_batches},
+          {"checkpoint_interval", s.checkpoint_interval},
+          {"output_dir", s.output_dir.string()}};
+}
+
+}  // namespace stage
+}  // namespace riftco_transformer

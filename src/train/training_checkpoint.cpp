@@ -1,0 +1,130 @@
+#include "training_checkpoint.hpp"
+
+#include <cstring>
+
+#include "riftco_transformer/model_state.hpp"
+
+namespace riftco_transformer::stage {
+namespace {
+
+constexpr const char* kFormat = "riftco.training_checkpoint";
+
+std::string encode(const Random::State& s) {
+  std::uint64_t spare_bits = 0;
+  std::memcpy(&spare_bits, &s.spare_normal, sizeof spare_bits);
+  return std::to_string(s.state) + ":" + std::to_string(s.increment) + ":" + (s.has_spare_normal ? "1" : "0") + ":" +
+         std::to_string(spare_bits);
+}
+
+Random::State decode(const std::string& text, const std::filesystem::path& path) {
+  Random::State s;
+  std::uint64_t parts[4] = {};
+  std::size_t start = 0;
+  for (int i = 0; i < 4; ++i) {
+    const std::size_t colon = text.find(':', start);
+    if ((i < 3) == (colon == std::string::npos)) {
+      throw ModelStateError("[load] " + path.string() + ": bad random state '" + text + "'");
+    }
+    try {
+      parts[i] = std::stoull(text.substr(start, colon - start));
+    } catch (const std::exception&) {
+      throw ModelStateError("[load] " + path.string() + ": bad random state '" + text + "'");
+    }
+    start = colon + 1;
+  }
+  s.state = parts[0];
+  s.increment = parts[1];
+  s.has_spare_normal = parts[2] != 0;
+  std::memcpy(&s.spare_normal, &parts[3], sizeof parts[3]);
+  return s;
+}
+
+const std::string& meta(const TensorFile& f, const std::string& key, const std::filesystem::path& path) {
+  auto it = f.metadata.find(key);
+  if (it == f.metadata.end()) throw ModelStateError("[load] " + path.string() + ": metadata '" + key + "' missing");
+  return it->second;
+}
+
+}  // namespace
+
+void save_training_checkpoint(const std::filesystem::path& path, const std::vector<NamedParameter>& trainable,
+                              const Adam& adam, const TrainingState& state, const nlohmann::json& config) {
+  const Adam::State moments = adam.state();
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  for (std::size_t i = 0; i < trainable.size(); ++i) {
+    tensors.emplace_back("param." + trainable[i].name, trainable[i].variable.value());
+    tensors.emplace_back("adam.m." + trainable[i].name, moments.first_moment[i]);
+    tensors.emplace_back("adam.v." + trainable[i].name, moments.second_moment[i]);
+  }
+  write_safetensors(path, tensors,
+                    {{"format", kFormat},
+                     {"step", std::to_string(state.step)},
+                     {"adam_steps", std::to_string(moments.steps)},
+                     {"data_random", encode(state.data_random)},
+                     {"dropout_random", encode(state.dropout_random)},
+                     {"config", config.dump()}});
+}
+
+void load_training_checkpoint(const std::filesystem::path& path, const std::vector<NamedParameter>& trainable,
+                              Adam& adam, TrainingState& state, const nlohmann::json& config) {
+  const TensorFile f = read_safetensors(path);
+  const std::string where = "[load] " + path.string() + ": ";
+  if (meta(f, "format", path) != kFormat) throw ModelStateError(where + "not a riftco training checkpoint");
+  nlohmann::json saved;
+  try {
+    saved = nlohmann::json::parse(meta(f, "config", path));
+  } catch (const nlohmann::json::exception&) {
+    throw ModelStateError(where + "metadata 'config' is not valid JSON");
+  }
+  nlohmann::json expected = config;
+  for (auto* j : {&saved, &expected}) j->erase("resume");
+  if (saved != expected) {
+    std::string field = "?";
+    for (auto it = expected.begin(); it != expected.end(); ++it) {
+      if (!saved.contains(it.key()) || saved[it.key()] != it.value()) {
+        field = it.key();
+        break;
+      }
+    }
+    throw ModelStateError(where + "made with a different configuration (first difference: '" + field +
+                          "'); resume with the same settings or use a new output directory");
+  }
+  std::map<std::string, const Tensor*> by_name;
+  for (const auto& [name, t] : f.tensors) by_name[name] = &t;
+  auto find = [&](const std::string& name, const Shape& shape) -> const Tensor& {
+    auto it = by_name.find(name);
+    if (it == by_name.end()) throw ModelStateError(where + "tensor '" + name + "' missing");
+    if (it->second->shape() != shape) {
+      throw ModelStateError(where + "tensor '" + name + "' has shape " + shape_string(it->second->shape()) +
+                            ", expected " + shape_string(shape));
+    }
+    return *it->second;
+  };
+  Adam::State moments;
+  std::vector<Tensor> values;
+  for (const NamedParameter& p : trainable) {
+    const Shape& shape = p.variable.shape();
+    values.push_back(find("param." + p.name, shape));
+    moments.first_moment.push_back(find("adam.m." + p.name, shape));
+    moments.second_moment.push_back(find("adam.v." + p.name, shape));
+  }
+  if (f.tensors.size() != 3 * trainable.size()) throw ModelStateError(where + "unexpected extra tensors");
+  TrainingState loaded;
+  try {
+    loaded.step = std::stoll(meta(f, "step", path));
+    moments.steps = std::stoll(meta(f, "adam_steps", path));
+  } catch (const std::logic_error&) {
+    throw ModelStateError(where + "bad step metadata");
+  }
+  loaded.data_random = decode(meta(f, "data_random", path), path);
+  loaded.dropout_random = decode(meta(f, "dropout_random", path), path);
+  // Everything validated: apply.
+  adam.set_state(moments);
+  for (std::size_t i = 0; i < trainable.size(); ++i) {
+    Variable v = trainable[i].variable;
+    v.set_value(values[i].clone());
+  }
+  state = loaded;
+}
+
+}  // namespace riftco_transformer::stage

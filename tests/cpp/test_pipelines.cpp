@@ -1,0 +1,215 @@
+// Stage pipelines end to end on tiny shapes: files, metadata, resume.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "riftco_transformer/adapter_state.hpp"
+#include "riftco_transformer/data.hpp"
+#include "riftco_transformer/pipelines.hpp"
+
+using namespace riftco_transformer;
+namespace fs = std::filesystem;
+
+namespace {
+
+fs::path fresh_dir(const std::string& name) {
+  const fs::path dir = fs::temp_directory_path() / ("riftco_pipeline_" + name);
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+
+std::string read_file(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+fs::path write_corpus(const fs::path& dir) {
+  std::string text;
+  for (int i = 0; i < 200; ++i) text += "the quick brown fox " + std::to_string(i % 7) + " jumps over the lazy dog.\n";
+  std::ofstream(dir / "corpus.txt") << text;
+  return dir / "corpus.txt";
+}
+
+PretrainingConfig tiny_pretraining(const fs::path& dir) {
+  PretrainingConfig c;
+  c.dimensions = {256, 32, 16, 2, 2, 32};
+  c.data = write_corpus(dir);
+  c.steps = 8;
+  c.batch = 2;
+  c.sequence_length = 16;
+  c.warmup_steps = 2;
+  c.eval_interval = 4;
+  c.eval_batches = 2;
+  c.checkpoint_interval = 3;
+  c.output_dir = dir / "run";
+  return c;
+}
+
+}  // namespace
+
+TEST(Pipelines, PretrainingWritesEveryFileAndRecordsThePolicy) {
+  const fs::path dir = fresh_dir("pretrain");
+  PretrainingConfig c = tiny_pretraining(dir);
+  c.activation_checkpointing = ActivationCheckpointingKind::TransformerBlock;
+  std::int64_t reports = 0;
+  const RunResult r = run_pretraining(c, [&](const StepReport& s) {
+    ++reports;
+    EXPECT_EQ(s.total_steps, 8);
+    EXPECT_GT(s.peak_bytes, 0);
+    return true;
+  });
+  EXPECT_TRUE(r.completed);
+  EXPECT_EQ(reports, 8);
+  EXPECT_EQ(r.weights, c.output_dir / "model.safetensors");
+  for (const char* f : {"model.safetensors", "metadata.json", "metrics.jsonl", "loss_curve.png", "loss_curve.svg"}) {
+    EXPECT_TRUE(fs::exists(c.output_dir / f)) << f;
+  }
+  EXPECT_FALSE(fs::exists(c.output_dir / "training_checkpoint.safetensors"));  // removed when complete
+  const nlohmann::json meta = nlohmann::json::parse(read_file(c.output_dir / "metadata.json"));
+  EXPECT_EQ(meta["config"]["activation_checkpointing"], "block");
+  EXPECT_EQ(meta["config"]["attention"], "flash");
+  EXPECT_EQ(meta["stage"], "pretraining");
+  EXPECT_GT(meta["results"]["peak_memory_bytes"].get<std::int64_t>(), 0);
+  EXPECT_GT(meta["results"]["tokens_per_second"].get<double>(), 0.0);
+  EXPECT_TRUE(meta["results"]["final_validation_loss"].is_number());
+  std::ifstream metrics(c.output_dir / "metrics.jsonl");
+  std::string line;
+  int rows = 0;
+  int validation_rows = 0;
+  while (std::getline(metrics, line)) {
+    ++rows;
+    validation_rows += nlohmann::json::parse(line).contains("validation_loss");
+  }
+  EXPECT_EQ(rows, 8);
+  EXPECT_EQ(validation_rows, 2);  // steps 4 and 8
+  // The model file does not carry the policy.
+  const TensorFile model = read_safetensors(c.output_dir / "model.safetensors");
+  for (const auto& [k, v] : model.metadata) EXPECT_EQ(k.find("checkpoint"), std::string::npos) << k;
+}
+
+TEST(Pipelines, ResumeAfterInterruptionIsBitIdentical) {
+  const fs::path dir = fresh_dir("resume");
+  PretrainingConfig c = tiny_pretraining(dir);
+  c.dropout = 0.1F;  // the dropout generator must be restored too
+  c.output_dir = dir / "straight";
+  const RunResult straight = run_pretraining(c);
+  ASSERT_TRUE(straight.completed);
+
+  c.output_dir = dir / "interrupted";
+  const RunResult first = run_pretraining(c, [](const StepReport& s) { return s.step < 5; });
+  EXPECT_FALSE(first.completed);
+  EXPECT_TRUE(fs::exists(c.output_dir / "training_checkpoint.safetensors"));  // written at step 3
+  EXPECT_FALSE(fs::exists(c.output_dir / "model.safetensors"));
+  c.resume = true;
+  const RunResult resumed = run_pretraining(c);
+  EXPECT_TRUE(resumed.completed);
+  EXPECT_EQ(resumed.resumed_from_step, 3);
+  EXPECT_EQ(read_file(dir / "straight" / "model.safetensors"), read_file(dir / "interrupted" / "model.safetensors"));
+  EXPECT_EQ(straight.final_train_loss, resumed.final_train_loss);
+  EXPECT_EQ(straight.final_validation_loss, resumed.final_validation_loss);
+  // A changed configuration cannot resume from that checkpoint.
+  c.output_dir = dir / "changed";
+  c.resume = false;
+  run_pretraining(c, [](const StepReport& s) { return s.step < 4; });
+  c.resume = true;
+  c.learning_rate *= 2;
+  EXPECT_THROW(run_pretraining(c), ModelStateError);
+}
+
+TEST(Pipelines, LoraPostTrainingOnTheShippedData) {
+  const fs::path dir = fresh_dir("post");
+  PretrainingConfig base = tiny_pretraining(dir);
+  base.dimensions.context_length = 96;
+  base.steps = 2;
+  ASSERT_TRUE(run_pretraining(base).completed);
+
+  PostTrainingConfig c;
+  c.base_model = base.output_dir / "model.safetensors";
+  c.data = fs::path(RIFTCO_SOURCE_DIR) / "data" / "chat_example.jsonl";
+  c.activation_checkpointing = ActivationCheckpointingKind::TransformerBlock;
+  c.steps = 4;
+  c.batch = 2;
+  c.sequence_length = 96;
+  c.eval_interval = 2;
+  c.eval_batches = 1;
+  c.lora.rank = 2;
+  c.output_dir = dir / "lora";
+  const RunResult r = run_post_training(c);
+  ASSERT_TRUE(r.completed);
+  EXPECT_EQ(r.weights, c.output_dir / "adapter.safetensors");
+  const nlohmann::json meta = nlohmann::json::parse(read_file(c.output_dir / "metadata.json"));
+  EXPECT_EQ(meta["config"]["activation_checkpointing"], "block");
+  EXPECT_EQ(meta["config"]["fine_tuning_method"], "lora");
+  EXPECT_EQ(meta["config"]["lora"]["rank"], 2);
+  EXPECT_LT(meta["facts"]["trainable_parameters"].get<std::int64_t>(),
+            meta["facts"]["base_parameters"].get<std::int64_t>());
+  // The adapters load onto the base model.
+  auto model = load_model(c.base_model);
+  load_adapter_state(*model, r.weights);
+  EXPECT_TRUE(model->has_lora());
+
+  c.fine_tuning_method = FineTuningMethod::Full;
+  c.output_dir = dir / "full";
+  const RunResult full = run_post_training(c);
+  EXPECT_EQ(full.weights, c.output_dir / "model.safetensors");
+}
+
+TEST(Pipelines, BadInputFailsBeforeTouchingExistingOutputs) {
+  const fs::path dir = fresh_dir("bad");
+  PretrainingConfig c = tiny_pretraining(dir);
+  c.steps = 2;
+  ASSERT_TRUE(run_pretraining(c).completed);
+  const std::string metadata = read_file(c.output_dir / "metadata.json");
+  const std::string model = read_file(c.output_dir / "model.safetensors");
+  const std::string metrics = read_file(c.output_dir / "metrics.jsonl");
+
+  PretrainingConfig missing = c;
+  missing.data = dir / "no_such_file.txt";
+  EXPECT_THROW(run_pretraining(missing), DataError);
+  PretrainingConfig corrupt = c;
+  std::ofstream(dir / "bad.txt", std::ios::binary) << std::string("ok \xff\xfe bad", 9);
+  corrupt.data = dir / "bad.txt";
+  EXPECT_THROW(run_pretraining(corrupt), DataError);
+  PretrainingConfig tiny = c;
+  std::ofstream(dir / "short.txt") << "too short";
+  tiny.data = dir / "short.txt";
+  EXPECT_THROW(run_pretraining(tiny), DataError);
+  PretrainingConfig bad_steps = c;
+  bad_steps.steps = 0;
+  EXPECT_THROW(run_pretraining(bad_steps), ValueError);
+
+  PostTrainingConfig post;
+  post.base_model = c.output_dir / "model.safetensors";
+  post.data = dir / "missing.jsonl";
+  post.output_dir = c.output_dir;
+  EXPECT_THROW(run_post_training(post), DataError);
+  post.data = fs::path(RIFTCO_SOURCE_DIR) / "data" / "chat_example.jsonl";
+  post.base_model = dir / "bad.txt";
+  EXPECT_THROW(run_post_training(post), ModelStateError);
+  EXPECT_THROW(parse_fine_tuning_method("qlora"), ValueError);
+  EXPECT_THROW(parse_activation_checkpointing("sometimes"), ValueError);
+  EXPECT_THROW(parse_attention_kind("sparse"), ValueError);
+
+  EXPECT_EQ(read_file(c.output_dir / "metadata.json"), metadata);
+  EXPECT_EQ(read_file(c.output_dir / "model.safetensors"), model);
+  EXPECT_EQ(read_file(c.output_dir / "metrics.jsonl"), metrics);
+}
+
+TEST(Pipelines, LearningRateScheduleWarmsUpThenDecays) {
+  StageSettings s;
+  s.steps = 100;
+  s.warmup_steps = 10;
+  s.learning_rate = 1.0F;
+  s.min_learning_rate_ratio = 0.1F;
+  EXPECT_FLOAT_EQ(s.learning_rate_at(0), 0.1F);
+  EXPECT_FLOAT_EQ(s.learning_rate_at(9), 1.0F);
+  EXPECT_FLOAT_EQ(s.learning_rate_at(10), 1.0F);
+  EXPECT_NEAR(s.learning_rate_at(99), 0.1F, 1e-6);
+  EXPECT_GT(s.learning_rate_at(50), s.learning_rate_at(60));
+}
