@@ -61,7 +61,7 @@ RunResult run_post_training(const PostTrainingConfig& config, const ProgressCall
   run.config["fine_tuning_method"] = fine_tuning_method_name(config.fine_tuning_method);
   if (lora) {
     run.config["lora"] = {{"rank", config.lora.rank},
-                          {"alpha", config.lora.alpha},
+                          {"alpha", stage::json_number(config.lora.alpha)},
                           {"targets", lora_targets_string(config.lora.targets)}};
   }
   std::int64_t trainable = 0;

@@ -47,7 +47,7 @@ RunResult run_pretraining(const PretrainingConfig& config, const ProgressCallbac
   run.config["data"] = config.data.empty() ? "default corpus (" + default_corpus_dir().string() + ")"
                                            : config.data.string();
   run.config["validation_fraction"] = config.validation_fraction;
-  run.config["norm_epsilon"] = config.norm_epsilon;
+  run.config["norm_epsilon"] = stage::json_number(config.norm_epsilon);
   const TransformerDimensions& d = config.dimensions;
   run.config["dimensions"] = {{"vocab_size", d.vocab_size},   {"context_length", d.context_length},
                               {"model_width", d.model_width}, {"heads", d.heads},

@@ -27,6 +27,8 @@ struct StageRun {
 
 RunResult run(StageRun& run, const ProgressCallback& progress);
 
+/// A float as the JSON number a person would write (0.9, not 0.8999999761581421).
+double json_number(float value);
 /// JSON of the settings every stage shares (enums as their strings).
 nlohmann::json settings_json(const StageSettings& s);
 /// ValueError naming the first bad shared field.

@@ -1,5 +1,8 @@
 // StageSettings: learning-rate schedule, validation, JSON.
 #include <algorithm>
+#include <charconv>
+#include <cstdlib>
+#include <string>
 #include <cmath>
 
 #include "riftco_transformer/pipelines.hpp"
@@ -20,6 +23,12 @@ float StageSettings::learning_rate_at(std::int64_t step) const {
 }
 
 namespace stage {
+
+double json_number(float value) {
+  char buffer[32];
+  const auto r = std::to_chars(buffer, buffer + sizeof buffer, value);  // shortest text that round-trips
+  return std::strtod(std::string(buffer, r.ptr).c_str(), nullptr);
+}
 
 void validate_settings(const StageSettings& s, std::int64_t context_length, const char* op) {
   auto bad = [op](const std::string& what) { throw ValueError(std::string("[") + op + "] " + what); };
@@ -57,18 +66,18 @@ nlohmann::json settings_json(const StageSettings& s) {
   return {{"attention", attention_kind_name(s.attention)},
           {"activation_checkpointing", activation_checkpointing_name(s.activation_checkpointing)},
           {"checkpoint_segment_blocks", s.checkpoint_segment_blocks},
-          {"dropout", s.dropout},
+          {"dropout", json_number(s.dropout)},
           {"data", s.data.string()},
           {"steps", s.steps},
           {"batch", s.batch},
           {"sequence_length", s.sequence_length},
-          {"learning_rate", s.learning_rate},
+          {"learning_rate", json_number(s.learning_rate)},
           {"warmup_steps", s.warmup_steps},
-          {"min_learning_rate_ratio", s.min_learning_rate_ratio},
-          {"weight_decay", s.weight_decay},
-          {"max_grad_norm", s.max_grad_norm},
-          {"beta1", s.beta1},
-          {"beta2", s.beta2},
+          {"min_learning_rate_ratio", json_number(s.min_learning_rate_ratio)},
+          {"weight_decay", json_number(s.weight_decay)},
+          {"max_grad_norm", json_number(s.max_grad_norm)},
+          {"beta1", json_number(s.beta1)},
+          {"beta2", json_number(s.beta2)},
           {"seed", s.seed},
           {"eval_interval", s.eval_interval},
           {"eval_batches", s.eval_batches},
