@@ -212,3 +212,18 @@ TEST(Autograd, OnlyLeavesCanBeChanged) {
   EXPECT_THROW(y.set_value(Tensor::ones({1})), ValueError);
   EXPECT_THROW(y.mutable_value(), ValueError);
 }
+
+TEST(Autograd, BackendTransferOfALeaf) {
+  Variable w = leaf({1, 2}, "w");
+  const std::uint64_t v = w.version();
+  w.to(Backend::Cpu);  // already there: nothing moves, nothing goes stale
+  EXPECT_EQ(w.version(), v);
+  if (backend_available(Backend::Cuda)) GTEST_SKIP() << "covered by the GPU tests";
+  // Without the CUDA backend the transfer throws and changes nothing; with
+  // it, a transfer bumps the version (Variable::to) and stales old graphs.
+  Variable loss = sum(mul(w, w));
+  EXPECT_THROW(w.to(Backend::Cuda), BackendError);
+  EXPECT_EQ(w.version(), v);
+  EXPECT_EQ(w.backend(), Backend::Cpu);
+  EXPECT_NO_THROW(loss.backward());
+}

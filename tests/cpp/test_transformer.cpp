@@ -290,3 +290,30 @@ TEST(Adam, ClippingAndValidation) {
   EXPECT_THROW(adam.set_state(s), ShapeError);
   EXPECT_EQ(adam.step_count(), 1);
 }
+
+TEST(Transformer, FlashAndMaterializedAgreeOnLogitsLossAndEveryGradient) {
+  // Tolerance: 1e-5 absolute on logits and loss, and 1e-4 of each
+  // gradient's largest magnitude (float32 summation-order differences).
+  auto run = [](FullSequenceAttentionKind kind) {
+    Random random(13);
+    TransformerDimensions d = tiny_dims(3);
+    d.context_length = 80;
+    DecoderOnlyTransformer model(d, random, 1e-5F, kind);
+    const auto b = random_batch(2, 70, 32, 14);  // T = 70: more than one 64-row flash tile
+    const Tensor logits = model.forward(b.tokens, 2).value().clone();
+    Variable loss = model.loss(b.tokens, b.targets, 2);
+    loss.backward();
+    std::vector<Tensor> grads;
+    for (const NamedParameter& p : model.parameters()) grads.push_back(p.variable.grad());
+    return std::make_tuple(logits, loss.value().item(), grads);
+  };
+  const auto [lm, loss_m, gm] = run(FullSequenceAttentionKind::Materialized);
+  const auto [lf, loss_f, gf] = run(FullSequenceAttentionKind::Flash);
+  EXPECT_LT(max_abs_diff(lm, lf), 1e-5);
+  EXPECT_NEAR(loss_m, loss_f, 1e-5);
+  for (std::size_t i = 0; i < gm.size(); ++i) {
+    float scale = 0;
+    for (float v : gm[i].values()) scale = std::max(scale, std::fabs(v));
+    EXPECT_LE(max_abs_diff(gm[i], gf[i]), 1e-4F * scale + 1e-9F) << "gradient " << i;
+  }
+}
