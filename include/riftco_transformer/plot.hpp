@@ -23,7 +23,7 @@ struct CurveSeries {
 /// 5x7 bitmap font (ASCII letters, digits and common punctuation; any other
 /// character is drawn as '?'). Written to a temporary file in the same
 /// folder, then renamed over `path`. ValueError for an rgb above 0xFFFFFF;
-/// Error "[plot] <path>: ..." when the file cannot be written.
+/// ModelStateError "[save] <path>: ..." (atomic_file.hpp) when the file cannot be written.
 void write_loss_curve_png(const std::filesystem::path& path, const std::vector<CurveSeries>& series,
                           const std::string& title);
 

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <string>
 
+#include "riftco_transformer/atomic_file.hpp"
 #include "riftco_transformer/model_state.hpp"
 
 namespace riftco_transformer::detail {
@@ -128,3 +129,12 @@ void write_file_atomically(const std::filesystem::path& path, std::span<const st
 }
 
 }  // namespace riftco_transformer::detail
+
+namespace riftco_transformer {
+
+void write_file_atomically(const std::filesystem::path& path, std::string_view bytes) {
+  const std::span<const std::byte> piece(reinterpret_cast<const std::byte*>(bytes.data()), bytes.size());
+  detail::write_file_atomically(path, std::span<const std::span<const std::byte>>(&piece, 1));
+}
+
+}  // namespace riftco_transformer

@@ -39,8 +39,4 @@ std::string tick_label(double value, const Axis& axis);
 /// Runs of consecutive finite points of one series (the pieces of its line).
 std::vector<std::vector<std::pair<double, double>>> finite_runs(const CurveSeries& series);
 
-/// Writes `bytes` to a temporary file next to `path`, then renames it over
-/// `path`; Error "[plot] <path>: ..." on failure (the temporary is removed).
-void write_file_atomically(const std::filesystem::path& path, const std::string& bytes);
-
 }  // namespace riftco_transformer::plot_detail

@@ -4,6 +4,7 @@
 
 #include "font5x7.hpp"
 #include "plot_layout.hpp"
+#include "riftco_transformer/atomic_file.hpp"
 #include "png_encoder.hpp"
 
 namespace riftco_transformer {
@@ -143,7 +144,7 @@ void write_loss_curve_png(const std::filesystem::path& path, const std::vector<C
   draw_legend(c, l, series);
   const int scale = Canvas::text_width(title, 2) <= l.width - 16 ? 2 : 1;  // long titles: small font
   c.text((l.width - Canvas::text_width(title, scale)) / 2, 12, title, kInk, scale);
-  plot_detail::write_file_atomically(path, plot_detail::encode_png_rgb(l.width, l.height, c.pixels()));
+  write_file_atomically(path, plot_detail::encode_png_rgb(l.width, l.height, c.pixels()));
 }
 
 }  // namespace riftco_transformer

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "plot_layout.hpp"
+#include "riftco_transformer/atomic_file.hpp"
 
 namespace riftco_transformer {
 namespace {
@@ -109,7 +110,7 @@ void write_loss_curve_svg(const std::filesystem::path& path, const std::vector<C
   }
   svg += legend(l, series);
   svg += "</svg>\n";
-  plot_detail::write_file_atomically(path, svg);
+  write_file_atomically(path, svg);
 }
 
 }  // namespace riftco_transformer

@@ -7,6 +7,7 @@
 #include <fstream>
 
 #include "riftco_transformer/adam.hpp"
+#include "riftco_transformer/atomic_file.hpp"
 #include "riftco_transformer/memory.hpp"
 #include "riftco_transformer/plot.hpp"
 #include "training_checkpoint.hpp"
@@ -43,17 +44,6 @@ std::vector<nlohmann::json> read_metrics(const std::filesystem::path& path, std:
     if (row["step"].get<std::int64_t>() <= keep) rows.push_back(std::move(row));
   }
   return rows;
-}
-
-void write_text_atomically(const std::filesystem::path& path, const std::string& text) {
-  const std::filesystem::path tmp = path.string() + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out << text;
-    out.flush();
-    if (!out) throw Error("[pipeline] cannot write " + tmp.string());
-  }
-  std::filesystem::rename(tmp, path);
 }
 
 void write_plots(const std::filesystem::path& dir, const std::vector<nlohmann::json>& rows, const std::string& title) {
@@ -188,7 +178,7 @@ RunResult run(StageRun& r, const ProgressCallback& progress) {
        {{"weights", result.weights.filename().string()},
         {"metrics", "metrics.jsonl"},
         {"loss_curve", "loss_curve.png"}}}};
-  write_text_atomically(dir / "metadata.json", metadata.dump(2) + "\n");
+  write_file_atomically(dir / "metadata.json", metadata.dump(2) + "\n");
   write_plots(dir, rows, r.stage + " loss");
   std::filesystem::remove(checkpoint_path);  // the run is complete
   return result;

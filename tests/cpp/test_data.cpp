@@ -498,7 +498,7 @@ TEST(Plot, BadColourAndUnwritablePathThrow) {
   const std::vector<CurveSeries> bad = {{"x", {{0, 1}}, 0x1000000}};
   expect_error<ValueError>([&] { write_loss_curve_png(dir.path() / "a.png", bad, "t"); }, {"[plot]", "0x1000000"});
   const fs::path nowhere = dir.path() / "missing" / "a.png";
-  expect_error<Error>([&] { write_loss_curve_png(nowhere, two_curves(), "t"); }, {"[plot] " + nowhere.string()});
-  expect_error<Error>([&] { write_loss_curve_svg(nowhere, two_curves(), "t"); }, {"[plot] "});
+  expect_error<Error>([&] { write_loss_curve_png(nowhere, two_curves(), "t"); }, {"[save] " + nowhere.string()});
+  expect_error<Error>([&] { write_loss_curve_svg(nowhere, two_curves(), "t"); }, {"[save] "});
   EXPECT_FALSE(fs::exists(dir.path() / "a.png"));
 }
