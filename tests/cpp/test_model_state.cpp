@@ -155,6 +155,7 @@ struct Corruption {
   std::function<void(TensorFile&)> edit;
   const char* message;
 };
+void PrintTo(const Corruption& c, std::ostream* os) { *os << c.name; }
 
 std::vector<Corruption> corruptions() {
   return {

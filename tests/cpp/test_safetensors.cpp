@@ -200,6 +200,7 @@ struct BadFile {
   std::string bytes;
   const char* message;  // a substring of the error after "[load] <path>: "
 };
+void PrintTo(const BadFile& f, std::ostream* os) { *os << f.name; }
 
 std::string entry(const std::string& name, const std::string& shape, std::uint64_t begin, std::uint64_t end) {
   return "\"" + name + R"(":{"dtype":"F32","shape":)" + shape + R"(,"data_offsets":[)" + std::to_string(begin) +
