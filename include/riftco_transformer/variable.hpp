@@ -27,7 +27,8 @@ using BackwardFn =
 
 /// Structural diagnostic (spec "Diagnostics and tests"): reachable nodes and
 /// the Tensor elements they own directly (values and committed gradients).
-/// Backend workspaces and tensors captured by closures are not counted.
+/// Backend workspaces and tensors captured by closures are not counted; a
+/// buffer that several nodes view (reshape) counts once.
 struct GraphStatistics {
   std::int64_t node_count = 0;
   std::int64_t element_count = 0;

@@ -35,7 +35,8 @@ class RandomReplayScope {
 /// Runs the callable on a fresh leaf that shares `input_value`'s buffer,
 /// recording every edge, and checks the boundary.
 Variable traced_call(const std::function<Variable(const Variable&)>& recompute, const Tensor& input_value,
-                     std::span<const Variable> dependencies, const std::string& where, Variable& fresh_out) {
+                     std::span<const Variable> dependencies, const std::string& where, Variable& fresh_out,
+                     std::vector<Variable>* implicit = nullptr) {
   Variable fresh(input_value, true, where + " input");
   const std::uint64_t first_inside = next_node_id();
   Variable out;
@@ -47,7 +48,8 @@ Variable traced_call(const std::function<Variable(const Variable&)>& recompute, 
     throw CheckpointContractError(CheckpointContractError::Violation::OutputChanged,
                                   "[checkpoint] " + where + ": the callable returned an undefined variable");
   }
-  checkpoint_contract::check_boundary(out, fresh, dependencies, first_inside, where);
+  std::vector<Variable> constants = checkpoint_contract::check_boundary(out, fresh, dependencies, first_inside, where);
+  if (implicit != nullptr) *implicit = std::move(constants);
   fresh_out = fresh;
   return out;
 }
@@ -68,24 +70,29 @@ Variable checkpoint(const Variable& input, std::span<const Variable> dependencie
   const Random::State forward_state = options.random != nullptr ? options.random->state() : Random::State{};
   const Tensor saved_input = input.value();
   Tensor output_value;
+  std::vector<Variable> constants;  // external constant leaves the callable reads
   {
     Variable fresh;
-    const Variable out = traced_call(recompute, saved_input, dependencies, where, fresh);
+    const Variable out = traced_call(recompute, saved_input, dependencies, where, fresh, &constants);
     // 3. Keep the output value; the internal graph goes when `out` does.
     output_value = out.value();
   }
   const Shape out_shape = output_value.shape();
   const Backend out_backend = output_value.backend();
 
+  // Parents: the input, the dependencies, then the constants (no gradient;
+  // their versions are checked before any replay like a dependency's).
   std::vector<Variable> parents;
-  parents.reserve(dependencies.size() + 1);
+  parents.reserve(dependencies.size() + constants.size() + 1);
   parents.push_back(input);
   parents.insert(parents.end(), dependencies.begin(), dependencies.end());
+  parents.insert(parents.end(), constants.begin(), constants.end());
+  const std::size_t parent_count = parents.size();
   std::vector<Variable> deps(dependencies.begin(), dependencies.end());
   Random* random = options.random;
 
   BackwardFn backward = [recompute = std::move(recompute), saved_input, deps, where, out_shape, out_backend, random,
-                         forward_state](const Tensor& grad_output, const std::vector<bool>& needs) {
+                         forward_state, parent_count](const Tensor& grad_output, const std::vector<bool>& needs) {
     g_replays.fetch_add(1);
     // Fresh leaf from the saved input; the same callable again, with the
     // forward's random state; the contract re-checked (structure may have
@@ -99,7 +106,7 @@ Variable checkpoint(const Variable& input, std::span<const Variable> dependencie
     checkpoint_contract::check_replay_output(replayed, out_shape, out_backend, where + " replay");
     // Local VJP in a nested, isolated context.
     PassResult pass = run_backward_pass(replayed, grad_output, "checkpoint replay");
-    std::vector<Tensor> grads(deps.size() + 1);
+    std::vector<Tensor> grads(parent_count);  // constants' slots stay undefined
     auto extract = [&](std::size_t slot, const Variable& leaf) {
       if (!needs[slot]) return;
       Tensor g = pass.context.take(leaf.node());

@@ -35,34 +35,35 @@ void check_dependencies(std::span<const Variable> dependencies, const std::strin
   }
 }
 
-void check_boundary(const Variable& output, const Variable& input, std::span<const Variable> dependencies,
-                    std::uint64_t first_inside_id, const std::string& where) {
+std::vector<Variable> check_boundary(const Variable& output, const Variable& input,
+                                     std::span<const Variable> dependencies, std::uint64_t first_inside_id,
+                                     const std::string& where) {
   std::unordered_map<const Node*, bool> boundary;  // node → reached
   boundary[input.node()] = false;
   for (const Variable& d : dependencies) boundary[d.node()] = false;
 
+  std::vector<Variable> implicit;
   std::unordered_set<const Node*> seen{output.node()};
-  std::vector<const Node*> stack{output.node()};
+  std::vector<std::shared_ptr<Node>> stack{output.node_ptr()};
   while (!stack.empty()) {
-    const Node* n = stack.back();
+    const std::shared_ptr<Node> ptr = std::move(stack.back());
     stack.pop_back();
+    const Node* n = ptr.get();
     if (auto it = boundary.find(n); it != boundary.end()) {
       it->second = true;
       continue;
     }
     const bool inside = n->id >= first_inside_id;
     if (n->is_leaf) {
-      if (!inside) {
-        fail(Violation::MissingDependency, where,
-             "the callable uses " + describe(*n) +
-                 ", a leaf made outside it that is not a declared dependency; declare it");
-      }
       if (n->requires_grad) {
-        fail(Violation::UndeclaredLeaf, where,
-             "the callable created " + describe(*n) +
-                 ", a new leaf that requires grad; parameters must be made outside and declared");
+        fail(inside ? Violation::UndeclaredLeaf : Violation::MissingDependency, where,
+             inside ? "the callable created " + describe(*n) +
+                          ", a new leaf that requires grad; parameters must be made outside and declared"
+                    : "the callable uses " + describe(*n) +
+                          ", a leaf that requires grad but is not a declared dependency; declare it");
       }
-      continue;  // a constant made inside: fine
+      if (!inside) implicit.push_back(NodeAccess::wrap(ptr));  // an external constant: kept as a parent
+      continue;
     }
     if (!inside) {
       fail(Violation::CapturedExternalNode, where,
@@ -70,7 +71,7 @@ void check_boundary(const Variable& output, const Variable& input, std::span<con
                ", a graph node computed outside the checkpoint; pass it as the input or recompute it inside");
     }
     for (const Edge& e : n->parents) {
-      if (seen.insert(e.node.get()).second) stack.push_back(e.node.get());
+      if (seen.insert(e.node.get()).second) stack.push_back(e.node);
     }
   }
   if (!boundary[input.node()]) {
@@ -82,6 +83,7 @@ void check_boundary(const Variable& output, const Variable& input, std::span<con
            "the output does not depend on dependency " + std::to_string(i) + " " + describe(*dependencies[i].node()));
     }
   }
+  return implicit;
 }
 
 void check_replay_output(const Variable& replayed, const Shape& shape, Backend backend, const std::string& where) {

@@ -93,7 +93,7 @@ Variable Variable::from_op(std::string op, Tensor value, std::vector<Variable> p
   const bool record = g_trace ? !parents.empty() : (any && !g_no_grad);
   if (!record) return Variable(std::move(node));  // a constant: no graph
   node->is_leaf = false;
-  node->requires_grad = any;
+  node->requires_grad = any && !g_no_grad;  // traced under NoGradGuard: edges kept, no gradient
   node->backward = std::move(backward);
   node->saved = std::move(saved);
   node->parents.reserve(parents.size());
@@ -197,10 +197,14 @@ void Variable::backward(const Tensor& seed) const {
 
 GraphStatistics Variable::graph_statistics() const {
   GraphStatistics stats;
+  std::unordered_set<const void*> counted;  // a buffer shared by views (reshape) counts once
+  auto count = [&](const Tensor& t) {
+    if (t.defined() && counted.insert(t.storage_id()).second) stats.element_count += t.numel();
+  };
   for (Node* n : reachable(&require(node_, "graph_statistics"))) {
     ++stats.node_count;
-    stats.element_count += n->value.numel();
-    if (n->grad.defined()) stats.element_count += n->grad.numel();
+    count(n->value);
+    count(n->grad);
   }
   return stats;
 }

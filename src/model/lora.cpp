@@ -90,7 +90,10 @@ std::vector<LoraTarget> parse_lora_targets(const std::string& list, const char* 
 
 std::string lora_targets_string(const std::vector<LoraTarget>& targets) {
   std::string out;
-  for (const LoraTarget t : targets) out += (out.empty() ? "" : ",") + std::string(lora_target_name(t));
+  for (const LoraTarget t : targets) {
+    if (!out.empty()) out.push_back(',');
+    out.append(lora_target_name(t));
+  }
   return out;
 }
 

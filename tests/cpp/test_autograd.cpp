@@ -188,6 +188,14 @@ TEST(Autograd, GraphStatisticsCountNodesAndElements) {
   EXPECT_NE(report.find("4 nodes"), std::string::npos);
 }
 
+TEST(Autograd, GraphStatisticsCountASharedBufferOnce) {
+  Variable x(Tensor::ones({10, 100}), true, "x");
+  const Variable r = reshape(reshape(reshape(x, {1000}), {100, 10}), {4, 250});  // views of x's buffer
+  const GraphStatistics s = sum(r).graph_statistics();
+  EXPECT_EQ(s.node_count, 5);
+  EXPECT_EQ(s.element_count, 1000 + 1);
+}
+
 TEST(Autograd, DeepChainDoesNotOverflowTheStack) {
   Variable x = leaf({1}, "x");
   Variable h = x;

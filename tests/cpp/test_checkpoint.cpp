@@ -157,10 +157,9 @@ TEST(CheckpointContract, DependencyRules) {
             Violation::DependencyNotLeaf);
   const std::vector<Variable> extra = {p.w1, p.w2, Variable(Tensor::ones({1}), true, "unused")};
   EXPECT_EQ(violation_of([&] { checkpoint(x, extra, f); }), Violation::DependencyUnused);
-  // A frozen leaf used but not declared is still a missing dependency: its
-  // value is part of what the replay must reproduce.
-  Variable frozen(Tensor::ones({4}), false, "frozen");
-  EXPECT_EQ(violation_of([&] { checkpoint(x, p.deps(), [&](const Variable& h) { return mul(f(h), frozen); }); }),
+  // A trainable leaf made outside and not declared is a missing dependency.
+  Variable trainable(Tensor::ones({4}), true, "trainable");
+  EXPECT_EQ(violation_of([&] { checkpoint(x, p.deps(), [&](const Variable& h) { return mul(f(h), trainable); }); }),
             Violation::MissingDependency);
   try {
     checkpoint(x, missing, f);
@@ -294,4 +293,54 @@ TEST(Checkpoint, MemoryReturnsToBaseline) {
     }
   }
   EXPECT_EQ(memory_stats().live_bytes, base);
+}
+
+TEST(Checkpoint, UndeclaredConstantsBecomeVersionCheckedParents) {
+  Params p;
+  Variable x(randn({2, 4}, 16), true, "x");
+  Variable mask(Tensor::full({4}, 0.5F), false, "mask");  // a buffer, not a parameter
+  const Variable out = checkpoint(x, p.deps(), [&](const Variable& h) { return mul(block(h, p.w1, p.w2), mask); });
+  ASSERT_EQ(out.parents().size(), 4U);  // input, w1, w2, mask
+  EXPECT_TRUE(out.parents()[3].same_node(mask));
+  sum(out).backward();
+  const Tensor g1 = p.w1.grad().clone();
+  sum(mul(block(x, p.w1, p.w2), mask)).backward();
+  EXPECT_TRUE(bit_equal(g1, p.w1.grad()));
+  EXPECT_FALSE(mask.has_grad());
+  const Variable again = checkpoint(x, p.deps(), [&](const Variable& h) { return mul(block(h, p.w1, p.w2), mask); });
+  mask.set_value(Tensor::full({4}, 2.0F));
+  EXPECT_THROW(sum(again).backward(), StaleGraphError);  // the replay would read another mask
+}
+
+TEST(Checkpoint, ConstantCachedOnFirstCallIsAcceptedAtForwardAndReplay) {
+  Params p;
+  Variable x(randn({2, 4}, 17), true, "x");
+  Variable cache;  // built lazily inside the callable, reused afterwards
+  auto f = [&](const Variable& h) {
+    if (!cache.defined()) cache = Variable(Tensor::full({4}, 3.0F), false, "table");
+    return mul(block(h, p.w1, p.w2), cache);
+  };
+  const Variable out = checkpoint(x, p.deps(), f);
+  EXPECT_NO_THROW(sum(out).backward());
+  EXPECT_NO_THROW(sum(checkpoint(x, p.deps(), f)).backward());
+}
+
+TEST(Checkpoint, NoGradInsideTheCallableMatchesTheOrdinaryGraph) {
+  Params p;
+  Variable x(randn({2, 4}, 18), true, "x");
+  auto f = [&](const Variable& h) {
+    Variable side;
+    {
+      NoGradGuard no_grad;
+      side = matmul(h, p.w1);  // a value only: no gradient flows through it
+    }
+    return add(matmul(silu(side), p.w2), h);
+  };
+  sum(f(x)).backward();
+  const Tensor gx = x.grad().clone();
+  const Tensor g2 = p.w2.grad().clone();
+  sum(checkpoint(x, p.deps(), f)).backward();
+  EXPECT_TRUE(bit_equal(gx, x.grad()));
+  EXPECT_TRUE(bit_equal(g2, p.w2.grad()));
+  EXPECT_EQ(p.w1.grad().to_vector(), std::vector<float>(24, 0.0F));  // declared, reached, no contribution
 }
