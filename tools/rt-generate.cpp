@@ -55,6 +55,10 @@ int main(int argc, char** argv) {
     const std::string prompt = p.text("prompt", "\n");
     if (prompt.empty()) throw rt_cli::UsageError("--prompt must not be empty");
     std::unique_ptr<DecoderOnlyTransformer> model = load_model(p.text("model"));
+    if (model->dimensions().vocab_size != ByteTokenizer::kVocabSize) {
+      throw ValueError("[rt-generate] the model's vocabulary is " + std::to_string(model->dimensions().vocab_size) +
+                       "; rt-generate decodes byte tokens (256)");
+    }
     if (p.has("adapter")) load_adapter_state(*model, p.text("adapter"));
     ByteTokenizer tokenizer;
     std::vector<std::int32_t> ids = tokenizer.encode(prompt);

@@ -15,6 +15,8 @@ using namespace riftco_transformer;
 
 namespace {
 
+bool g_running = false;  // errors before the run are usage errors (exit 2), during it failures (exit 1)
+
 void add_stage_options(rt_cli::Parser& p, const StageSettings& d) {
   p.section("Execution policy");
   p.add("attention", "KIND", "materialized | flash", attention_kind_name(d.attention));
@@ -142,6 +144,7 @@ int pretrain(int argc, char** argv) {
             << d.context_length << "; attention " << attention_kind_name(c.attention) << ", checkpointing "
             << activation_checkpointing_name(c.activation_checkpointing) << "; data "
             << (c.data.empty() ? "default corpus" : c.data.string()) << " -> " << c.output_dir.string() << "\n";
+  g_running = true;
   print_result(run_pretraining(c, progress_printer("pretrain", p.has("quiet"))));
   return 0;
 }
@@ -170,14 +173,19 @@ int post_train(int argc, char** argv) {
   if (!p.has("data")) throw rt_cli::UsageError("--data FILE.jsonl is required (example: data/chat_example.jsonl)");
   c.base_model = p.text("base-model");
   if (p.has("method")) c.fine_tuning_method = parse_fine_tuning_method(p.text("method"), "--method");
-  c.lora.rank = p.integer("lora-rank", c.lora.rank);
-  c.lora.alpha = static_cast<float>(p.number("lora-alpha", c.lora.alpha));
-  if (p.has("lora-targets")) c.lora.targets = parse_lora_targets(p.text("lora-targets"), "--lora-targets");
+  if (c.fine_tuning_method == FineTuningMethod::Lora) {
+    c.lora.rank = p.integer("lora-rank", c.lora.rank);
+    c.lora.alpha = static_cast<float>(p.number("lora-alpha", c.lora.alpha));
+    if (p.has("lora-targets")) c.lora.targets = parse_lora_targets(p.text("lora-targets"), "--lora-targets");
+  } else if (p.has("lora-rank") || p.has("lora-alpha") || p.has("lora-targets")) {
+    throw rt_cli::UsageError("--lora-* options apply to --method lora only");
+  }
   read_stage_options(p, c);
   c.validate();
   std::cerr << "[post-train] " << fine_tuning_method_name(c.fine_tuning_method) << " on " << c.base_model.string()
             << " with " << c.data.string() << "; checkpointing "
             << activation_checkpointing_name(c.activation_checkpointing) << " -> " << c.output_dir.string() << "\n";
+  g_running = true;
   print_result(run_post_training(c, progress_printer("post-train", p.has("quiet"))));
   return 0;
 }
@@ -205,8 +213,8 @@ int main(int argc, char** argv) {
               << "--help'.\n";
     return 2;
   } catch (const ValueError& e) {  // a bad option value (policy, attention, target names, ranges)
-    std::cerr << "rt-train: " << e.what() << "\n";
-    return 2;
+    std::cerr << (g_running ? "\nrt-train: error: " : "rt-train: ") << e.what() << "\n";
+    return g_running ? 1 : 2;
   } catch (const std::exception& e) {
     std::cerr << "\nrt-train: error: " << e.what() << "\n";
     return 1;

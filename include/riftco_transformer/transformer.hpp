@@ -31,6 +31,11 @@ struct TransformerDimensions {
   /// divisible by heads, an even head width (RoPE rotates pairs).
   void validate() const;
   std::int64_t head_width() const { return model_width / heads; }
+  /// Parameters a model of these dimensions has (no adapters).
+  std::int64_t parameter_count() const {
+    const std::int64_t c = model_width;
+    return 2 * vocab_size * c + c + layers * (2 * c + 4 * c * c + 3 * c * feed_forward_width);
+  }
   bool operator==(const TransformerDimensions&) const = default;
 };
 

@@ -121,6 +121,15 @@ std::unique_ptr<DecoderOnlyTransformer> load_model(const std::filesystem::path& 
                                                    ActivationCheckpointingKind activation_checkpointing) {
   const TensorFile file = read_safetensors(path);
   const ModelStateInfo info = parse_model_metadata(path, file.metadata);
+  // Before allocating a model of the file's dimensions, check the file holds
+  // that many values: a bad header cannot ask for gigabytes.
+  std::int64_t values = 0;
+  for (const auto& [name, tensor] : file.tensors) values += tensor.numel();
+  if (values != info.dimensions.parameter_count()) {
+    load_error(path, "the file holds " + std::to_string(values) + " values but its dimensions " +
+                         dimensions_json(info.dimensions) + " need " +
+                         std::to_string(info.dimensions.parameter_count()));
+  }
   Random random(0);  // every parameter is overwritten below
   auto model = std::make_unique<DecoderOnlyTransformer>(info.dimensions, random, info.norm_epsilon, attention,
                                                         activation_checkpointing);

@@ -99,7 +99,9 @@ std::string lora_targets_string(const std::vector<LoraTarget>& targets) {
 
 void LoraConfig::validate() const {
   if (rank <= 0) throw ValueError("[LoraConfig] rank must be > 0, got " + std::to_string(rank));
-  if (!(alpha > 0.0F)) throw ValueError("[LoraConfig] alpha must be > 0, got " + std::to_string(alpha));
+  if (!(alpha > 0.0F) || !std::isfinite(alpha)) {
+    throw ValueError("[LoraConfig] alpha must be finite and > 0, got " + std::to_string(alpha));
+  }
   if (targets.empty()) throw ValueError("[LoraConfig] targets must not be empty");
   for (std::size_t i = 0; i < targets.size(); ++i) {
     if (std::find(targets.begin(), targets.begin() + static_cast<std::ptrdiff_t>(i), targets[i]) !=

@@ -33,6 +33,18 @@ void TransformerDimensions::validate() const {
     throw ValueError("[TransformerDimensions] head width model_width/heads = " + std::to_string(head_width()) +
                      " must be even (RoPE rotates pairs)");
   }
+  // Sanity bounds: far above anything a CPU trains, low enough that sizes
+  // cannot overflow and a bad file cannot ask for absurd allocations.
+  for (const auto& [value, name] : {std::pair{vocab_size, "vocab_size"}, std::pair{model_width, "model_width"},
+                                    std::pair{feed_forward_width, "feed_forward_width"}}) {
+    if (value > (std::int64_t{1} << 20)) {
+      throw ValueError(std::string("[TransformerDimensions] ") + name + " " + std::to_string(value) +
+                       " is above the limit 1048576");
+    }
+  }
+  if (context_length > (std::int64_t{1} << 20) || layers > 4096 || heads > model_width) {
+    throw ValueError("[TransformerDimensions] context_length <= 1048576, layers <= 4096 and heads <= model_width");
+  }
   if (vocab_size > (std::int64_t{1} << 31) - 1) {
     throw ValueError("[TransformerDimensions] vocab_size " + std::to_string(vocab_size) + " does not fit int32 ids");
   }

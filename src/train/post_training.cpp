@@ -35,9 +35,9 @@ RunResult run_post_training(const PostTrainingConfig& config, const ProgressCall
   std::unique_ptr<DecoderOnlyTransformer> model =
       load_model(config.base_model, config.attention, config.activation_checkpointing);
   stage::validate_settings(config, model->dimensions().context_length, "PostTrainingConfig");
-  if (model->dimensions().vocab_size < ByteTokenizer::kVocabSize) {
-    throw ValueError("[PostTrainingConfig] the base model's vocabulary (" +
-                     std::to_string(model->dimensions().vocab_size) + ") is smaller than the byte tokenizer's 256");
+  if (model->dimensions().vocab_size != ByteTokenizer::kVocabSize) {
+    throw ValueError("[PostTrainingConfig] the base model's vocabulary is " +
+                     std::to_string(model->dimensions().vocab_size) + "; the byte tokenizer needs 256");
   }
   const bool lora = config.fine_tuning_method == FineTuningMethod::Lora;
 
@@ -58,6 +58,8 @@ RunResult run_post_training(const PostTrainingConfig& config, const ProgressCall
   };
   run.config = stage::settings_json(config);
   run.config["base_model"] = config.base_model.string();
+  run.config["base_model_fingerprint"] = stage::fingerprint(stage::read_bytes(config.base_model));
+  run.config["data_fingerprint"] = stage::fingerprint(stage::read_bytes(config.data));
   run.config["fine_tuning_method"] = fine_tuning_method_name(config.fine_tuning_method);
   if (lora) {
     run.config["lora"] = {{"rank", config.lora.rank},

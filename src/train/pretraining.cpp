@@ -6,8 +6,8 @@ namespace riftco_transformer {
 
 void PretrainingConfig::validate() const {
   dimensions.validate();
-  if (dimensions.vocab_size < ByteTokenizer::kVocabSize) {
-    throw ValueError("[PretrainingConfig] vocab_size must be >= 256 for the byte tokenizer, got " +
+  if (dimensions.vocab_size != ByteTokenizer::kVocabSize) {
+    throw ValueError("[PretrainingConfig] vocab_size must be 256 (the byte tokenizer), got " +
                      std::to_string(dimensions.vocab_size));
   }
   if (!(norm_epsilon > 0.0F)) throw ValueError("[PretrainingConfig] norm_epsilon must be > 0");
@@ -47,6 +47,7 @@ RunResult run_pretraining(const PretrainingConfig& config, const ProgressCallbac
   run.config["data"] = config.data.empty() ? "default corpus (" + default_corpus_dir().string() + ")"
                                            : config.data.string();
   run.config["validation_fraction"] = config.validation_fraction;
+  run.config["data_fingerprint"] = stage::fingerprint(text);  // resume refuses changed data
   run.config["norm_epsilon"] = stage::json_number(config.norm_epsilon);
   const TransformerDimensions& d = config.dimensions;
   run.config["dimensions"] = {{"vocab_size", d.vocab_size},   {"context_length", d.context_length},

@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <fstream>
+#include <limits>
 
 #include "riftco_transformer/adam.hpp"
 #include "riftco_transformer/atomic_file.hpp"
@@ -41,6 +42,7 @@ std::vector<nlohmann::json> read_metrics(const std::filesystem::path& path, std:
     if (line.empty()) continue;
     nlohmann::json row = nlohmann::json::parse(line, nullptr, false);
     if (row.is_discarded() || !row.contains("step")) continue;
+    if (row["loss"].is_null()) row["loss"] = std::numeric_limits<double>::quiet_NaN();  // NaN is written as null
     if (row["step"].get<std::int64_t>() <= keep) rows.push_back(std::move(row));
   }
   return rows;
@@ -51,8 +53,11 @@ void write_plots(const std::filesystem::path& dir, const std::vector<nlohmann::j
   CurveSeries validation{"validation loss", {}, 0xD62728};
   for (const nlohmann::json& row : rows) {
     const auto step = static_cast<double>(row["step"].get<std::int64_t>());
-    train.points.emplace_back(step, row["loss"].get<double>());
-    if (row.contains("validation_loss")) validation.points.emplace_back(step, row["validation_loss"].get<double>());
+    const auto number = [](const nlohmann::json& v) {
+      return v.is_number() ? v.get<double>() : std::numeric_limits<double>::quiet_NaN();
+    };
+    train.points.emplace_back(step, number(row["loss"]));
+    if (row.contains("validation_loss")) validation.points.emplace_back(step, number(row["validation_loss"]));
   }
   std::vector<CurveSeries> series{train};
   if (!validation.points.empty()) series.push_back(validation);
@@ -66,9 +71,16 @@ RunResult run(StageRun& r, const ProgressCallback& progress) {
   const StageSettings& s = *r.settings;
   DecoderOnlyTransformer& model = *r.model;
   const std::filesystem::path dir = s.output_dir;
-  std::filesystem::create_directories(dir);
   const std::filesystem::path checkpoint_path = dir / kTrainingCheckpointFile;
   const std::filesystem::path metrics_path = dir / "metrics.jsonl";
+  if (s.resume && !std::filesystem::exists(checkpoint_path) && std::filesystem::exists(dir / "metadata.json")) {
+    throw ValueError("[resume] " + dir.string() +
+                     " holds a completed run and no training checkpoint: nothing to resume (use a new output "
+                     "directory, or drop resume to train it again)");
+  }
+  std::filesystem::create_directories(dir);
+  write_file_atomically(dir / ".write_probe", "");  // an unwritable directory fails now, not after training
+  std::filesystem::remove(dir / ".write_probe");
 
   model.set_attention_kind(s.attention);
   model.set_activation_checkpointing_kind(s.activation_checkpointing);
@@ -104,6 +116,7 @@ RunResult run(StageRun& r, const ProgressCallback& progress) {
     for (const nlohmann::json& row : rows) out << row.dump() << '\n';
   }
   std::ofstream metrics(metrics_path, std::ios::app);
+  if (!metrics) throw Error("[pipeline] cannot write " + metrics_path.string());
 
   reset_peak_memory();
   const auto start = std::chrono::steady_clock::now();
@@ -146,6 +159,7 @@ RunResult run(StageRun& r, const ProgressCallback& progress) {
                           {"peak_bytes", report.peak_bytes}};
     if (report.validation_loss) row["validation_loss"] = *report.validation_loss;
     metrics << row.dump() << '\n' << std::flush;
+    if (!metrics) throw Error("[pipeline] cannot write " + metrics_path.string());
     rows.push_back(std::move(row));
     if (s.checkpoint_interval > 0 && (step + 1) % s.checkpoint_interval == 0 && !last) {
       state.step = step + 1;

@@ -27,6 +27,11 @@ struct StageRun {
 
 RunResult run(StageRun& run, const ProgressCallback& progress);
 
+/// FNV-1a 64 of `bytes` as 16 hex digits: a resumed run checks its data and
+/// base model are the ones it started with.
+std::string fingerprint(std::string_view bytes);
+std::string read_bytes(const std::filesystem::path& path);
+
 /// A float as the JSON number a person would write (0.9, not 0.8999999761581421).
 double json_number(float value);
 /// JSON of the settings every stage shares (enums as their strings).

@@ -1,7 +1,10 @@
 // StageSettings: learning-rate schedule, validation, JSON.
 #include <algorithm>
 #include <charconv>
+#include <cstdio>
 #include <cstdlib>
+#include <fstream>
+#include <iterator>
 #include <string>
 #include <cmath>
 
@@ -24,6 +27,22 @@ float StageSettings::learning_rate_at(std::int64_t step) const {
 
 namespace stage {
 
+std::string fingerprint(std::string_view bytes) {
+  std::uint64_t h = 0xcbf29ce484222325ULL;
+  for (const char c : bytes) {
+    h ^= static_cast<unsigned char>(c);
+    h *= 0x100000001b3ULL;
+  }
+  char out[17];
+  std::snprintf(out, sizeof out, "%016llx", static_cast<unsigned long long>(h));
+  return out;
+}
+
+std::string read_bytes(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
 double json_number(float value) {
   char buffer[32];
   const auto r = std::to_chars(buffer, buffer + sizeof buffer, value);  // shortest text that round-trips
@@ -33,7 +52,9 @@ double json_number(float value) {
 void validate_settings(const StageSettings& s, std::int64_t context_length, const char* op) {
   auto bad = [op](const std::string& what) { throw ValueError(std::string("[") + op + "] " + what); };
   if (s.steps <= 0) bad("steps must be > 0, got " + std::to_string(s.steps));
-  if (s.batch <= 0) bad("batch must be > 0, got " + std::to_string(s.batch));
+  if (s.batch <= 0 || s.batch > (std::int64_t{1} << 20)) {
+    bad("batch must be in [1, 1048576], got " + std::to_string(s.batch));
+  }
   if (s.sequence_length < 1 || s.sequence_length > context_length) {
     bad("sequence_length must be in [1, context_length " + std::to_string(context_length) + "], got " +
         std::to_string(s.sequence_length));
@@ -43,8 +64,11 @@ void validate_settings(const StageSettings& s, std::int64_t context_length, cons
   if (!(s.min_learning_rate_ratio >= 0.0F && s.min_learning_rate_ratio <= 1.0F)) {
     bad("min_learning_rate_ratio must be in [0, 1]");
   }
-  if (!(s.weight_decay >= 0.0F)) bad("weight_decay must be >= 0");
-  if (!(s.max_grad_norm >= 0.0F)) bad("max_grad_norm must be >= 0 (0 disables clipping)");
+  if (s.batch * s.sequence_length > (std::int64_t{1} << 28)) bad("batch * sequence_length is too large");
+  if (!(s.weight_decay >= 0.0F) || !std::isfinite(s.weight_decay)) bad("weight_decay must be finite and >= 0");
+  if (!(s.max_grad_norm >= 0.0F) || !std::isfinite(s.max_grad_norm)) {
+    bad("max_grad_norm must be finite and >= 0 (0 disables clipping)");
+  }
   if (!(s.beta1 >= 0.0F && s.beta1 < 1.0F) || !(s.beta2 >= 0.0F && s.beta2 < 1.0F)) bad("betas must be in [0, 1)");
   if (!(s.dropout >= 0.0F && s.dropout < 1.0F)) bad("dropout must be in [0, 1)");
   if (s.checkpoint_segment_blocks < 0) bad("checkpoint_segment_blocks must be >= 0");

@@ -1,5 +1,6 @@
 #include "training_checkpoint.hpp"
 
+#include <charconv>
 #include <cstring>
 
 #include "riftco_transformer/model_state.hpp"
@@ -77,7 +78,15 @@ void load_training_checkpoint(const std::filesystem::path& path, const std::vect
     throw ModelStateError(where + "metadata 'config' is not valid JSON");
   }
   nlohmann::json expected = config;
-  for (auto* j : {&saved, &expected}) j->erase("resume");
+  // Execution policy and logistics may change on resume (e.g. switch to
+  // block checkpointing after running out of memory: the gradients are the
+  // same); everything that decides the numbers must not.
+  for (auto* j : {&saved, &expected}) {
+    for (const char* key : {"resume", "output_dir", "activation_checkpointing", "checkpoint_segment_blocks",
+                            "attention", "eval_interval", "eval_batches", "checkpoint_interval"}) {
+      j->erase(key);
+    }
+  }
   if (saved != expected) {
     std::string field = "?";
     for (auto it = expected.begin(); it != expected.end(); ++it) {
@@ -110,11 +119,22 @@ void load_training_checkpoint(const std::filesystem::path& path, const std::vect
   }
   if (f.tensors.size() != 3 * trainable.size()) throw ModelStateError(where + "unexpected extra tensors");
   TrainingState loaded;
-  try {
-    loaded.step = std::stoll(meta(f, "step", path));
-    moments.steps = std::stoll(meta(f, "adam_steps", path));
-  } catch (const std::logic_error&) {
-    throw ModelStateError(where + "bad step metadata");
+  auto count = [&](const char* key) {
+    const std::string& text = meta(f, key, path);
+    std::int64_t value = -1;
+    const auto r = std::from_chars(text.data(), text.data() + text.size(), value);
+    if (r.ec != std::errc() || r.ptr != text.data() + text.size() || value < 0) {
+      throw ModelStateError(where + "metadata '" + key + "' is '" + text + "', not a step count");
+    }
+    return value;
+  };
+  loaded.step = count("step");
+  moments.steps = count("adam_steps");
+  const std::int64_t total = config.value("steps", std::int64_t{0});
+  if (loaded.step <= 0 || loaded.step >= total || moments.steps != loaded.step) {
+    throw ModelStateError(where + "step " + std::to_string(loaded.step) + " (Adam step " +
+                          std::to_string(moments.steps) + ") does not fit a run of " + std::to_string(total) +
+                          " steps");
   }
   loaded.data_random = decode(meta(f, "data_random", path), path);
   loaded.dropout_random = decode(meta(f, "dropout_random", path), path);

@@ -258,3 +258,21 @@ TEST_F(ModelStateTest, LoadModelRefusesAFileThatIsNotAModelState) {
   EXPECT_THROW(load_model(path_), ModelStateError);
   EXPECT_THROW(read_model_dimensions(path_), ModelStateError);
 }
+
+TEST(ModelStateLimits, AHeaderCannotAskForAHugeModel) {
+  // Dimensions of a ~4-billion-parameter model and no tensors: refused
+  // before anything of that size is allocated.
+  const fs::path path = fs::temp_directory_path() / "riftco_huge_header.safetensors";
+  write_safetensors(path, {},
+                    {{"format", kModelStateFormat},
+                     {"schema_version", kModelStateSchemaVersion},
+                     {"dimensions", R"({"vocab_size":256,"context_length":1024,"model_width":65536,"heads":64,)"
+                                    R"("layers":1,"feed_forward_width":4096})"},
+                     {"norm_epsilon", "1e-05"}});
+  try {
+    load_model(path);
+    ADD_FAILURE() << "accepted";
+  } catch (const ModelStateError& e) {
+    EXPECT_NE(std::string(e.what()).find("the file holds 0 values"), std::string::npos) << e.what();
+  }
+}

@@ -3,6 +3,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -122,6 +123,39 @@ TEST(Pipelines, ResumeAfterInterruptionIsBitIdentical) {
   EXPECT_THROW(run_pretraining(c), ModelStateError);
 }
 
+TEST(Pipelines, ResumeMayChangeThePolicyButNotTheData) {
+  const fs::path dir = fresh_dir("resume_policy");
+  PretrainingConfig c = tiny_pretraining(dir);
+  c.output_dir = dir / "straight";
+  ASSERT_TRUE(run_pretraining(c).completed);
+  // Interrupted without checkpointing, resumed with block checkpointing (as
+  // after running out of memory): the same bits, since the policy does not
+  // change the numbers.
+  c.output_dir = dir / "switched";
+  run_pretraining(c, [](const StepReport& s) { return s.step < 4; });
+  c.resume = true;
+  c.activation_checkpointing = ActivationCheckpointingKind::TransformerBlock;
+  const RunResult r = run_pretraining(c);
+  EXPECT_EQ(r.resumed_from_step, 3);
+  EXPECT_EQ(read_file(dir / "straight" / "model.safetensors"), read_file(dir / "switched" / "model.safetensors"));
+  // Resuming a completed run is refused (nothing to resume), outputs intact.
+  const std::string model = read_file(c.output_dir / "model.safetensors");
+  EXPECT_THROW(run_pretraining(c), ValueError);
+  EXPECT_EQ(read_file(c.output_dir / "model.safetensors"), model);
+  // Changed data under the same path: refused.
+  c.output_dir = dir / "data_changed";
+  c.resume = false;
+  run_pretraining(c, [](const StepReport& s) { return s.step < 4; });
+  std::ofstream(c.data, std::ios::app) << "one more line of text\n";
+  c.resume = true;
+  try {
+    run_pretraining(c);
+    ADD_FAILURE() << "resumed on changed data";
+  } catch (const ModelStateError& e) {
+    EXPECT_NE(std::string(e.what()).find("data_fingerprint"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Pipelines, LoraPostTrainingOnTheShippedData) {
   const fs::path dir = fresh_dir("post");
   PretrainingConfig base = tiny_pretraining(dir);
@@ -183,6 +217,12 @@ TEST(Pipelines, BadInputFailsBeforeTouchingExistingOutputs) {
   PretrainingConfig bad_steps = c;
   bad_steps.steps = 0;
   EXPECT_THROW(run_pretraining(bad_steps), ValueError);
+  PretrainingConfig huge_batch = c;
+  huge_batch.batch = std::int64_t{1} << 62;
+  EXPECT_THROW(run_pretraining(huge_batch), ValueError);
+  PretrainingConfig infinite = c;
+  infinite.weight_decay = std::numeric_limits<float>::infinity();
+  EXPECT_THROW(run_pretraining(infinite), ValueError);
 
   PostTrainingConfig post;
   post.base_model = c.output_dir / "model.safetensors";

@@ -25,6 +25,9 @@ TEST(Dimensions, ValidationNamesTheField) {
   d.layers = 0;
   EXPECT_THROW(d.validate(), ValueError);
   d = tiny_dims();
+  d.context_length = std::int64_t{1} << 40;  // absurd sizes are refused before anything is allocated
+  EXPECT_THROW(d.validate(), ValueError);
+  d = tiny_dims();
   d.model_width = 18;
   d.heads = 2;  // head width 9: odd
   EXPECT_THROW(d.validate(), ValueError);
@@ -64,6 +67,7 @@ TEST(Transformer, ParameterNamesShapesAndInitialization) {
   EXPECT_THROW(model.parameter("blocks.9.mlp.up.weight"), ValueError);
   const std::int64_t expected = 2 * 32 * 16 + 16 + 3 * (2 * 16 + 4 * 16 * 16 + 3 * 16 * 24);
   EXPECT_EQ(model.parameter_count(), expected);
+  EXPECT_EQ(d.parameter_count(), expected);
   // Norm weights are 1; residual projections have a smaller spread.
   for (float v : model.parameter("final_norm.weight").value().values()) EXPECT_EQ(v, 1.0F);
   auto stddev = [](const Tensor& t) {
