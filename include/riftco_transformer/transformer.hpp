@@ -77,8 +77,10 @@ class DecoderOnlyTransformer {
                          FullSequenceAttentionKind attention = FullSequenceAttentionKind::Materialized,
                          ActivationCheckpointingKind activation_checkpointing = ActivationCheckpointingKind::Disabled);
   ~DecoderOnlyTransformer();
-  DecoderOnlyTransformer(DecoderOnlyTransformer&&) noexcept;
-  DecoderOnlyTransformer& operator=(DecoderOnlyTransformer&&) noexcept;
+  // Not copyable or movable (a moved-from model would have no state to
+  // answer with); hold it by std::unique_ptr to pass it around.
+  DecoderOnlyTransformer(DecoderOnlyTransformer&&) = delete;
+  DecoderOnlyTransformer& operator=(DecoderOnlyTransformer&&) = delete;
   DecoderOnlyTransformer(const DecoderOnlyTransformer&) = delete;
   DecoderOnlyTransformer& operator=(const DecoderOnlyTransformer&) = delete;
 

@@ -108,8 +108,6 @@ DecoderOnlyTransformer::DecoderOnlyTransformer(const TransformerDimensions& dime
 }
 
 DecoderOnlyTransformer::~DecoderOnlyTransformer() = default;
-DecoderOnlyTransformer::DecoderOnlyTransformer(DecoderOnlyTransformer&&) noexcept = default;
-DecoderOnlyTransformer& DecoderOnlyTransformer::operator=(DecoderOnlyTransformer&&) noexcept = default;
 
 const TransformerDimensions& DecoderOnlyTransformer::dimensions() const { return core_->dims; }
 float DecoderOnlyTransformer::norm_epsilon() const { return core_->eps; }
