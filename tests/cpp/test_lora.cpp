@@ -179,6 +179,10 @@ TEST(Lora, StructuralChangesBetweenForwardAndBackwardAreRejected) {
     Variable before_on = model.loss(b.tokens, b.targets, 1);
     model.set_lora_active(true);
     EXPECT_THROW(before_on.backward(), StaleGraphError);
+    Variable before_merge = model.loss(b.tokens, b.targets, 1);
+    model.merge_lora();
+    EXPECT_THROW(before_merge.backward(), StaleGraphError);
+    model.add_lora(all_targets(), lr);
     Variable before_remove = model.loss(b.tokens, b.targets, 1);
     model.remove_lora();
     EXPECT_THROW(before_remove.backward(), StaleGraphError);

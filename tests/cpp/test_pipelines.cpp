@@ -188,6 +188,21 @@ TEST(Pipelines, LoraPostTrainingOnTheShippedData) {
   load_adapter_state(*model, r.weights);
   EXPECT_TRUE(model->has_lora());
 
+  // LoRA with block checkpointing and dropout, interrupted and resumed:
+  // bit-identical adapters.
+  c.dropout = 0.1F;
+  c.checkpoint_interval = 2;
+  c.output_dir = dir / "lora_straight";
+  ASSERT_TRUE(run_post_training(c).completed);
+  c.output_dir = dir / "lora_resumed";
+  run_post_training(c, [](const StepReport& s) { return s.step < 3; });
+  c.resume = true;
+  EXPECT_EQ(run_post_training(c).resumed_from_step, 2);
+  EXPECT_EQ(read_file(dir / "lora_straight" / "adapter.safetensors"),
+            read_file(dir / "lora_resumed" / "adapter.safetensors"));
+  c.resume = false;
+  c.dropout = 0.0F;
+
   c.fine_tuning_method = FineTuningMethod::Full;
   c.output_dir = dir / "full";
   const RunResult full = run_post_training(c);

@@ -4,6 +4,7 @@
 
 #include "model_fixtures.hpp"
 #include "riftco_transformer/adam.hpp"
+#include "riftco_transformer/checkpoint.hpp"
 #include "riftco_transformer/decode.hpp"
 #include "riftco_transformer/ops.hpp"
 #include "riftco_transformer/transformer.hpp"
@@ -180,6 +181,15 @@ TEST(Decode, UnaffectedByPolicyChangesMidSession) {
   }
   EXPECT_EQ(session.position(), 8);
   EXPECT_THROW(session.decode_token(32), ValueError);
+  // Decode never checkpoints: no replays, no graph on the parameters.
+  model.set_activation_checkpointing_kind(ActivationCheckpointingKind::TransformerBlock);
+  DecodeSession third(model);
+  reset_checkpoint_replay_count();
+  const std::int64_t live = memory_stats().live_bytes;
+  for (std::size_t t = 0; t < 8; ++t) third.decode_token(b.tokens[t]);
+  EXPECT_EQ(checkpoint_replay_count(), 0);
+  EXPECT_EQ(memory_stats().live_bytes, live);  // nothing retained beyond the preallocated cache
+  for (const NamedParameter& p : model.parameters()) EXPECT_FALSE(p.variable.has_grad());
 }
 
 TEST(Decode, SessionOutlivesModelAndRejectsChangedParameters) {
