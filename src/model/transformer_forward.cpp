@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "riftco_transformer/checkpoint.hpp"
+#include "../ops/fused.hpp"
 #include "riftco_transformer/ops.hpp"
 #include "transformer_core.hpp"
 
@@ -63,6 +64,24 @@ Variable TransformerCore::project(const BlockWeights& block, LoraTarget target, 
   return y;
 }
 
+namespace {
+
+/// y plus the block's active adapters for `target`, added to columns
+/// [offset, offset + their width) of y (y holds several projections side by
+/// side when their weights are stacked).
+Variable with_adapters(const TransformerCore& core, const BlockWeights& block, LoraTarget target, const Variable& x,
+                       Variable y, std::int64_t offset) {
+  if (!core.lora_active) return y;
+  for (const LoraAdapter& adapter : block.adapters) {
+    if (adapter.target == target) {
+      y = fused::add_columns(y, scale(linear(linear(x, adapter.a), adapter.b), adapter.scale), offset);
+    }
+  }
+  return y;
+}
+
+}  // namespace
+
 Variable TransformerCore::block_forward(std::size_t index, const Variable& h, FullSequenceAttentionKind kind,
                                         float drop) {
   const BlockWeights& w = blocks.at(index);
@@ -71,21 +90,36 @@ Variable TransformerCore::block_forward(std::size_t index, const Variable& h, Fu
   const std::int64_t heads = dims.heads;
   const std::int64_t d = dims.head_width();
   const std::int64_t c = dims.model_width;
-  auto split_heads = [&](const Variable& x) {  // (B, T, C) → (B, H, T, D)
-    return permute(reshape(x, {b, t, heads, d}), {0, 2, 1, 3});
-  };
+  const std::int64_t f = dims.feed_forward_width;
   // Attention sub-block.
-  const Variable x = rms_norm(h, w.attention_norm, eps);                 // (B, T, C)
-  const Variable q = rope(split_heads(project(w, LoraTarget::Query, x)));  // (B, H, T, D)
-  const Variable k = rope(split_heads(project(w, LoraTarget::Key, x)));    // (B, H, T, D)
-  const Variable v = split_heads(project(w, LoraTarget::Value, x));        // (B, H, T, D)
-  const Variable a = causal_attention(q, k, v, kind);                    // (B, H, T, D)
-  const Variable merged = reshape(permute(a, {0, 2, 1, 3}), {b, t, c});  // (B, T, C)
+  const Variable x = rms_norm(h, w.attention_norm, eps);  // (B, T, C)
+  Variable merged;                                         // (B, T, C)
+  if (kind == FullSequenceAttentionKind::Flash) {
+    // q, k, v side by side in one tensor; rope and the flash kernel read them
+    // where they are (no head split/merge copies).
+    Variable qkv = fused::linear_packed(x, {w.query, w.key, w.value});  // (B, T, 3C)
+    qkv = with_adapters(*this, w, LoraTarget::Query, x, qkv, 0);
+    qkv = with_adapters(*this, w, LoraTarget::Key, x, qkv, c);
+    qkv = with_adapters(*this, w, LoraTarget::Value, x, qkv, 2 * c);
+    merged = fused::rope_attention_packed(qkv, heads);
+  } else {
+    auto split_heads = [&](const Variable& y) {  // (B, T, C) → (B, H, T, D)
+      return permute(reshape(y, {b, t, heads, d}), {0, 2, 1, 3});
+    };
+    const Variable q = rope(split_heads(project(w, LoraTarget::Query, x)));  // (B, H, T, D)
+    const Variable k = rope(split_heads(project(w, LoraTarget::Key, x)));    // (B, H, T, D)
+    const Variable v = split_heads(project(w, LoraTarget::Value, x));        // (B, H, T, D)
+    const Variable a = causal_attention(q, k, v, kind);                    // (B, H, T, D)
+    merged = reshape(permute(a, {0, 2, 1, 3}), {b, t, c});
+  }
   const Variable h1 = add(h, dropout(project(w, LoraTarget::Output, merged), drop, dropout_random));
-  // MLP sub-block.
-  const Variable y = rms_norm(h1, w.mlp_norm, eps);               // (B, T, C)
-  const Variable m = swiglu(project(w, LoraTarget::Gate, y), project(w, LoraTarget::Up, y));  // (B, T, F)
-  return add(h1, dropout(project(w, LoraTarget::Down, m), drop, dropout_random));              // (B, T, C)
+  // MLP sub-block: gate and up side by side, SwiGLU reads both halves.
+  const Variable y = rms_norm(h1, w.mlp_norm, eps);                            // (B, T, C)
+  Variable gate_up = fused::linear_packed(y, {w.gate, w.up});            // (B, T, 2F)
+  gate_up = with_adapters(*this, w, LoraTarget::Gate, y, gate_up, 0);
+  gate_up = with_adapters(*this, w, LoraTarget::Up, y, gate_up, f);
+  const Variable m = fused::swiglu_packed(gate_up);                                          // (B, T, F)
+  return add(h1, dropout(project(w, LoraTarget::Down, m), drop, dropout_random));          // (B, T, C)
 }
 
 namespace {
