@@ -14,14 +14,45 @@
 namespace riftco_transformer::fused {
 using namespace ops_detail;
 
-Variable linear_packed(const Variable& x, const std::vector<Variable>& weights) {
-  const char* op = "linear_packed";
-  check_defined(op, "input", x);
+namespace {
+
+/// x W_iᵀ for every weight into consecutive columns of out (rows, Σ out_i).
+void packed_forward(const float* x, std::int64_t rows, std::int64_t k, const std::vector<Tensor>& w,
+                    const std::vector<std::int64_t>& widths, std::int64_t total, float* out) {
+  std::int64_t offset = 0;
+  for (std::size_t i = 0; i < w.size(); ++i) {
+    cpu::gemm(false, true, rows, widths[i], k, 1.0F, x, k, w[i].data(), k, 0.0F, out + offset, total);
+    offset += widths[i];
+  }
+}
+
+/// Backward of packed_forward given g (rows, Σ out_i): dx = Σ_i g_i W_i in
+/// part order (when dx is non-null) and dW_i = g_iᵀ x for each needed i.
+void packed_backward(const float* g, const float* x, std::int64_t rows, std::int64_t k, const std::vector<Tensor>& w,
+                     const std::vector<std::int64_t>& widths, std::int64_t total, float* dx,
+                     std::vector<Tensor>& dw, const std::vector<bool>& need_dw) {
+  std::int64_t offset = 0;
+  for (std::size_t i = 0; i < w.size(); ++i) {
+    if (dx != nullptr) {
+      cpu::gemm(false, false, rows, k, widths[i], 1.0F, g + offset, total, w[i].data(), k, i == 0 ? 0.0F : 1.0F, dx,
+                k);
+    }
+    if (need_dw[i]) {
+      dw[i] = Tensor::empty(w[i].shape());
+      cpu::gemm(true, false, widths[i], k, rows, 1.0F, g + offset, total, x, k, 0.0F, dw[i].data(), k);
+    }
+    offset += widths[i];
+  }
+}
+
+/// Validates weights (out_i, k) against an input's last dim k.
+std::vector<std::int64_t> packed_widths(const char* op, const Variable& x, const std::vector<Variable>& weights,
+                                        std::int64_t& total) {
   if (weights.empty()) throw ValueError(tag(op) + "needs at least one weight");
   if (x.value().dim() < 1) throw ShapeError(tag(op) + "input " + shape_string(x.shape()) + " needs a last axis");
   const std::int64_t k = x.shape().back();
   std::vector<std::int64_t> widths;
-  std::int64_t total = 0;
+  total = 0;
   for (std::size_t i = 0; i < weights.size(); ++i) {
     check_pair(op, "input", x, ("weight " + std::to_string(i)).c_str(), weights[i]);
     const Shape& ws = weights[i].shape();
@@ -32,18 +63,161 @@ Variable linear_packed(const Variable& x, const std::vector<Variable>& weights) 
     widths.push_back(ws[0]);
     total += ws[0];
   }
+  return widths;
+}
+
+/// out = a + b elementwise (the add op's kernel, same order).
+Tensor add_same_shape(const Tensor& a, const Tensor& b) { return cpu::binary(cpu::BinaryOp::Add, a, b, a.shape()); }
+
+}  // namespace
+
+Variable norm_linear_packed(const Variable& h, const Variable& norm_weight, float eps,
+                            const std::vector<Variable>& weights) {
+  const char* op = "norm_linear_packed";
+  check_pair(op, "input", h, "norm weight", norm_weight);
+  if (h.value().dim() < 1 || norm_weight.value().dim() != 1 || norm_weight.shape()[0] != h.shape().back()) {
+    throw ShapeError(tag(op) + "input " + shape_string(h.shape()) + " and norm weight " +
+                     shape_string(norm_weight.shape()) + ": weight must be 1-D with the input's last dimension");
+  }
+  if (!(eps > 0.0F)) throw ValueError(tag(op) + "eps must be positive, got " + std::to_string(eps));
+  std::int64_t total = 0;
+  const std::vector<std::int64_t> widths = packed_widths(op, h, weights, total);
+  const Tensor hv = h.value();
+  const Tensor nw = norm_weight.value();
+  const std::int64_t k = hv.size(-1);
+  const std::int64_t rows = k == 0 ? 0 : hv.numel() / k;
+  Shape out_shape = hv.shape();
+  out_shape.back() = total;
+  Tensor out = Tensor::empty(out_shape);  // (..., Σ out_i)
+  Tensor rstd;                            // (rows)
+  std::vector<Tensor> wv;
+  for (const Variable& w : weights) wv.push_back(w.value());
+  {
+    const Tensor x = cpu::rms_norm_forward(hv, nw, eps, rstd);  // (..., K), not kept
+    packed_forward(x.data(), rows, k, wv, widths, total, out.data());
+  }
+  std::vector<Variable> parents{h, norm_weight};
+  parents.insert(parents.end(), weights.begin(), weights.end());
+  std::vector<Tensor> saved = wv;
+  saved.push_back(hv);
+  saved.push_back(nw);
+  saved.push_back(rstd);
+  return Variable::from_op(
+      op, std::move(out), std::move(parents),
+      [hv, nw, rstd, wv, widths, total, rows, k, eps](const Tensor& g, const std::vector<bool>& needs) {
+        std::vector<Tensor> grads(wv.size() + 2);
+        Tensor unused;
+        const Tensor x = cpu::rms_norm_forward(hv, nw, eps, unused);  // recomputed, bit-identical
+        const bool need_dx = needs[0] || needs[1];
+        Tensor dx;
+        if (need_dx) dx = Tensor::empty(hv.shape());
+        std::vector<Tensor> dw(wv.size());
+        packed_backward(g.data(), x.data(), rows, k, wv, widths, total, need_dx ? dx.data() : nullptr, dw,
+                        std::vector<bool>(needs.begin() + 2, needs.end()));
+        for (std::size_t i = 0; i < wv.size(); ++i) grads[i + 2] = std::move(dw[i]);
+        if (need_dx) cpu::rms_norm_backward(hv, nw, rstd, dx, grads[0], grads[1], needs[0], needs[1]);
+        return grads;
+      },
+      std::move(saved));
+}
+
+Variable linear_residual(const Variable& residual, const Variable& x, const Variable& weight) {
+  const char* op = "linear_residual";
+  check_pair(op, "residual", residual, "input", x);
+  std::int64_t total = 0;
+  const std::vector<std::int64_t> widths = packed_widths(op, x, {weight}, total);
+  Shape out_shape = x.shape();
+  out_shape.back() = total;
+  if (residual.shape() != out_shape) {
+    throw ShapeError(tag(op) + "residual " + shape_string(residual.shape()) + " and input " +
+                     shape_string(x.shape()) + " with weight " + shape_string(weight.shape()) +
+                     ": the residual must have the projection's shape " + shape_string(out_shape));
+  }
   const Tensor xv = x.value();
+  const std::vector<Tensor> wv{weight.value()};
+  const std::int64_t k = xv.size(-1);
+  const std::int64_t rows = k == 0 ? 0 : xv.numel() / k;
+  Tensor out;
+  {
+    Tensor projection = Tensor::empty(out_shape);  // not kept
+    packed_forward(xv.data(), rows, k, wv, widths, total, projection.data());
+    out = add_same_shape(residual.value(), projection);  // residual + x Wᵀ, as add(residual, linear(x, W))
+  }
+  return Variable::from_op(
+      op, std::move(out), {residual, x, weight},
+      [xv, wv, widths, total, rows, k](const Tensor& g, const std::vector<bool>& needs) {
+        std::vector<Tensor> grads(3);
+        if (needs[0]) grads[0] = g;
+        if (needs[1]) grads[1] = Tensor::empty(xv.shape());
+        std::vector<Tensor> dw(1);
+        packed_backward(g.data(), xv.data(), rows, k, wv, widths, total, needs[1] ? grads[1].data() : nullptr, dw,
+                        {static_cast<bool>(needs[2])});
+        grads[2] = std::move(dw[0]);
+        return grads;
+      },
+      {xv, wv[0]});
+}
+
+Variable swiglu_linear_residual(const Variable& residual, const Variable& gate_up, const Variable& weight) {
+  const char* op = "swiglu_linear_residual";
+  check_pair(op, "residual", residual, "gate_up", gate_up);
+  check_pair(op, "gate_up", gate_up, "weight", weight);
+  const Shape& gs = gate_up.shape();
+  const Shape& ws = weight.shape();
+  if (gs.empty() || gs.back() % 2 != 0 || ws.size() != 2 || ws[1] * 2 != gs.back() ||
+      residual.shape() != [&] {
+        Shape s = gs;
+        s.back() = ws[0];
+        return s;
+      }()) {
+    throw ShapeError(tag(op) + "residual " + shape_string(residual.shape()) + ", gate_up " + shape_string(gs) +
+                     " and weight " + shape_string(ws) + ": expected (..., C), (..., 2F) and (C, F)");
+  }
+  const Tensor gu = gate_up.value();
+  const std::vector<Tensor> wv{weight.value()};
+  const std::vector<std::int64_t> widths{ws[0]};
+  const std::int64_t total = ws[0];
+  const std::int64_t k = ws[1];
+  const std::int64_t rows = k == 0 ? 0 : gu.numel() / (2 * k);
+  Tensor out;
+  {
+    const Tensor m = cpu::swiglu_packed_forward(gu);  // (..., F), not kept
+    Tensor projection = Tensor::empty(residual.shape());
+    packed_forward(m.data(), rows, k, wv, widths, total, projection.data());
+    out = add_same_shape(residual.value(), projection);
+  }
+  return Variable::from_op(
+      op, std::move(out), {residual, gate_up, weight},
+      [gu, wv, widths, total, rows, k](const Tensor& g, const std::vector<bool>& needs) {
+        std::vector<Tensor> grads(3);
+        if (needs[0]) grads[0] = g;
+        const Tensor m = cpu::swiglu_packed_forward(gu);  // recomputed, bit-identical
+        Tensor dm;
+        if (needs[1]) dm = Tensor::empty(m.shape());
+        std::vector<Tensor> dw(1);
+        packed_backward(g.data(), m.data(), rows, k, wv, widths, total, needs[1] ? dm.data() : nullptr, dw,
+                        {static_cast<bool>(needs[2])});
+        grads[2] = std::move(dw[0]);
+        if (needs[1]) grads[1] = cpu::swiglu_packed_backward(gu, dm);
+        return grads;
+      },
+      {gu, wv[0]});
+}
+
+Variable linear_packed(const Variable& x, const std::vector<Variable>& weights) {
+  const char* op = "linear_packed";
+  check_defined(op, "input", x);
+  std::int64_t total = 0;
+  const std::vector<std::int64_t> widths = packed_widths(op, x, weights, total);
+  const Tensor xv = x.value();
+  const std::int64_t k = xv.size(-1);
   const std::int64_t rows = k == 0 ? 0 : xv.numel() / k;
   Shape out_shape = x.shape();
   out_shape.back() = total;
   Tensor out = Tensor::empty(out_shape);  // (..., Σ out_i): [x W_0ᵀ | x W_1ᵀ | ...]
   std::vector<Tensor> wv;
-  std::int64_t offset = 0;
-  for (std::size_t i = 0; i < weights.size(); ++i) {
-    wv.push_back(weights[i].value());
-    cpu::gemm(false, true, rows, widths[i], k, 1.0F, xv.data(), k, wv[i].data(), k, 0.0F, out.data() + offset, total);
-    offset += widths[i];
-  }
+  for (const Variable& w : weights) wv.push_back(w.value());
+  packed_forward(xv.data(), rows, k, wv, widths, total, out.data());
   std::vector<Variable> parents{x};
   parents.insert(parents.end(), weights.begin(), weights.end());
   std::vector<Tensor> saved = wv;
@@ -52,25 +226,11 @@ Variable linear_packed(const Variable& x, const std::vector<Variable>& weights) 
       op, std::move(out), std::move(parents),
       [xv, wv, widths, total, rows, k](const Tensor& g, const std::vector<bool>& needs) {
         std::vector<Tensor> grads(wv.size() + 1);
-        const float* pg = g.data();
-        if (needs[0]) {  // dx = Σ_i g_i W_i, accumulated in part order
-          grads[0] = Tensor::empty(xv.shape());
-          std::int64_t offset = 0;
-          for (std::size_t i = 0; i < wv.size(); ++i) {
-            cpu::gemm(false, false, rows, k, widths[i], 1.0F, pg + offset, total, wv[i].data(), k, i == 0 ? 0.0F : 1.0F,
-                      grads[0].data(), k);
-            offset += widths[i];
-          }
-        }
-        std::int64_t offset = 0;
-        for (std::size_t i = 0; i < wv.size(); ++i) {  // dW_i = g_iᵀ x
-          if (needs[i + 1]) {
-            grads[i + 1] = Tensor::empty(wv[i].shape());
-            cpu::gemm(true, false, widths[i], k, rows, 1.0F, pg + offset, total, xv.data(), k, 0.0F,
-                      grads[i + 1].data(), k);
-          }
-          offset += widths[i];
-        }
+        if (needs[0]) grads[0] = Tensor::empty(xv.shape());
+        std::vector<Tensor> dw(wv.size());
+        packed_backward(g.data(), xv.data(), rows, k, wv, widths, total, needs[0] ? grads[0].data() : nullptr, dw,
+                        std::vector<bool>(needs.begin() + 1, needs.end()));
+        for (std::size_t i = 0; i < wv.size(); ++i) grads[i + 1] = std::move(dw[i]);
         return grads;
       },
       std::move(saved));

@@ -249,3 +249,66 @@ TEST(FusedBlock, FlashModelMatchesTheMaterializedComposite) {
     EXPECT_LE(max_abs_diff(grads[0][j], grads[1][j]), 1e-4F * scale + 1e-7F) << "parameter " << j;
   }
 }
+
+// ---- projections fused with RMSNorm and the residual adds ------------------------
+
+TEST(FusedNormLinear, BitIdenticalToRmsNormThenLinearPacked) {
+  const Tensor h = randn({2, 9, 16}, 81);
+  const Tensor n = randn({16}, 82);
+  const Tensor w0 = randn({12, 16}, 83);
+  const Tensor w1 = randn({8, 16}, 84);
+  const Tensor seed = randn({2, 9, 20}, 85);
+  Variable hf(h.clone(), true), nf(n.clone(), true), af(w0.clone(), true), bf(w1.clone(), true);
+  Variable fused_out = fused::norm_linear_packed(hf, nf, 1e-5F, {af, bf});
+  fused_out.backward(seed);
+  Variable hc(h.clone(), true), nc(n.clone(), true), ac(w0.clone(), true), bc(w1.clone(), true);
+  Variable composite = fused::linear_packed(rms_norm(hc, nc, 1e-5F), {ac, bc});
+  composite.backward(seed);
+  EXPECT_TRUE(bit_equal(fused_out.value(), composite.value()));
+  EXPECT_TRUE(bit_equal(hf.grad(), hc.grad()));
+  EXPECT_TRUE(bit_equal(nf.grad(), nc.grad()));
+  EXPECT_TRUE(bit_equal(af.grad(), ac.grad()));
+  EXPECT_TRUE(bit_equal(bf.grad(), bc.grad()));
+  const auto f = [](const std::vector<Variable>& v) { return fused::norm_linear_packed(v[0], v[1], 1e-5F, {v[2], v[3]}); };
+  EXPECT_EQ(gradcheck(f, {randn({2, 3, 4}, 86), randn({4}, 87), randn({5, 4}, 88), randn({3, 4}, 89)}), 0);
+}
+
+TEST(FusedLinearResidual, BitIdenticalToAddOfLinear) {
+  const Tensor r = randn({3, 7, 10}, 91);
+  const Tensor x = randn({3, 7, 6}, 92);
+  const Tensor w = randn({10, 6}, 93);
+  const Tensor seed = randn({3, 7, 10}, 94);
+  Variable rf(r.clone(), true), xf(x.clone(), true), wf(w.clone(), true);
+  Variable out = fused::linear_residual(rf, xf, wf);
+  out.backward(seed);
+  Variable rc(r.clone(), true), xc(x.clone(), true), wc(w.clone(), true);
+  Variable ref = add(rc, linear(xc, wc));
+  ref.backward(seed);
+  EXPECT_TRUE(bit_equal(out.value(), ref.value()));
+  EXPECT_TRUE(bit_equal(rf.grad(), rc.grad()));
+  EXPECT_TRUE(bit_equal(xf.grad(), xc.grad()));
+  EXPECT_TRUE(bit_equal(wf.grad(), wc.grad()));
+  const auto f = [](const std::vector<Variable>& v) { return fused::linear_residual(v[0], v[1], v[2]); };
+  EXPECT_EQ(gradcheck(f, {randn({2, 5}, 95), randn({2, 3}, 96), randn({5, 3}, 97)}), 0);
+  EXPECT_THROW(fused::linear_residual(Variable(Tensor::zeros({2, 4})), Variable(x), Variable(w)), ShapeError);
+}
+
+TEST(FusedSwigluLinearResidual, BitIdenticalToTheComposite) {
+  const Tensor r = randn({2, 11, 8}, 101);
+  const Tensor gu = randn({2, 11, 2 * 12}, 102);
+  const Tensor w = randn({8, 12}, 103);
+  const Tensor seed = randn({2, 11, 8}, 104);
+  Variable rf(r.clone(), true), gf(gu.clone(), true), wf(w.clone(), true);
+  Variable out = fused::swiglu_linear_residual(rf, gf, wf);
+  out.backward(seed);
+  Variable rc(r.clone(), true), gc(gu.clone(), true), wc(w.clone(), true);
+  Variable ref = add(rc, linear(fused::swiglu_packed(gc), wc));
+  ref.backward(seed);
+  EXPECT_TRUE(bit_equal(out.value(), ref.value()));
+  EXPECT_TRUE(bit_equal(rf.grad(), rc.grad()));
+  EXPECT_TRUE(bit_equal(gf.grad(), gc.grad()));
+  EXPECT_TRUE(bit_equal(wf.grad(), wc.grad()));
+  const auto f = [](const std::vector<Variable>& v) { return fused::swiglu_linear_residual(v[0], v[1], v[2]); };
+  EXPECT_EQ(gradcheck(f, {randn({2, 3}, 105), randn({2, 8}, 106), randn({3, 4}, 107)}), 0);
+  EXPECT_THROW(fused::swiglu_linear_residual(Variable(r), Variable(gu), Variable(Tensor::zeros({8, 11}))), ShapeError);
+}
