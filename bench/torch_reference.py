@@ -12,6 +12,7 @@ import struct
 
 import numpy as np
 import torch
+import torch.utils.checkpoint  # not imported by `import torch` in 1.13
 import torch.nn.functional as F
 
 

@@ -12,6 +12,7 @@ packages=(
   libbenchmark-dev           # kernel micro-benchmarks
   python3 python3-numpy python3-pytest  # independent file readers, Python tests
   python3-torch              # PyTorch parity tests and the reference benchmark
+  python3-matplotlib         # the benchmark suite's chart (bench/run_benchmarks.py)
   fortunes                   # the default training corpus (/usr/share/games/fortunes)
 )
 

@@ -1,6 +1,8 @@
 #pragma once
 // Per-backend allocation accounting. Every Tensor buffer is allocated through
-// `allocate_bytes` / `free_bytes`, so these counters are exact.
+// `allocate_bytes` / `free_bytes`, so these counters are exact (they count
+// the bytes tensors asked for; `reserved_bytes` counts what the caching
+// allocator holds, src/tensor/memory.cpp).
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -21,11 +23,19 @@ struct MemoryStats {
   std::int64_t peak_bytes = 0;        // max of live_bytes since the last reset
   std::int64_t allocation_count = 0;  // allocations since process start
   std::int64_t free_count = 0;        // frees since process start
+  /// Bytes the allocator holds for this backend: live tensor bytes (rounded
+  /// up to the allocator's block sizes) plus freed blocks kept for reuse.
+  std::int64_t reserved_bytes = 0;
 };
 
 MemoryStats memory_stats(Backend backend = Backend::Cpu);
 /// Sets peak_bytes to the current live_bytes.
 void reset_peak_memory(Backend backend = Backend::Cpu);
+/// Gives every freed block the allocator keeps for reuse back to the system
+/// (reserved_bytes drops to what live tensors hold); returns the bytes
+/// released. Large CPU buffers (>= 64 KiB) are cached by size class when
+/// freed, so a training loop does not fault the same pages in every step.
+std::int64_t release_cached_memory(Backend backend = Backend::Cpu);
 
 namespace detail {
 /// 64-byte aligned; counts the bytes on `backend`. Never returns null

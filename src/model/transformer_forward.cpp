@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "riftco_transformer/checkpoint.hpp"
+#include "../ops/fused.hpp"
 #include "riftco_transformer/ops.hpp"
 #include "transformer_core.hpp"
 
@@ -63,6 +64,55 @@ Variable TransformerCore::project(const BlockWeights& block, LoraTarget target, 
   return y;
 }
 
+namespace {
+
+/// True when the block has an active adapter on `target`.
+bool adapted(const TransformerCore& core, const BlockWeights& block, LoraTarget target) {
+  if (!core.lora_active) return false;
+  for (const LoraAdapter& adapter : block.adapters) {
+    if (adapter.target == target) return true;
+  }
+  return false;
+}
+
+/// y plus the block's active adapters for `target`, added to columns
+/// [offset, offset + their width) of y (y holds several projections side by
+/// side).
+Variable with_adapters(const TransformerCore& core, const BlockWeights& block, LoraTarget target, const Variable& x,
+                       Variable y, std::int64_t offset) {
+  if (!core.lora_active) return y;
+  for (const LoraAdapter& adapter : block.adapters) {
+    if (adapter.target == target) {
+      y = fused::add_columns(y, scale(linear(linear(x, adapter.a), adapter.b), adapter.scale), offset);
+    }
+  }
+  return y;
+}
+
+/// rms_norm(h) projected by the stacked weights of `targets` (side by side),
+/// plus their adapters. Without adapters the normalized input is not kept
+/// (norm_linear_packed recomputes it); the values are the same either way.
+Variable normed_projections(const TransformerCore& core, const BlockWeights& block, const Variable& h,
+                            const Variable& norm, std::vector<LoraTarget> targets) {
+  std::vector<Variable> weights;
+  bool any_adapter = false;
+  for (const LoraTarget t : targets) {
+    weights.push_back(block.projection(t));
+    any_adapter = any_adapter || adapted(core, block, t);
+  }
+  if (!any_adapter) return fused::norm_linear_packed(h, norm, core.eps, weights);
+  const Variable x = rms_norm(h, norm, core.eps);
+  Variable y = fused::linear_packed(x, weights);
+  std::int64_t offset = 0;
+  for (const LoraTarget t : targets) {
+    y = with_adapters(core, block, t, x, y, offset);
+    offset += block.projection(t).shape()[0];
+  }
+  return y;
+}
+
+}  // namespace
+
 Variable TransformerCore::block_forward(std::size_t index, const Variable& h, FullSequenceAttentionKind kind,
                                         float drop) {
   const BlockWeights& w = blocks.at(index);
@@ -71,21 +121,39 @@ Variable TransformerCore::block_forward(std::size_t index, const Variable& h, Fu
   const std::int64_t heads = dims.heads;
   const std::int64_t d = dims.head_width();
   const std::int64_t c = dims.model_width;
-  auto split_heads = [&](const Variable& x) {  // (B, T, C) → (B, H, T, D)
-    return permute(reshape(x, {b, t, heads, d}), {0, 2, 1, 3});
-  };
+  // Without dropout the residual adds fuse with the projection before them
+  // (the projection is then a temporary, not a graph value).
+  const bool fuse_residual = drop == 0.0F;
   // Attention sub-block.
-  const Variable x = rms_norm(h, w.attention_norm, eps);                 // (B, T, C)
-  const Variable q = rope(split_heads(project(w, LoraTarget::Query, x)));  // (B, H, T, D)
-  const Variable k = rope(split_heads(project(w, LoraTarget::Key, x)));    // (B, H, T, D)
-  const Variable v = split_heads(project(w, LoraTarget::Value, x));        // (B, H, T, D)
-  const Variable a = causal_attention(q, k, v, kind);                    // (B, H, T, D)
-  const Variable merged = reshape(permute(a, {0, 2, 1, 3}), {b, t, c});  // (B, T, C)
-  const Variable h1 = add(h, dropout(project(w, LoraTarget::Output, merged), drop, dropout_random));
-  // MLP sub-block.
-  const Variable y = rms_norm(h1, w.mlp_norm, eps);               // (B, T, C)
-  const Variable m = swiglu(project(w, LoraTarget::Gate, y), project(w, LoraTarget::Up, y));  // (B, T, F)
-  return add(h1, dropout(project(w, LoraTarget::Down, m), drop, dropout_random));              // (B, T, C)
+  Variable merged;  // (B, T, C)
+  if (kind == FullSequenceAttentionKind::Flash) {
+    // q, k, v side by side in one tensor; rope and the flash kernel read them
+    // where they are (no head split/merge copies).
+    const Variable qkv = normed_projections(*this, w, h, w.attention_norm,
+                                            {LoraTarget::Query, LoraTarget::Key, LoraTarget::Value});  // (B, T, 3C)
+    merged = fused::rope_attention_packed(qkv, heads);
+  } else {
+    const Variable x = rms_norm(h, w.attention_norm, eps);  // (B, T, C)
+    auto split_heads = [&](const Variable& y) {             // (B, T, C) → (B, H, T, D)
+      return permute(reshape(y, {b, t, heads, d}), {0, 2, 1, 3});
+    };
+    const Variable q = rope(split_heads(project(w, LoraTarget::Query, x)));  // (B, H, T, D)
+    const Variable k = rope(split_heads(project(w, LoraTarget::Key, x)));    // (B, H, T, D)
+    const Variable v = split_heads(project(w, LoraTarget::Value, x));        // (B, H, T, D)
+    const Variable a = causal_attention(q, k, v, kind);                    // (B, H, T, D)
+    merged = reshape(permute(a, {0, 2, 1, 3}), {b, t, c});
+  }
+  const Variable h1 = fuse_residual && !adapted(*this, w, LoraTarget::Output)
+                          ? fused::linear_residual(h, merged, w.output)
+                          : add(h, dropout(project(w, LoraTarget::Output, merged), drop, dropout_random));  // (B, T, C)
+  // MLP sub-block: gate and up side by side, SwiGLU reads both halves.
+  const Variable gate_up =
+      normed_projections(*this, w, h1, w.mlp_norm, {LoraTarget::Gate, LoraTarget::Up});  // (B, T, 2F)
+  if (fuse_residual && !adapted(*this, w, LoraTarget::Down)) {
+    return fused::swiglu_linear_residual(h1, gate_up, w.down);  // (B, T, C)
+  }
+  const Variable m = fused::swiglu_packed(gate_up);                                  // (B, T, F)
+  return add(h1, dropout(project(w, LoraTarget::Down, m), drop, dropout_random));  // (B, T, C)
 }
 
 namespace {

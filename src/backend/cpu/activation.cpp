@@ -1,6 +1,8 @@
+#include <algorithm>
 #include <cmath>
 
 #include "kernels.hpp"
+#include "vec_math.hpp"
 
 namespace riftco_transformer::cpu {
 namespace {
@@ -8,23 +10,66 @@ namespace {
 constexpr float kSqrt2OverPi = 0.7978845608028654F;
 constexpr float kGeluCoeff = 0.044715F;
 
-inline float sigmoid(float x) { return 1.0F / (1.0F + std::exp(-x)); }
+// Sigmoid goes through vec::exp_approx (branch-free), so the SiLU/SwiGLU
+// loops below vectorize (AVX2 clone picked at load time; same bits as the
+// baseline clone).
+using vec::sigmoid_approx;
 
-inline float forward_one(Activation act, float x) {
-  if (act == Activation::Silu) return x * sigmoid(x);
+inline float gelu_forward(float x) {
   const float u = kSqrt2OverPi * (x + kGeluCoeff * x * x * x);
   return 0.5F * x * (1.0F + std::tanh(u));
 }
 
-inline float derivative(Activation act, float x) {
-  if (act == Activation::Silu) {
-    const float s = sigmoid(x);
-    return s * (1.0F + x * (1.0F - s));
-  }
+inline float gelu_derivative(float x) {
   const float u = kSqrt2OverPi * (x + kGeluCoeff * x * x * x);
   const float t = std::tanh(u);
   const float du = kSqrt2OverPi * (1.0F + 3.0F * kGeluCoeff * x * x);
   return 0.5F * (1.0F + t) + 0.5F * x * (1.0F - t * t) * du;
+}
+
+/// Elements per OpenMP chunk: large enough to amortize the fork.
+constexpr std::int64_t kParallelElements = 16384;
+
+__attribute__((target_clones("avx2", "default"))) void silu_span(const float* x, float* out, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) out[i] = x[i] * sigmoid_approx(x[i]);
+}
+
+__attribute__((target_clones("avx2", "default"))) void silu_backward_span(const float* x, const float* g, float* out,
+                                                                           std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) {
+    const float s = sigmoid_approx(x[i]);
+    out[i] = g[i] * (s * (1.0F + x[i] * (1.0F - s)));
+  }
+}
+
+/// out = silu(gate) · up over n elements.
+__attribute__((target_clones("avx2", "default"))) void swiglu_span(const float* gate, const float* up, float* out,
+                                                                    std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) out[i] = gate[i] * sigmoid_approx(gate[i]) * up[i];
+}
+
+/// d_gate = g · up · silu'(gate), d_up = g · silu(gate) over n elements.
+__attribute__((target_clones("avx2", "default"))) void swiglu_backward_span(const float* gate, const float* up,
+                                                                             const float* g, float* d_gate,
+                                                                             float* d_up, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) {
+    const float a = gate[i];
+    const float s = sigmoid_approx(a);
+    d_gate[i] = g[i] * up[i] * s * (1.0F + a * (1.0F - s));
+    d_up[i] = g[i] * a * s;
+  }
+}
+
+/// Runs body(begin, end) over [0, n) in static chunks across the team.
+template <class F>
+void parallel_spans(std::int64_t n, F&& body) {
+  const std::int64_t chunks = std::max<std::int64_t>(1, std::min<std::int64_t>(n / kParallelElements, 64));
+#pragma omp parallel for schedule(static) if (chunks > 1)
+  for (std::int64_t c = 0; c < chunks; ++c) {
+    const std::int64_t begin = n * c / chunks;
+    const std::int64_t end = n * (c + 1) / chunks;
+    body(begin, end);
+  }
 }
 
 }  // namespace
@@ -34,8 +79,12 @@ Tensor activation_forward(Activation act, const Tensor& x) {
   const float* px = x.data();
   float* po = out.data();
   const std::int64_t n = x.numel();
-#pragma omp parallel for schedule(static) if (n > 16384)
-  for (std::int64_t i = 0; i < n; ++i) po[i] = forward_one(act, px[i]);
+  if (act == Activation::Silu) {
+    parallel_spans(n, [&](std::int64_t b, std::int64_t e) { silu_span(px + b, po + b, e - b); });
+    return out;
+  }
+#pragma omp parallel for schedule(static) if (n > kParallelElements)
+  for (std::int64_t i = 0; i < n; ++i) po[i] = gelu_forward(px[i]);
   return out;
 }
 
@@ -45,8 +94,12 @@ Tensor activation_backward(Activation act, const Tensor& x, const Tensor& g) {
   const float* pg = g.data();
   float* po = out.data();
   const std::int64_t n = x.numel();
-#pragma omp parallel for schedule(static) if (n > 16384)
-  for (std::int64_t i = 0; i < n; ++i) po[i] = pg[i] * derivative(act, px[i]);
+  if (act == Activation::Silu) {
+    parallel_spans(n, [&](std::int64_t b, std::int64_t e) { silu_backward_span(px + b, pg + b, po + b, e - b); });
+    return out;
+  }
+#pragma omp parallel for schedule(static) if (n > kParallelElements)
+  for (std::int64_t i = 0; i < n; ++i) po[i] = pg[i] * gelu_derivative(px[i]);
   return out;
 }
 
@@ -55,9 +108,7 @@ Tensor swiglu_forward(const Tensor& gate, const Tensor& up) {
   const float* pa = gate.data();
   const float* pb = up.data();
   float* po = out.data();
-  const std::int64_t n = gate.numel();
-#pragma omp parallel for schedule(static) if (n > 16384)
-  for (std::int64_t i = 0; i < n; ++i) po[i] = pa[i] * sigmoid(pa[i]) * pb[i];
+  parallel_spans(gate.numel(), [&](std::int64_t b, std::int64_t e) { swiglu_span(pa + b, pb + b, po + b, e - b); });
   return out;
 }
 
@@ -69,13 +120,38 @@ void swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& g, Tens
   const float* pg = g.data();
   float* da = d_gate.data();
   float* db = d_up.data();
-  const std::int64_t n = gate.numel();
-#pragma omp parallel for schedule(static) if (n > 16384)
-  for (std::int64_t i = 0; i < n; ++i) {
-    const float s = sigmoid(pa[i]);
-    da[i] = pg[i] * pb[i] * s * (1.0F + pa[i] * (1.0F - s));
-    db[i] = pg[i] * pa[i] * s;
+  parallel_spans(gate.numel(), [&](std::int64_t b, std::int64_t e) {
+    swiglu_backward_span(pa + b, pb + b, pg + b, da + b, db + b, e - b);
+  });
+}
+
+Tensor swiglu_packed_forward(const Tensor& gate_up) {
+  const std::int64_t f2 = gate_up.size(-1);
+  const std::int64_t f = f2 / 2;
+  const std::int64_t rows = f2 == 0 ? 0 : gate_up.numel() / f2;
+  Shape shape = gate_up.shape();
+  shape.back() = f;
+  Tensor out = Tensor::empty(shape);
+  const float* pi = gate_up.data();
+  float* po = out.data();
+#pragma omp parallel for schedule(static) if (rows * f > kParallelElements)
+  for (std::int64_t r = 0; r < rows; ++r) swiglu_span(pi + r * f2, pi + r * f2 + f, po + r * f, f);
+  return out;
+}
+
+Tensor swiglu_packed_backward(const Tensor& gate_up, const Tensor& g) {
+  const std::int64_t f2 = gate_up.size(-1);
+  const std::int64_t f = f2 / 2;
+  const std::int64_t rows = f2 == 0 ? 0 : gate_up.numel() / f2;
+  Tensor d = Tensor::empty(gate_up.shape());
+  const float* pi = gate_up.data();
+  const float* pg = g.data();
+  float* pd = d.data();
+#pragma omp parallel for schedule(static) if (rows * f > kParallelElements)
+  for (std::int64_t r = 0; r < rows; ++r) {
+    swiglu_backward_span(pi + r * f2, pi + r * f2 + f, pg + r * f, pd + r * f2, pd + r * f2 + f, f);
   }
+  return d;
 }
 
 }  // namespace riftco_transformer::cpu

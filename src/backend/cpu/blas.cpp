@@ -1,8 +1,44 @@
+// sgemm through OpenBLAS, parallelized by us with OpenMP.
+//
+// OpenBLAS is kept single-threaded (openblas_set_num_threads(1) before the
+// first call): its own thread pool (pthreads in Debian's default build)
+// would spin on the same cores as our OpenMP team, which idles in a spin
+// wait between regions — on a 2-core machine a third of the step went to
+// the two pools waiting on each other. Instead a large product is split
+// into one block of C per OpenMP thread (rows when M >= N, else columns,
+// at multiples of 16) and each block is one single-threaded sgemm. Every
+// element of C is computed by one thread with the same K order whatever the
+// split, so results depend only on the thread count and are reproducible.
 #include <cblas.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <mutex>
 
 #include "kernels.hpp"
 
 namespace riftco_transformer::cpu {
+namespace {
+
+/// Products with fewer multiply-adds run on the calling thread.
+constexpr std::int64_t kParallelGemmWork = std::int64_t{1} << 18;
+/// Row/column blocks handed to threads are multiples of this (the
+/// micro-kernel's unroll), so no thread gets a ragged edge in the middle.
+constexpr std::int64_t kBlockAlign = 16;
+
+void single_threaded_blas() {
+  static std::once_flag once;
+  std::call_once(once, [] { openblas_set_num_threads(1); });
+}
+
+void sgemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* a,
+           std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c, std::int64_t ldc) {
+  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
+              static_cast<blasint>(m), static_cast<blasint>(n), static_cast<blasint>(k), alpha, a,
+              static_cast<blasint>(lda), b, static_cast<blasint>(ldb), beta, c, static_cast<blasint>(ldc));
+}
+
+}  // namespace
 
 void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* a,
           std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c, std::int64_t ldc) {
@@ -12,9 +48,30 @@ void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64
       for (std::int64_t j = 0; j < n; ++j) c[i * ldc + j] = beta == 0.0F ? 0.0F : beta * c[i * ldc + j];
     return;
   }
-  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
-              static_cast<blasint>(m), static_cast<blasint>(n), static_cast<blasint>(k), alpha, a,
-              static_cast<blasint>(lda), b, static_cast<blasint>(ldb), beta, c, static_cast<blasint>(ldc));
+  single_threaded_blas();
+  const int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
+  const bool split_rows = m >= n;
+  const std::int64_t extent = split_rows ? m : n;
+  if (threads <= 1 || m * n * k < kParallelGemmWork || extent < 2 * kBlockAlign) {
+    sgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    return;
+  }
+  const std::int64_t parts = std::min<std::int64_t>(threads, extent / kBlockAlign);
+  const std::int64_t blocks = (extent + kBlockAlign - 1) / kBlockAlign;
+  const std::int64_t chunk = (blocks + parts - 1) / parts * kBlockAlign;  // parts·chunk >= extent
+#pragma omp parallel for schedule(static, 1) num_threads(static_cast<int>(parts))
+  for (std::int64_t p = 0; p < parts; ++p) {
+    const std::int64_t begin = p * chunk;
+    const std::int64_t end = std::min(extent, begin + chunk);
+    if (begin >= end) continue;
+    if (split_rows) {  // rows [begin, end) of C and op(A)
+      const float* ap = trans_a ? a + begin : a + begin * lda;
+      sgemm(trans_a, trans_b, end - begin, n, k, alpha, ap, lda, b, ldb, beta, c + begin * ldc, ldc);
+    } else {  // columns [begin, end) of C and op(B)
+      const float* bp = trans_b ? b + begin * ldb : b + begin;
+      sgemm(trans_a, trans_b, m, end - begin, k, alpha, a, lda, bp, ldb, beta, c + begin, ldc);
+    }
+  }
 }
 
 Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
@@ -39,6 +96,10 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
   const float* pa = a.data();
   const float* pb = b.data();
   float* pc = out.data();
+  // Independent products (one per batch item), one thread each when small;
+  // a large product parallelizes inside gemm instead.
+  const bool per_item = batch > 1 && m * n * k < kParallelGemmWork * 4;
+#pragma omp parallel for schedule(static) if (per_item)
   for (std::int64_t i = 0; i < batch; ++i) {
     gemm(trans_a, trans_b, m, n, k, 1.0F, pa + i * m * k, lda, pb + (shared_b ? 0 : i * k * n), ldb, 0.0F,
          pc + i * m * n, n);

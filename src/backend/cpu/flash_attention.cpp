@@ -1,74 +1,37 @@
 // FlashAttention-2 style causal attention: tiled forward with an online
-// softmax, backward that recomputes P = exp(S − L) tile by tile.
+// softmax, backward that recomputes P = exp(S·scale − L) tile by tile.
+//
+// Work is split by (b, h) pair: one thread runs a pair's whole forward (every
+// query tile) or backward, so each output element is computed by one thread
+// in a fixed order whatever the thread count. Per pair the operands are packed
+// once into per-thread scratch (K and V transposed where a product needs
+// them, rows padded to a multiple of 8 floats with zeros) and every tile
+// product is the register-blocked kernel `tile_gemm` below: 4 rows × 16
+// columns of the result in 8 vector accumulators, the inner dimension in
+// order. Softmax rows use 8-lane maxima and sums reduced in a fixed order.
 #include "flash_attention.hpp"
 
 #include <omp.h>
 
 #include <algorithm>
-#include <bit>
 #include <cmath>
 #include <limits>
 #include <string>
 
-#include "kernels.hpp"
+#include "vec_math.hpp"
 
 namespace riftco_transformer::cpu {
 
 namespace {
 
-constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+using vec::kLanes;
+using vec::round_up;
+using vec::v8;
 
-/// One workspace Tensor (counted by the allocator) split into equal
-/// per-thread slices of `per_thread` floats.
-struct Workspace {
-  Tensor buffer;
-  std::int64_t per_thread;
-  explicit Workspace(std::int64_t per_thread_floats)
-      : buffer(Tensor::empty({std::max<std::int64_t>(omp_get_max_threads(), 1) * per_thread_floats})),
-        per_thread(per_thread_floats) {}
-  float* slice() { return buffer.data() + omp_get_thread_num() * per_thread; }
-};
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 /// Calls with at most this many (B·H·T²) score elements run on one thread.
 constexpr std::int64_t kParallelThreshold = 1 << 14;
-
-/// x[c] = exp(x[c] - shift) for n elements: the Cephes expf polynomial
-/// after reducing by n·ln2 (max relative error 8.2e-8 against double exp
-/// on [-87, 5]). Arguments are clamped to [-87.34, 88]: below that the
-/// result is 1.2e-38 instead of a denormal or 0 (irrelevant next to the
-/// row's largest term, which is >= 1 in the forward and ~1 in the
-/// backward); NaN stays NaN. The clamps and the NaN test work on the bit
-/// patterns (no float branches) so the loop vectorizes. Elementwise mul/add
-/// only, no reduction, and the AVX2 clone has no FMA to contract into, so
-/// the AVX2 and baseline clones give the same bits (checked on 1M patterns).
-__attribute__((target_clones("avx2", "default"))) void exp_shifted(float* x, std::int64_t n, float shift) {
-  constexpr std::uint32_t kSign = 0x80000000U;
-  constexpr std::uint32_t kLowBits = 0xC2AEAC4FU;   // -87.33654f
-  constexpr std::uint32_t kHighBits = 0x42B00000U;  // 88.0f
-  constexpr std::uint32_t kInfBits = 0x7F800000U;
-  constexpr std::uint32_t kQuietNanBits = 0x7FC00000U;  // OR-ed into any float: a NaN
-  for (std::int64_t c = 0; c < n; ++c) {
-    const std::uint32_t raw = std::bit_cast<std::uint32_t>(x[c] - shift);
-    // Floats of one sign order like their bit patterns (by magnitude).
-    const std::uint32_t limit = raw < kSign ? kHighBits : kLowBits;
-    const std::uint32_t bits = raw < limit ? raw : limit;
-    const float a = std::bit_cast<float>(bits);
-    const float t = a * 1.44269504088896341F + 12582912.0F;  // adding 1.5·2^23 rounds a·log2(e) to an integer
-    const float fn = t - 12582912.0F;
-    const std::int32_t n2 = std::bit_cast<std::int32_t>(t) - 0x4B400000;  // that integer, in [-126, 127]
-    const float r = (a - fn * 0.693359375F) + fn * 2.12194440e-4F;          // a - n·ln2 in two parts
-    float y = 1.9875691500e-4F;
-    y = y * r + 1.3981999507e-3F;
-    y = y * r + 8.3334519073e-3F;
-    y = y * r + 4.1665795894e-2F;
-    y = y * r + 1.6666665459e-1F;
-    y = y * r + 5.0000001201e-1F;
-    y = y * r * r + r + 1.0F;
-    const float result = y * std::bit_cast<float>(static_cast<std::uint32_t>(n2 + 127) << 23);  // · 2^n
-    const bool nan = (raw & ~kSign) > kInfBits;
-    x[c] = std::bit_cast<float>(std::bit_cast<std::uint32_t>(result) | (nan ? kQuietNanBits : 0U));
-  }
-}
 
 void check_tiles(FlashTiles tiles) {
   if (tiles.query_rows < 1 || tiles.key_rows < 1) {
@@ -77,173 +40,403 @@ void check_tiles(FlashTiles tiles) {
   }
 }
 
-}  // namespace
+// ---- tile products ----------------------------------------------------------
 
-FlashTiles flash_default_tiles(std::int64_t head_width) {
-  // OpenBLAS runs a GEMM on the calling thread when M·N·K <= 65536·4; every
-  // tile product here has M·N·K = query_rows·key_rows·D.
-  constexpr std::int64_t kSingleThreadedGemm = std::int64_t{1} << 18;
-  FlashTiles tiles;
-  while (tiles.key_rows > 16 && tiles.query_rows * tiles.key_rows * head_width > kSingleThreadedGemm) {
-    tiles.key_rows /= 2;
+/// R rows of C (R <= 4, n a multiple of 8): C = [C +] op(A) B, where
+/// op(A)(i, p) = a[i·lda + p] (TransA false) or a[p·lda + i] (TransA true)
+/// and B is row-major (k, n). Each C element sums p = p0..k-1 in order.
+template <bool TransA, bool Accumulate, int R>
+[[gnu::always_inline]] inline void tile_rows(std::int64_t n, std::int64_t p0, std::int64_t k, const float* a,
+                                             std::int64_t lda, const float* b, std::int64_t ldb, float* c,
+                                             std::int64_t ldc) {
+  auto a_at = [&](int i, std::int64_t p) { return TransA ? a[p * lda + i] : a[i * lda + p]; };
+  std::int64_t j = 0;
+  for (; j + 2 * kLanes <= n; j += 2 * kLanes) {
+    v8 acc0[R];
+    v8 acc1[R];
+    for (int i = 0; i < R; ++i) {
+      acc0[i] = Accumulate ? vec::load(c + i * ldc + j) : v8{};
+      acc1[i] = Accumulate ? vec::load(c + i * ldc + j + kLanes) : v8{};
+    }
+    for (std::int64_t p = p0; p < k; ++p) {
+      const v8 b0 = vec::load(b + p * ldb + j);
+      const v8 b1 = vec::load(b + p * ldb + j + kLanes);
+      for (int i = 0; i < R; ++i) {
+        const float s = a_at(i, p);  // scalar · vector: one broadcast
+        acc0[i] += s * b0;
+        acc1[i] += s * b1;
+      }
+    }
+    for (int i = 0; i < R; ++i) {
+      vec::store(c + i * ldc + j, acc0[i]);
+      vec::store(c + i * ldc + j + kLanes, acc1[i]);
+    }
   }
-  while (tiles.query_rows > 16 && tiles.query_rows * tiles.key_rows * head_width > kSingleThreadedGemm) {
-    tiles.query_rows /= 2;
+  if (j < n) {  // one block of 8 left
+    v8 acc[R];
+    for (int i = 0; i < R; ++i) acc[i] = Accumulate ? vec::load(c + i * ldc + j) : v8{};
+    for (std::int64_t p = p0; p < k; ++p) {
+      const v8 b0 = vec::load(b + p * ldb + j);
+      for (int i = 0; i < R; ++i) acc[i] += a_at(i, p) * b0;
+    }
+    for (int i = 0; i < R; ++i) vec::store(c + i * ldc + j, acc[i]);
   }
-  return tiles;
 }
 
-Tensor flash_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, float scale, FlashTiles tiles,
-                               Tensor& lse) {
-  check_tiles(tiles);
-  const std::int64_t B = q.size(0);
-  const std::int64_t H = q.size(1);
-  const std::int64_t T = q.size(2);
-  const std::int64_t D = q.size(3);
-  const std::int64_t br = tiles.query_rows;
-  const std::int64_t bc = tiles.key_rows;
-  Tensor out = Tensor::empty(q.shape());  // (B, H, T, D)
-  lse = Tensor::empty({B, H, T});          // (B, H, T)
-  const std::int64_t q_tiles = (T + br - 1) / br;
-  const std::int64_t items = B * H * q_tiles;
-  Workspace ws(br * bc + 2 * br);  // S/P (br, bc), running max m (br), running sum l (br)
-  const float* pq = q.data();
-  const float* pk = k.data();
-  const float* pv = v.data();
-  float* po = out.data();
-  float* pl = lse.data();
+/// Which part of a tile product the causal mask lets a row block skip.
+/// `diag` = i0 − j0 (first query of the tile minus its first key): query
+/// row r sees key column c when c <= r + diag.
+enum class Causal : std::uint8_t {
+  None,       ///< every product term
+  Columns,    ///< C rows are query rows, C columns key columns: columns past the
+              ///< block's last visible key are not computed (left unwritten)
+  Inner,      ///< C rows are query rows, the inner index keys: terms past the
+              ///< last visible key are exactly zero (P or dS) and skipped
+  InnerFrom,  ///< C rows are key rows, the inner index queries: terms before the
+              ///< first query that sees the block's first key are zero and skipped
+};
 
-  // Items (bh, query tile) are independent and each is computed by one
-  // thread. Round-robin over items whose tile order reverses on odd pairs
-  // keeps the causal triangle's cost balanced.
-#pragma omp parallel for schedule(static, 1) if (B * H * T * T > kParallelThreshold)
-  for (std::int64_t item = 0; item < items; ++item) {
-    const std::int64_t bh = item / q_tiles;
-    const std::int64_t tile = bh % 2 == 0 ? item % q_tiles : q_tiles - 1 - item % q_tiles;
-    const std::int64_t i0 = tile * br;
+/// C (m, n) = [C +] op(A) (m, k) · B (k, n); n a multiple of 8.
+template <bool TransA, bool Accumulate>
+[[gnu::always_inline]] inline void tile_gemm(std::int64_t m, std::int64_t n, std::int64_t k, const float* a,
+                                             std::int64_t lda, const float* b, std::int64_t ldb, float* c,
+                                             std::int64_t ldc, Causal causal = Causal::None, std::int64_t diag = 0) {
+  auto row_a = [&](std::int64_t i) { return TransA ? a + i : a + i * lda; };
+  auto block = [&]<int R>(std::int64_t i) {
+    std::int64_t nb = n;
+    std::int64_t p0 = 0;
+    std::int64_t kb = k;
+    switch (causal) {
+      case Causal::None:
+        break;
+      case Causal::Columns:  // last row i+R-1 sees columns < i + R + diag
+        nb = std::clamp<std::int64_t>(round_up(i + R + diag, kLanes), 0, n);
+        break;
+      case Causal::Inner:
+        kb = std::clamp<std::int64_t>(i + R + diag, 0, k);
+        break;
+      case Causal::InnerFrom:  // key row i is seen from query i - diag on
+        p0 = std::clamp<std::int64_t>(i - diag, 0, k);
+        break;
+    }
+    if (nb > 0 && (Accumulate ? p0 < kb : true)) {
+      tile_rows<TransA, Accumulate, R>(nb, p0, kb, row_a(i), lda, b, ldb, c + i * ldc, ldc);
+    }
+  };
+  std::int64_t i = 0;
+  for (; i + 4 <= m; i += 4) block.template operator()<4>(i);
+  switch (m - i) {
+    case 3:
+      block.template operator()<3>(i);
+      break;
+    case 2:
+      block.template operator()<2>(i);
+      break;
+    case 1:
+      block.template operator()<1>(i);
+      break;
+    default:
+      break;
+  }
+}
+
+// ---- row helpers ------------------------------------------------------------
+
+/// x[c] *= s for c < n; returns the max over c < n (std::max semantics: NaN
+/// entries are skipped by the max but stay in x).
+[[gnu::always_inline]] inline float scale_and_max(float* x, std::int64_t n, float s, float start) {
+  v8 mx = vec::splat(start);
+  std::int64_t c = 0;
+  for (; c + kLanes <= n; c += kLanes) {
+    const v8 y = vec::load(x + c) * s;
+    vec::store(x + c, y);
+    mx = vec::max_lanes(mx, y);
+  }
+  float m = vec::max_of_lanes(mx);
+  for (; c < n; ++c) {
+    x[c] *= s;
+    m = m < x[c] ? x[c] : m;
+  }
+  return m;
+}
+
+/// x[c] = exp(x[c]·pre − shift) for c < valid, 0 for valid <= c < n;
+/// returns Σ of the exponentials (8 lanes, fixed order).
+[[gnu::always_inline]] inline float exp_row(float* x, std::int64_t valid, std::int64_t n, float pre, float shift) {
+  for (std::int64_t c = 0; c < valid; ++c) x[c] = vec::exp_approx(x[c] * pre - shift);
+  for (std::int64_t c = valid; c < n; ++c) x[c] = 0.0F;
+  v8 acc{};
+  std::int64_t c = 0;
+  for (; c + kLanes <= valid; c += kLanes) acc += vec::load(x + c);
+  float total = vec::sum_lanes(acc);
+  for (; c < valid; ++c) total += x[c];
+  return total;
+}
+
+/// Σ_d a[d]·b[d] over 8 lanes reduced in a fixed order.
+[[gnu::always_inline]] inline float dot(const float* a, const float* b, std::int64_t n) {
+  v8 acc{};
+  std::int64_t d = 0;
+  for (; d + kLanes <= n; d += kLanes) acc += vec::load(a + d) * vec::load(b + d);
+  float total = vec::sum_lanes(acc);
+  for (; d < n; ++d) total += a[d] * b[d];
+  return total;
+}
+
+/// dst (rows, ld) = src rows (row stride `stride`, `width` floats), zero
+/// padded to `ld` columns and to `padded_rows` rows.
+void pack_rows(const float* src, std::int64_t stride, std::int64_t rows, std::int64_t width, float* dst,
+               std::int64_t ld, std::int64_t padded_rows) {
+  for (std::int64_t t = 0; t < rows; ++t) {
+    std::copy(src + t * stride, src + t * stride + width, dst + t * ld);
+    std::fill(dst + t * ld + width, dst + (t + 1) * ld, 0.0F);
+  }
+  std::fill(dst + rows * ld, dst + padded_rows * ld, 0.0F);
+}
+
+/// dst (width, ld) = transpose of src rows (row stride `stride`, `width`
+/// floats each), columns rows..ld-1 zero.
+void pack_transposed(const float* src, std::int64_t stride, std::int64_t rows, std::int64_t width, float* dst,
+                     std::int64_t ld) {
+  for (std::int64_t d = 0; d < width; ++d) {
+    float* out = dst + d * ld;
+    for (std::int64_t t = 0; t < rows; ++t) out[t] = src[t * stride + d];
+    std::fill(out + rows, out + ld, 0.0F);
+  }
+}
+
+// ---- one (b, h) pair ---------------------------------------------------------
+
+struct PairGeometry {
+  std::int64_t T, D, Dp, Tk, br, bc, bcp;
+  explicit PairGeometry(std::int64_t t, std::int64_t d, FlashTiles tiles)
+      : T(t),
+        D(d),
+        Dp(round_up(d, kLanes)),
+        Tk(round_up(t, kLanes) + kLanes),
+        br(std::min(tiles.query_rows, t)),
+        bc(std::min(tiles.key_rows, t)),
+        bcp(round_up(std::min(tiles.key_rows, t), kLanes)) {}
+  std::int64_t forward_floats() const { return D * Tk + Tk * Dp + br * bcp + br * Dp + 2 * br; }
+  std::int64_t backward_floats() const { return 2 * D * Tk + 6 * T * Dp + 2 * br * bcp + T; }
+};
+
+__attribute__((target_clones("avx2", "default"))) void forward_pair(const PairGeometry& g, const float* q,
+                                                                    std::int64_t q_stride, const float* k,
+                                                                    std::int64_t k_stride, const float* v,
+                                                                    std::int64_t v_stride, float* out,
+                                                                    std::int64_t out_stride, float* lse, float scale,
+                                                                    float* scratch) {
+  const std::int64_t T = g.T, D = g.D, Dp = g.Dp, Tk = g.Tk, br = g.br, bc = g.bc, bcp = g.bcp;
+  float* kt = scratch;        // (D, Tk): Kᵀ, zero columns from T
+  float* vp = kt + D * Tk;    // (Tk, Dp): V, zero padded
+  float* s = vp + Tk * Dp;    // (br, bcp): scores, then probabilities
+  float* o = s + br * bcp;    // (br, Dp): unnormalized output accumulator
+  float* m = o + br * Dp;     // (br): running max
+  float* l = m + br;          // (br): running sum
+  pack_transposed(k, k_stride, T, D, kt, Tk);
+  pack_rows(v, v_stride, T, D, vp, Dp, Tk);
+  for (std::int64_t i0 = 0; i0 < T; i0 += br) {
     const std::int64_t rows = std::min(br, T - i0);
-    const float* qi = pq + (bh * T + i0) * D;  // (rows, D)
-    const float* kb = pk + bh * T * D;         // (T, D)
-    const float* vb = pv + bh * T * D;         // (T, D)
-    float* oi = po + (bh * T + i0) * D;        // (rows, D): unnormalized accumulator until the end
-    float* s = ws.slice();                     // (rows, bc) scores, then probabilities
-    float* m = s + br * bc;                    // (rows)
-    float* l = m + br;                         // (rows)
-    std::fill(oi, oi + rows * D, 0.0F);
+    std::fill(o, o + rows * Dp, 0.0F);
     std::fill(m, m + rows, kNegInf);
     std::fill(l, l + rows, 0.0F);
     const std::int64_t key_end = i0 + rows;  // keys >= key_end are masked for every row of this tile
     for (std::int64_t j0 = 0; j0 < key_end; j0 += bc) {
       const std::int64_t cols = std::min(bc, key_end - j0);
-      gemm(false, true, rows, cols, D, scale, qi, D, kb + j0 * D, D, 0.0F, s, bc);  // S = Q Kᵀ · scale
+      const std::int64_t n = round_up(cols, kLanes);
+      const std::int64_t diag = i0 - j0;
+      tile_gemm<false, false>(rows, n, D, q + i0 * q_stride, q_stride, kt + j0, Tk, s, bcp, Causal::Columns,
+                              diag);  // S = Q Kᵀ
       for (std::int64_t r = 0; r < rows; ++r) {
-        float* sr = s + r * bc;
+        float* sr = s + r * bcp;
         const std::int64_t valid = std::min(cols, i0 + r - j0 + 1);  // keys j <= i
         if (valid <= 0) {  // whole row masked in this tile: contributes nothing
-          std::fill(sr, sr + cols, 0.0F);
+          std::fill(sr, sr + n, 0.0F);
           continue;
         }
-        float mx = m[r];
-        for (std::int64_t c = 0; c < valid; ++c) mx = std::max(mx, sr[c]);
+        const float mx = scale_and_max(sr, valid, scale, m[r]);
         const float alpha = std::exp(m[r] - mx);  // 0 on the first tile (m = -inf)
-        exp_shifted(sr, valid, mx);
-        float total = 0.0F;
-        for (std::int64_t c = 0; c < valid; ++c) total += sr[c];
-        std::fill(sr + valid, sr + cols, 0.0F);
+        const float total = exp_row(sr, valid, n, 1.0F, mx);
         l[r] = l[r] * alpha + total;
         m[r] = mx;
         if (alpha != 1.0F) {
-          float* orow = oi + r * D;
-          for (std::int64_t d = 0; d < D; ++d) orow[d] *= alpha;
+          float* orow = o + r * Dp;
+          for (std::int64_t d = 0; d < Dp; ++d) orow[d] *= alpha;
         }
       }
-      gemm(false, false, rows, D, cols, 1.0F, s, bc, vb + j0 * D, D, 1.0F, oi, D);  // O += P V
+      tile_gemm<false, true>(rows, Dp, cols, s, bcp, vp + j0 * Dp, Dp, o, Dp, Causal::Inner, diag);  // O += P V
     }
-    float* li = pl + bh * T + i0;
     for (std::int64_t r = 0; r < rows; ++r) {
       const float inv = 1.0F / l[r];
-      float* orow = oi + r * D;
-      for (std::int64_t d = 0; d < D; ++d) orow[d] *= inv;
-      li[r] = m[r] + std::log(l[r]);
+      const float* orow = o + r * Dp;
+      float* dst = out + (i0 + r) * out_stride;
+      for (std::int64_t d = 0; d < D; ++d) dst[d] = orow[d] * inv;
+      lse[i0 + r] = m[r] + std::log(l[r]);
     }
   }
+}
+
+__attribute__((target_clones("avx2", "default"))) void backward_pair(
+    const PairGeometry& g, const float* q, std::int64_t q_stride, const float* k, std::int64_t k_stride,
+    const float* v, std::int64_t v_stride, const float* o, std::int64_t o_stride, const float* d_out,
+    std::int64_t do_stride, const float* lse, float* dq, std::int64_t dq_stride, float* dk, std::int64_t dk_stride,
+    float* dv, std::int64_t dv_stride, float scale, float* scratch) {
+  const std::int64_t T = g.T, D = g.D, Dp = g.Dp, Tk = g.Tk, br = g.br, bc = g.bc, bcp = g.bcp;
+  float* kt = scratch;        // (D, Tk): Kᵀ
+  float* vt = kt + D * Tk;    // (D, Tk): Vᵀ
+  float* kp = vt + D * Tk;    // (T, Dp): K
+  float* qp = kp + T * Dp;    // (T, Dp): Q
+  float* dop = qp + T * Dp;   // (T, Dp): dO
+  float* dqa = dop + T * Dp;  // (T, Dp): dQ, += over key tiles
+  float* dka = dqa + T * Dp;  // (T, Dp): dK, += over query tiles
+  float* dva = dka + T * Dp;  // (T, Dp): dV, += over query tiles
+  float* p = dva + T * Dp;    // (br, bcp): P
+  float* ds = p + br * bcp;   // (br, bcp): dP, then dS
+  float* delta = ds + br * bcp;  // (T): rowsum(dO ∘ O)
+  pack_transposed(k, k_stride, T, D, kt, Tk);
+  pack_transposed(v, v_stride, T, D, vt, Tk);
+  pack_rows(k, k_stride, T, D, kp, Dp, T);
+  pack_rows(q, q_stride, T, D, qp, Dp, T);
+  pack_rows(d_out, do_stride, T, D, dop, Dp, T);
+  std::fill(dqa, dqa + 3 * T * Dp, 0.0F);
+  for (std::int64_t i = 0; i < T; ++i) delta[i] = dot(dop + i * Dp, o + i * o_stride, D);
+
+  for (std::int64_t j0 = 0; j0 < T; j0 += bc) {
+    const std::int64_t cols = std::min(bc, T - j0);
+    const std::int64_t n = round_up(cols, kLanes);
+    // Query tiles that can see key j0 or later: i >= j0.
+    for (std::int64_t i0 = (j0 / br) * br; i0 < T; i0 += br) {
+      const std::int64_t rows = std::min(br, T - i0);
+      const std::int64_t diag = i0 - j0;
+      tile_gemm<false, false>(rows, n, D, q + i0 * q_stride, q_stride, kt + j0, Tk, p, bcp, Causal::Columns,
+                              diag);  // S = Q Kᵀ
+      for (std::int64_t r = 0; r < rows; ++r) {
+        const std::int64_t valid = std::clamp<std::int64_t>(r + diag + 1, 0, cols);  // keys j <= i
+        exp_row(p + r * bcp, valid, n, scale, lse[i0 + r]);  // P = exp(S·scale − L), 0 from `valid` to n
+      }
+      tile_gemm<true, true>(cols, Dp, rows, p, bcp, dop + i0 * Dp, Dp, dva + j0 * Dp, Dp, Causal::InnerFrom,
+                            diag);  // dV += Pᵀ dO
+      tile_gemm<false, false>(rows, n, D, d_out + i0 * do_stride, do_stride, vt + j0, Tk, ds, bcp, Causal::Columns,
+                              diag);  // dP = dO Vᵀ
+      for (std::int64_t r = 0; r < rows; ++r) {
+        const float* pr = p + r * bcp;
+        float* dsr = ds + r * bcp;
+        const float di = delta[i0 + r];
+        const std::int64_t valid = std::clamp<std::int64_t>(r + diag + 1, 0, cols);
+        for (std::int64_t c = 0; c < valid; ++c) dsr[c] = pr[c] * (dsr[c] - di) * scale;  // dS = P ∘ (dP − Δ) · scale
+        std::fill(dsr + valid, dsr + n, 0.0F);  // masked (and possibly unwritten) entries
+      }
+      tile_gemm<false, true>(rows, Dp, cols, ds, bcp, kp + j0 * Dp, Dp, dqa + i0 * Dp, Dp, Causal::Inner,
+                             diag);  // dQ += dS K
+      tile_gemm<true, true>(cols, Dp, rows, ds, bcp, qp + i0 * Dp, Dp, dka + j0 * Dp, Dp, Causal::InnerFrom,
+                            diag);  // dK += dSᵀ Q
+    }
+  }
+  for (std::int64_t t = 0; t < T; ++t) {
+    std::copy(dqa + t * Dp, dqa + t * Dp + D, dq + t * dq_stride);
+    std::copy(dka + t * Dp, dka + t * Dp + D, dk + t * dk_stride);
+    std::copy(dva + t * Dp, dva + t * Dp + D, dv + t * dv_stride);
+  }
+}
+
+/// One allocator-counted workspace split into per-thread slices, for at most
+/// `items` threads (no more threads than pairs ever run).
+struct Workspace {
+  Tensor buffer;
+  std::int64_t per_thread;
+  Workspace(std::int64_t per_thread_floats, std::int64_t items)
+      : buffer(Tensor::empty(
+            {std::max<std::int64_t>(std::min<std::int64_t>(omp_get_max_threads(), items), 1) * per_thread_floats})),
+        per_thread(per_thread_floats) {}
+  float* slice() { return buffer.data() + omp_get_thread_num() * per_thread; }
+};
+
+}  // namespace
+
+FlashTiles flash_default_tiles(std::int64_t head_width) {
+  constexpr std::int64_t kTileWork = std::int64_t{1} << 18;
+  FlashTiles tiles;
+  while (tiles.key_rows > 16 && tiles.query_rows * tiles.key_rows * head_width > kTileWork) tiles.key_rows /= 2;
+  while (tiles.query_rows > 16 && tiles.query_rows * tiles.key_rows * head_width > kTileWork) tiles.query_rows /= 2;
+  return tiles;
+}
+
+void flash_attention_forward(std::int64_t B, std::int64_t H, std::int64_t T, std::int64_t D, HeadView q, HeadView k,
+                             HeadView v, MutableHeadView out, float* lse, float scale, FlashTiles tiles) {
+  check_tiles(tiles);
+  if (B * H * T == 0) return;
+  const PairGeometry g(T, D, tiles);
+  const std::int64_t pairs = B * H;
+  const bool parallel = pairs * T * T > kParallelThreshold && pairs > 1;
+  Workspace ws(g.forward_floats(), parallel ? pairs : 1);
+#pragma omp parallel for schedule(static) if (parallel)
+  for (std::int64_t bh = 0; bh < pairs; ++bh) {
+    const std::int64_t b = bh / H;
+    const std::int64_t h = bh % H;
+    forward_pair(g, q.data + b * q.batch_stride + h * q.head_stride, q.row_stride,
+                 k.data + b * k.batch_stride + h * k.head_stride, k.row_stride,
+                 v.data + b * v.batch_stride + h * v.head_stride, v.row_stride,
+                 out.data + b * out.batch_stride + h * out.head_stride, out.row_stride, lse + bh * T, scale,
+                 ws.slice());
+  }
+}
+
+void flash_attention_backward(std::int64_t B, std::int64_t H, std::int64_t T, std::int64_t D, HeadView q, HeadView k,
+                              HeadView v, HeadView out, HeadView d_out, const float* lse, MutableHeadView dq,
+                              MutableHeadView dk, MutableHeadView dv, float scale, FlashTiles tiles) {
+  check_tiles(tiles);
+  if (B * H * T == 0) return;
+  const PairGeometry g(T, D, tiles);
+  const std::int64_t pairs = B * H;
+  const bool parallel = pairs * T * T > kParallelThreshold && pairs > 1;
+  Workspace ws(g.backward_floats(), parallel ? pairs : 1);
+  auto at = [](auto view, std::int64_t b, std::int64_t h) {
+    return view.data + b * view.batch_stride + h * view.head_stride;
+  };
+#pragma omp parallel for schedule(static) if (parallel)
+  for (std::int64_t bh = 0; bh < pairs; ++bh) {
+    const std::int64_t b = bh / H;
+    const std::int64_t h = bh % H;
+    backward_pair(g, at(q, b, h), q.row_stride, at(k, b, h), k.row_stride, at(v, b, h), v.row_stride,
+                  at(out, b, h), out.row_stride, at(d_out, b, h), d_out.row_stride, lse + bh * T, at(dq, b, h),
+                  dq.row_stride, at(dk, b, h), dk.row_stride, at(dv, b, h), dv.row_stride, scale, ws.slice());
+  }
+}
+
+namespace {
+
+HeadView heads_of(const Tensor& t) {
+  const std::int64_t H = t.size(1), T = t.size(2), D = t.size(3);
+  return {t.data(), H * T * D, T * D, D};
+}
+MutableHeadView heads_of(Tensor& t) {
+  const std::int64_t H = t.size(1), T = t.size(2), D = t.size(3);
+  return {t.data(), H * T * D, T * D, D};
+}
+
+}  // namespace
+
+Tensor flash_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, float scale, FlashTiles tiles,
+                               Tensor& lse) {
+  check_tiles(tiles);
+  const std::int64_t B = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3);
+  Tensor out = Tensor::empty(q.shape());  // (B, H, T, D)
+  lse = Tensor::empty({B, H, T});          // (B, H, T)
+  flash_attention_forward(B, H, T, D, heads_of(q), heads_of(k), heads_of(v), heads_of(out), lse.data(), scale,
+                          tiles);
   return out;
 }
 
 void flash_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                               const Tensor& d_out, float scale, FlashTiles tiles, Tensor& dq, Tensor& dk, Tensor& dv) {
   check_tiles(tiles);
-  const std::int64_t B = q.size(0);
-  const std::int64_t H = q.size(1);
-  const std::int64_t T = q.size(2);
-  const std::int64_t D = q.size(3);
-  const std::int64_t br = tiles.query_rows;
-  const std::int64_t bc = tiles.key_rows;
-  dq = Tensor::zeros(q.shape());  // (B, H, T, D), += over key tiles
-  dk = Tensor::zeros(k.shape());  // (B, H, T, D), += over query tiles
-  dv = Tensor::zeros(v.shape());  // (B, H, T, D), += over query tiles
-  Tensor delta = Tensor::empty({B, H, T});  // (B, H, T): rowsum(dO ∘ O)
-  Workspace ws(2 * br * bc);                // P (br, bc), dP then dS (br, bc)
-  const float* pq = q.data();
-  const float* pk = k.data();
-  const float* pv = v.data();
-  const float* po = out.data();
-  const float* pdo = d_out.data();
-  const float* pl = lse.data();
-  float* pdq = dq.data();
-  float* pdk = dk.data();
-  float* pdv = dv.data();
-  float* pdelta = delta.data();
-
-  // Whole (b, h) pairs per thread: dQ, dK, dV of a pair are accumulated by
-  // one thread in a fixed tile order (no atomics, no cross-thread sums).
-#pragma omp parallel for schedule(static) if (B * H * T * T > kParallelThreshold)
-  for (std::int64_t bh = 0; bh < B * H; ++bh) {
-    const std::int64_t base = bh * T * D;
-    const float* lb = pl + bh * T;
-    float* db = pdelta + bh * T;
-    for (std::int64_t i = 0; i < T; ++i) {
-      const float* o = po + base + i * D;
-      const float* g = pdo + base + i * D;
-      float acc = 0.0F;
-      for (std::int64_t d = 0; d < D; ++d) acc += g[d] * o[d];
-      db[i] = acc;
-    }
-    float* p = ws.slice();  // (rows, bc)
-    float* ds = p + br * bc;  // (rows, bc)
-    for (std::int64_t j0 = 0; j0 < T; j0 += bc) {
-      const std::int64_t cols = std::min(bc, T - j0);
-      const float* kj = pk + base + j0 * D;  // (cols, D)
-      const float* vj = pv + base + j0 * D;  // (cols, D)
-      float* dkj = pdk + base + j0 * D;      // (cols, D)
-      float* dvj = pdv + base + j0 * D;      // (cols, D)
-      // Query tiles that can see key j0 or later: i >= j0.
-      for (std::int64_t i0 = (j0 / br) * br; i0 < T; i0 += br) {
-        const std::int64_t rows = std::min(br, T - i0);
-        const float* qi = pq + base + i0 * D;    // (rows, D)
-        const float* doi = pdo + base + i0 * D;  // (rows, D)
-        float* dqi = pdq + base + i0 * D;        // (rows, D)
-        gemm(false, true, rows, cols, D, scale, qi, D, kj, D, 0.0F, p, bc);  // S = Q Kᵀ · scale
-        for (std::int64_t r = 0; r < rows; ++r) {
-          float* pr = p + r * bc;
-          const float li = lb[i0 + r];
-          const std::int64_t valid = std::clamp<std::int64_t>(i0 + r - j0 + 1, 0, cols);  // keys j <= i
-          exp_shifted(pr, valid, li);  // P = exp(S − L)
-          std::fill(pr + valid, pr + cols, 0.0F);
-        }
-        gemm(true, false, cols, D, rows, 1.0F, p, bc, doi, D, 1.0F, dvj, D);   // dV += Pᵀ dO
-        gemm(false, true, rows, cols, D, 1.0F, doi, D, vj, D, 0.0F, ds, bc);  // dP = dO Vᵀ
-        for (std::int64_t r = 0; r < rows; ++r) {
-          const float* pr = p + r * bc;
-          float* dsr = ds + r * bc;
-          const float di = db[i0 + r];
-          for (std::int64_t c = 0; c < cols; ++c) dsr[c] = pr[c] * (dsr[c] - di);  // dS = P ∘ (dP − Δ)
-        }
-        gemm(false, false, rows, D, cols, scale, ds, bc, kj, D, 1.0F, dqi, D);  // dQ += dS K · scale
-        gemm(true, false, cols, D, rows, scale, ds, bc, qi, D, 1.0F, dkj, D);   // dK += dSᵀ Q · scale
-      }
-    }
-  }
+  const std::int64_t B = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3);
+  dq = Tensor::empty(q.shape());  // (B, H, T, D)
+  dk = Tensor::empty(k.shape());  // (B, H, T, D)
+  dv = Tensor::empty(v.shape());  // (B, H, T, D)
+  flash_attention_backward(B, H, T, D, heads_of(q), heads_of(k), heads_of(v), heads_of(out), heads_of(d_out),
+                           lse.data(), heads_of(dq), heads_of(dk), heads_of(dv), scale, tiles);
 }
 
 }  // namespace riftco_transformer::cpu

@@ -1,11 +1,14 @@
 #pragma once
 // FlashAttention-2 style causal attention on the CPU (no autograd).
 //
-// q, k, v, out, dq, dk, dv are contiguous (B, H, T, D); lse is (B, H, T).
-// Only tile-sized scratch is allocated (never a T×T matrix). Parallel over
-// independent work items with static OpenMP partitioning; every output
+// Tensor entry points take contiguous (B, H, T, D) q, k, v, out, dq, dk, dv
+// and lse (B, H, T). The strided entry points take any layout whose rows of
+// one head are D contiguous floats (e.g. heads packed side by side in a
+// (B, T, 3C) projection output), so callers need no permute copies. Only
+// per-thread scratch proportional to T·D is allocated (never a T×T matrix).
+// Parallel over (b, h) pairs with static OpenMP partitioning; every output
 // element is produced by one thread in a fixed order, so results are
-// bit-identical for a fixed thread count (in fact for any thread count).
+// bit-identical for any thread count.
 #include <cstdint>
 
 #include "riftco_transformer/tensor.hpp"
@@ -20,19 +23,44 @@ struct FlashTiles {
 };
 
 /// 64 query rows and 64 key rows; while query_rows·key_rows·D exceeds 2^18
-/// the key rows, then the query rows, are halved (down to 16), so every tile
-/// GEMM stays at or below OpenBLAS's threading threshold (M·N·K <= 65536·4)
-/// and runs on the calling OpenMP thread: 64×64 up to D = 64, 64×32 at
+/// the key rows, then the query rows, are halved (down to 16), which keeps a
+/// tile's scores and operands in L1/L2: 64×64 up to D = 64, 64×32 at
 /// D = 128, 64×16 at D = 256.
 FlashTiles flash_default_tiles(std::int64_t head_width);
 
-/// out = softmax(causal(q kᵀ · scale)) v; writes lse (B, H, T) = the
-/// log-sum-exp of each query row's scaled, masked scores.
+/// A read-only (B, H, T, D) view: element (b, h, t, d) is at
+/// data[b·batch_stride + h·head_stride + t·row_stride + d].
+struct HeadView {
+  const float* data;
+  std::int64_t batch_stride;
+  std::int64_t head_stride;
+  std::int64_t row_stride;
+};
+/// The same for an output.
+struct MutableHeadView {
+  float* data;
+  std::int64_t batch_stride;
+  std::int64_t head_stride;
+  std::int64_t row_stride;
+};
+
+/// out = softmax(causal(q kᵀ · scale)) v; writes lse (B, H, T), contiguous,
+/// = the log-sum-exp of each query row's scaled, masked scores.
+void flash_attention_forward(std::int64_t B, std::int64_t H, std::int64_t T, std::int64_t D, HeadView q, HeadView k,
+                             HeadView v, MutableHeadView out, float* lse, float scale, FlashTiles tiles);
+
+/// Gradients of the forward above given d_out, recomputing scores and
+/// probabilities tile by tile from q, k, lse. Writes (not adds) every
+/// element of dq, dk and dv.
+void flash_attention_backward(std::int64_t B, std::int64_t H, std::int64_t T, std::int64_t D, HeadView q, HeadView k,
+                              HeadView v, HeadView out, HeadView d_out, const float* lse, MutableHeadView dq,
+                              MutableHeadView dk, MutableHeadView dv, float scale, FlashTiles tiles);
+
+/// Tensor form over contiguous (B, H, T, D): returns out, allocates lse.
 Tensor flash_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, float scale, FlashTiles tiles,
                                Tensor& lse);
 
-/// Gradients of the forward above given d_out, recomputing scores and
-/// probabilities tile by tile from q, k, lse. dq, dk, dv are allocated here.
+/// Tensor form: dq, dk, dv are allocated here.
 void flash_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                               const Tensor& d_out, float scale, FlashTiles tiles, Tensor& dq, Tensor& dk, Tensor& dv);
 

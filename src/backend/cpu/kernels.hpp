@@ -44,6 +44,11 @@ Tensor activation_backward(Activation act, const Tensor& x, const Tensor& g);
 Tensor swiglu_forward(const Tensor& gate, const Tensor& up);
 /// d_gate, d_up given g.
 void swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& g, Tensor& d_gate, Tensor& d_up);
+/// gate_up (..., 2F) holds gate in its first F columns and up in the last F:
+/// returns silu(gate) * up (..., F), the same per-element formula as above.
+Tensor swiglu_packed_forward(const Tensor& gate_up);
+/// d gate_up (..., 2F) given g (..., F).
+Tensor swiglu_packed_backward(const Tensor& gate_up, const Tensor& g);
 
 // ---- normalization --------------------------------------------------------
 /// y = x * rstd * w per row of length C; rstd (rows) is returned for backward.
@@ -63,6 +68,11 @@ Tensor causal_fill(const Tensor& x, std::int64_t offset, float fill);
 /// x (..., T, D): rotate pairs (2i, 2i+1) by angle (offset + t) * theta_i.
 /// inverse = true rotates by the negative angle (the backward).
 Tensor rope_apply(const Tensor& x, std::int64_t offset, float base, bool inverse);
+/// Rows (b, t) of `width` floats (width/D heads of D side by side) at
+/// src + (b·T + t)·src_stride, rotated like rope_apply at offset 0 into
+/// dst + (b·T + t)·dst_stride. src == dst (in place) is allowed.
+void rope_packed(const float* src, std::int64_t src_stride, float* dst, std::int64_t dst_stride, std::int64_t batch,
+                 std::int64_t t, std::int64_t width, std::int64_t d, float base, bool inverse);
 
 // ---- embedding ------------------------------------------------------------
 Tensor embedding_forward(const Tensor& weight, std::span<const std::int32_t> ids, const Shape& out_shape);

@@ -1,8 +1,89 @@
+// RMSNorm forward/backward. Row reductions use 8 fixed lanes summed in a
+// fixed order (vec_math.hpp) and dw sums each column over rows in row order,
+// so results do not depend on the thread count.
+#include <algorithm>
 #include <cmath>
 
+#include <omp.h>
+
 #include "kernels.hpp"
+#include "vec_math.hpp"
 
 namespace riftco_transformer::cpu {
+namespace {
+
+using vec::kLanes;
+using vec::v8;
+
+/// Σ_j a[j]·b[j]·c[j] (c may be null: Σ a·b) over 8 lanes, fixed order.
+[[gnu::always_inline]] inline float dot3(const float* a, const float* b, const float* c, std::int64_t n) {
+  v8 acc{};
+  std::int64_t j = 0;
+  if (c == nullptr) {
+    for (; j + kLanes <= n; j += kLanes) acc += vec::load(a + j) * vec::load(b + j);
+  } else {
+    for (; j + kLanes <= n; j += kLanes) acc += vec::load(a + j) * vec::load(b + j) * vec::load(c + j);
+  }
+  float total = vec::sum_lanes(acc);
+  for (; j < n; ++j) total += c == nullptr ? a[j] * b[j] : a[j] * b[j] * c[j];
+  return total;
+}
+
+__attribute__((target_clones("avx2", "default"))) void forward_rows(const float* px, const float* pw, float* po,
+                                                                     float* pr, std::int64_t r0, std::int64_t r1,
+                                                                     std::int64_t c, float eps) {
+  for (std::int64_t r = r0; r < r1; ++r) {
+    const float* xr = px + r * c;
+    const float ss = dot3(xr, xr, nullptr, c);
+    const float s = 1.0F / std::sqrt(ss / static_cast<float>(c) + eps);
+    pr[r] = s;
+    float* orow = po + r * c;
+    for (std::int64_t j = 0; j < c; ++j) orow[j] = xr[j] * s * pw[j];
+  }
+}
+
+__attribute__((target_clones("avx2", "default"))) void backward_rows(const float* px, const float* pw,
+                                                                      const float* pr, const float* pg, float* pd,
+                                                                      std::int64_t r0, std::int64_t r1,
+                                                                      std::int64_t c) {
+  for (std::int64_t r = r0; r < r1; ++r) {
+    const float* xr = px + r * c;
+    const float* gr = pg + r * c;
+    const float s = pr[r];
+    const float dot = dot3(gr, pw, xr, c);
+    const float k = s * s * s * dot / static_cast<float>(c);
+    float* dr = pd + r * c;
+    for (std::int64_t j = 0; j < c; ++j) dr[j] = s * gr[j] * pw[j] - xr[j] * k;
+  }
+}
+
+/// dw[j0, j1) = Σ_rows g·x·rstd, each column summed in row order.
+__attribute__((target_clones("avx2", "default"))) void weight_columns(const float* px, const float* pg,
+                                                                       const float* pr, float* pdw, std::int64_t rows,
+                                                                       std::int64_t c, std::int64_t j0,
+                                                                       std::int64_t j1) {
+  std::fill(pdw + j0, pdw + j1, 0.0F);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const float* gr = pg + r * c;
+    const float* xr = px + r * c;
+    const float s = pr[r];
+    for (std::int64_t j = j0; j < j1; ++j) pdw[j] += gr[j] * xr[j] * s;
+  }
+}
+
+/// Static row ranges per thread.
+template <class F>
+void parallel_rows(std::int64_t rows, std::int64_t c, F&& body) {
+  const bool parallel = rows * c > 16384 && rows > 1;
+#pragma omp parallel if (parallel)
+  {
+    const std::int64_t n = omp_get_num_threads();
+    const std::int64_t t = omp_get_thread_num();
+    body(rows * t / n, rows * (t + 1) / n);
+  }
+}
+
+}  // namespace
 
 Tensor rms_norm_forward(const Tensor& x, const Tensor& w, float eps, Tensor& rstd) {
   const std::int64_t c = x.size(-1);
@@ -13,16 +94,7 @@ Tensor rms_norm_forward(const Tensor& x, const Tensor& w, float eps, Tensor& rst
   const float* pw = w.data();
   float* po = out.data();
   float* pr = rstd.data();
-#pragma omp parallel for schedule(static) if (x.numel() > 16384)
-  for (std::int64_t r = 0; r < rows; ++r) {
-    const float* xr = px + r * c;
-    float ss = 0.0F;
-    for (std::int64_t j = 0; j < c; ++j) ss += xr[j] * xr[j];
-    const float s = 1.0F / std::sqrt(ss / static_cast<float>(c) + eps);
-    pr[r] = s;
-    float* orow = po + r * c;
-    for (std::int64_t j = 0; j < c; ++j) orow[j] = xr[j] * s * pw[j];
-  }
+  parallel_rows(rows, c, [&](std::int64_t r0, std::int64_t r1) { forward_rows(px, pw, po, pr, r0, r1, c, eps); });
   return out;
 }
 
@@ -39,26 +111,20 @@ void rms_norm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, con
   if (need_dx) {
     dx = Tensor::empty(x.shape());
     float* pd = dx.data();
-#pragma omp parallel for schedule(static) if (x.numel() > 16384)
-    for (std::int64_t r = 0; r < rows; ++r) {
-      const float* xr = px + r * c;
-      const float* gr = pg + r * c;
-      const float s = pr[r];
-      float dot = 0.0F;
-      for (std::int64_t j = 0; j < c; ++j) dot += gr[j] * pw[j] * xr[j];
-      const float k = s * s * s * dot / static_cast<float>(c);
-      float* dr = pd + r * c;
-      for (std::int64_t j = 0; j < c; ++j) dr[j] = s * gr[j] * pw[j] - xr[j] * k;
-    }
+    parallel_rows(rows, c, [&](std::int64_t r0, std::int64_t r1) { backward_rows(px, pw, pr, pg, pd, r0, r1, c); });
   }
   if (need_dw) {
     dw = Tensor::empty(w.shape());
     float* pdw = dw.data();
-#pragma omp parallel for schedule(static) if (x.numel() > 16384)
-    for (std::int64_t j = 0; j < c; ++j) {
-      float acc = 0.0F;
-      for (std::int64_t r = 0; r < rows; ++r) acc += pg[r * c + j] * px[r * c + j] * pr[r];
-      pdw[j] = acc;
+    // Column blocks (multiples of 8) per thread; every column sums its rows in order.
+    const std::int64_t blocks = (c + kLanes - 1) / kLanes;
+#pragma omp parallel if (rows * c > 16384 && blocks > 1)
+    {
+      const std::int64_t n = omp_get_num_threads();
+      const std::int64_t t = omp_get_thread_num();
+      const std::int64_t j0 = std::min(c, blocks * t / n * kLanes);
+      const std::int64_t j1 = std::min(c, blocks * (t + 1) / n * kLanes);
+      if (j0 < j1) weight_columns(px, pg, pr, pdw, rows, c, j0, j1);
     }
   }
 }

@@ -1,0 +1,192 @@
+// rt-bench-step: one shape, one checkpointing policy, N training steps
+// (forward + backward + Adam) in this process; prints one JSON object.
+//
+//   rt-bench-step [--vocab V] [--width C] [--heads H] [--layers L] [--ffn F]
+//                 [--seq T] [--batch B] [--policy disabled|block|segments]
+//                 [--attention flash|materialized] [--steps N] [--warmup W]
+//
+// Reported (bench/run_benchmarks.py runs it in a fresh process per row):
+//   step_seconds      median wall time of the measured steps (and every step)
+//   tokens_per_second B·T / step_seconds
+//   peak_bytes        the CPU allocator's peak during a step above the bytes
+//                     live before it (parameters, Adam moments)
+//   rss_growth_bytes  peak resident set of this process during the steps
+//                     minus its resident set after setup (model, Adam, data):
+//                     the figure bench/torch_step.py measures the same way
+//   reserved_bytes    bytes the allocator holds (live + cached for reuse)
+//   blas              the BLAS/OpenMP libraries this process mapped
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "riftco_transformer/adam.hpp"
+#include "riftco_transformer/checkpoint.hpp"
+#include "riftco_transformer/transformer.hpp"
+
+using namespace riftco_transformer;
+
+namespace {
+
+/// A field of /proc/self/status in bytes ("VmRSS", "VmHWM").
+std::int64_t status_bytes(const std::string& field) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(field + ":", 0) == 0) {
+      std::istringstream s(line.substr(field.size() + 1));
+      std::int64_t kb = 0;
+      s >> kb;
+      return kb * 1024;
+    }
+  }
+  return -1;
+}
+
+/// Resets VmHWM to the current VmRSS (Linux >= 4.0).
+bool reset_peak_rss() {
+  std::ofstream out("/proc/self/clear_refs");
+  out << "5";
+  return static_cast<bool>(out);
+}
+
+/// Shared libraries of this process whose file name mentions BLAS, LAPACK or OpenMP.
+std::vector<std::string> mapped_libraries() {
+  std::ifstream in("/proc/self/maps");
+  std::string line;
+  std::set<std::string> found;
+  while (std::getline(in, line)) {
+    const auto slash = line.find('/');
+    if (slash == std::string::npos) continue;
+    const std::string path = line.substr(slash);
+    const std::string file = path.substr(path.rfind('/') + 1);
+    if (file.find("blas") != std::string::npos || file.find("lapack") != std::string::npos ||
+        file.find("gomp") != std::string::npos || file.find("libomp") != std::string::npos ||
+        file.find("mkl") != std::string::npos) {
+      found.insert(path);
+    }
+  }
+  return {found.begin(), found.end()};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  TransformerDimensions d;
+  d.vocab_size = 256;
+  d.model_width = 256;
+  d.heads = 8;
+  d.layers = 8;
+  d.feed_forward_width = 0;  // 0: SwiGLU's 8/3·C rounded down to a multiple of 8
+  std::int64_t seq = 256;
+  std::int64_t batch = 8;
+  std::string policy_name = "disabled";
+  std::string attention_name = "flash";
+  int steps = 3;
+  int warmup = 1;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::cerr << "rt-bench-step: " << a << " needs a value\n";
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (a == "--vocab") d.vocab_size = std::stoll(next());
+    else if (a == "--width") d.model_width = std::stoll(next());
+    else if (a == "--heads") d.heads = std::stoll(next());
+    else if (a == "--layers") d.layers = std::stoll(next());
+    else if (a == "--ffn") d.feed_forward_width = std::stoll(next());
+    else if (a == "--seq") seq = std::stoll(next());
+    else if (a == "--batch") batch = std::stoll(next());
+    else if (a == "--policy") policy_name = next();
+    else if (a == "--attention") attention_name = next();
+    else if (a == "--steps") steps = std::max(1, std::stoi(next()));
+    else if (a == "--warmup") warmup = std::max(0, std::stoi(next()));
+    else {
+      std::cerr << "usage: rt-bench-step [--vocab V] [--width C] [--heads H] [--layers L] [--ffn F] [--seq T]\n"
+                   "                     [--batch B] [--policy disabled|block|segments]\n"
+                   "                     [--attention flash|materialized] [--steps N] [--warmup W]\n";
+      return 2;
+    }
+  }
+  if (d.feed_forward_width == 0) d.feed_forward_width = d.model_width * 8 / 3 / 8 * 8;
+  d.context_length = seq;
+  const ActivationCheckpointingKind policy = parse_activation_checkpointing(policy_name, "rt-bench-step");
+  const FullSequenceAttentionKind attention = parse_attention_kind(attention_name, "rt-bench-step");
+
+  // ---- setup: model, optimizer (moments allocated here), data -------------
+  Random random(1);
+  DecoderOnlyTransformer model(d, random, 1e-5F, attention, policy);
+  std::vector<Variable> params;
+  for (const NamedParameter& p : model.parameters()) params.push_back(p.variable);
+  Adam adam(params);
+  Random data(2);
+  std::vector<std::int32_t> tokens(static_cast<std::size_t>(batch * seq));  // (B, T)
+  std::vector<std::int32_t> targets(tokens.size());                         // (B, T)
+  for (auto& t : tokens) t = static_cast<std::int32_t>(data.below(static_cast<std::uint32_t>(d.vocab_size)));
+  for (auto& t : targets) t = static_cast<std::int32_t>(data.below(static_cast<std::uint32_t>(d.vocab_size)));
+
+  const std::int64_t rss_setup = status_bytes("VmRSS");
+  const bool hwm_reset = reset_peak_rss();
+  std::vector<double> times;
+  std::vector<double> losses;
+  std::int64_t peak = 0;
+  for (int i = 0; i < warmup + steps; ++i) {
+    const std::int64_t before = memory_stats().live_bytes;
+    reset_peak_memory();
+    const auto start = std::chrono::steady_clock::now();
+    {
+      Variable loss = model.loss(tokens, targets, batch);
+      loss.backward();
+      losses.push_back(loss.value().item());
+    }  // the graph goes here, before the update (as in PyTorch)
+    adam.step();
+    adam.zero_grad();  // as the training loop does (src/train/stage_loop.cpp)
+    const auto end = std::chrono::steady_clock::now();
+    if (i >= warmup) times.push_back(std::chrono::duration<double>(end - start).count());
+    peak = std::max(peak, memory_stats().peak_bytes - before);
+  }
+  const std::int64_t rss_peak = status_bytes("VmHWM");
+  std::vector<double> sorted = times;
+  std::sort(sorted.begin(), sorted.end());
+  const double median = sorted.size() % 2 == 1
+                            ? sorted[sorted.size() / 2]
+                            : 0.5 * (sorted[sorted.size() / 2 - 1] + sorted[sorted.size() / 2]);
+  nlohmann::json out = {
+      {"impl", "riftco"},
+      {"vocab", d.vocab_size},
+      {"width", d.model_width},
+      {"heads", d.heads},
+      {"layers", d.layers},
+      {"ffn", d.feed_forward_width},
+      {"seq", seq},
+      {"batch", batch},
+      {"policy", policy_name},
+      {"attention", attention_name},
+      {"threads", omp_get_max_threads()},
+      {"warmup", warmup},
+      {"steps", steps},
+      {"step_seconds", median},
+      {"step_times", times},
+      {"losses", losses},
+      {"tokens_per_second", static_cast<double>(batch * seq) / median},
+      {"peak_bytes", peak},
+      {"reserved_bytes", memory_stats().reserved_bytes},
+      {"rss_setup_bytes", rss_setup},
+      {"rss_growth_bytes", hwm_reset ? rss_peak - rss_setup : -1},
+      {"libraries", mapped_libraries()},
+  };
+  std::cout << out.dump() << std::endl;
+  return 0;
+}

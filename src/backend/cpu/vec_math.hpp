@@ -1,0 +1,83 @@
+#pragma once
+// Vectorizable float helpers shared by the CPU kernels (private to backend/cpu).
+//
+// `v8` is a GCC vector of 8 floats: kernels written with it compile to AVX2
+// in their `target_clones("avx2", "default")` clone and to pairs of SSE
+// operations in the default one. Products and sums are written as separate
+// multiplies and adds (ISO C++ mode: no FMA contraction) and no clone enables
+// FMA, so both clones give the same bits; reductions use 8 fixed lanes summed
+// in a fixed order, so results never depend on the thread count.
+#include <bit>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+
+// Every helper is inlined into its caller's clone; the ABI note GCC gives for
+// 32-byte vectors in the default (SSE) target does not apply.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wpsabi"
+
+namespace riftco_transformer::cpu::vec {
+
+using v8 = float __attribute__((vector_size(32)));
+constexpr std::int64_t kLanes = 8;
+
+[[gnu::always_inline]] inline v8 load(const float* p) {
+  v8 v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+[[gnu::always_inline]] inline void store(float* p, v8 v) { std::memcpy(p, &v, sizeof v); }
+[[gnu::always_inline]] inline v8 splat(float x) { return v8{x, x, x, x, x, x, x, x}; }
+/// Lanes summed in a fixed order.
+[[gnu::always_inline]] inline float sum_lanes(v8 v) {
+  return ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7]));
+}
+/// (a < b ? b : a) per lane: std::max's semantics (a NaN in b is never taken).
+[[gnu::always_inline]] inline v8 max_lanes(v8 a, v8 b) { return a < b ? b : a; }
+[[gnu::always_inline]] inline float max_of_lanes(v8 v) {
+  float m = v[0];
+  for (int i = 1; i < 8; ++i) m = m < v[i] ? v[i] : m;
+  return m;
+}
+constexpr std::int64_t round_up(std::int64_t n, std::int64_t to) { return (n + to - 1) / to * to; }
+
+/// exp(a): the Cephes expf polynomial after reducing by n·ln2 (max relative
+/// error 8.2e-8 against double exp on [-87, 5]). Arguments are clamped to
+/// [-87.34, 88]: below that the result is 1.2e-38 instead of a denormal or 0;
+/// NaN stays NaN. The clamps and the NaN test work on the bit patterns (no
+/// float branches), so loops calling it vectorize.
+[[gnu::always_inline]] inline float exp_approx(float x) {
+  constexpr std::uint32_t kSign = 0x80000000U;
+  constexpr std::uint32_t kLowBits = 0xC2AEAC4FU;   // -87.33654f
+  constexpr std::uint32_t kHighBits = 0x42B00000U;  // 88.0f
+  constexpr std::uint32_t kInfBits = 0x7F800000U;
+  constexpr std::uint32_t kQuietNanBits = 0x7FC00000U;  // OR-ed into any float: a NaN
+  const std::uint32_t raw = std::bit_cast<std::uint32_t>(x);
+  // Floats of one sign order like their bit patterns (by magnitude).
+  const std::uint32_t limit = raw < kSign ? kHighBits : kLowBits;
+  const std::uint32_t bits = raw < limit ? raw : limit;
+  const float a = std::bit_cast<float>(bits);
+  const float t = a * 1.44269504088896341F + 12582912.0F;  // adding 1.5·2^23 rounds a·log2(e) to an integer
+  const float fn = t - 12582912.0F;
+  const std::int32_t n2 = std::bit_cast<std::int32_t>(t) - 0x4B400000;  // that integer, in [-126, 127]
+  const float r = (a - fn * 0.693359375F) + fn * 2.12194440e-4F;          // a - n·ln2 in two parts
+  float y = 1.9875691500e-4F;
+  y = y * r + 1.3981999507e-3F;
+  y = y * r + 8.3334519073e-3F;
+  y = y * r + 4.1665795894e-2F;
+  y = y * r + 1.6666665459e-1F;
+  y = y * r + 5.0000001201e-1F;
+  y = y * r * r + r + 1.0F;
+  const float result = y * std::bit_cast<float>(static_cast<std::uint32_t>(n2 + 127) << 23);  // · 2^n
+  const bool nan = (raw & ~kSign) > kInfBits;
+  return std::bit_cast<float>(std::bit_cast<std::uint32_t>(result) | (nan ? kQuietNanBits : 0U));
+}
+
+/// 1 / (1 + exp(-x)) through exp_approx: exactly 1 for large x, about 6e-39
+/// for x <= -88 (exp clamps at 88); NaN stays NaN.
+[[gnu::always_inline]] inline float sigmoid_approx(float x) { return 1.0F / (1.0F + exp_approx(-x)); }
+
+}  // namespace riftco_transformer::cpu::vec
+
+#pragma GCC diagnostic pop

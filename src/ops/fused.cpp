@@ -1,0 +1,352 @@
+// Fused ops for the transformer block (see fused.hpp for each composite
+// reference). Forward kernel and backward closure side by side, as in the
+// other op files.
+#include "fused.hpp"
+
+#include <cmath>
+#include <algorithm>
+#include <cstring>
+
+#include "../backend/cpu/flash_attention.hpp"
+#include "../backend/cpu/kernels.hpp"
+#include "op_util.hpp"
+
+namespace riftco_transformer::fused {
+using namespace ops_detail;
+
+namespace {
+
+/// x W_iᵀ for every weight into consecutive columns of out (rows, Σ out_i).
+void packed_forward(const float* x, std::int64_t rows, std::int64_t k, const std::vector<Tensor>& w,
+                    const std::vector<std::int64_t>& widths, std::int64_t total, float* out) {
+  std::int64_t offset = 0;
+  for (std::size_t i = 0; i < w.size(); ++i) {
+    cpu::gemm(false, true, rows, widths[i], k, 1.0F, x, k, w[i].data(), k, 0.0F, out + offset, total);
+    offset += widths[i];
+  }
+}
+
+/// Backward of packed_forward given g (rows, Σ out_i): dx = Σ_i g_i W_i in
+/// part order (when dx is non-null) and dW_i = g_iᵀ x for each needed i.
+void packed_backward(const float* g, const float* x, std::int64_t rows, std::int64_t k, const std::vector<Tensor>& w,
+                     const std::vector<std::int64_t>& widths, std::int64_t total, float* dx,
+                     std::vector<Tensor>& dw, const std::vector<bool>& need_dw) {
+  std::int64_t offset = 0;
+  for (std::size_t i = 0; i < w.size(); ++i) {
+    if (dx != nullptr) {
+      cpu::gemm(false, false, rows, k, widths[i], 1.0F, g + offset, total, w[i].data(), k, i == 0 ? 0.0F : 1.0F, dx,
+                k);
+    }
+    if (need_dw[i]) {
+      dw[i] = Tensor::empty(w[i].shape());
+      cpu::gemm(true, false, widths[i], k, rows, 1.0F, g + offset, total, x, k, 0.0F, dw[i].data(), k);
+    }
+    offset += widths[i];
+  }
+}
+
+/// Validates weights (out_i, k) against an input's last dim k.
+std::vector<std::int64_t> packed_widths(const char* op, const Variable& x, const std::vector<Variable>& weights,
+                                        std::int64_t& total) {
+  if (weights.empty()) throw ValueError(tag(op) + "needs at least one weight");
+  if (x.value().dim() < 1) throw ShapeError(tag(op) + "input " + shape_string(x.shape()) + " needs a last axis");
+  const std::int64_t k = x.shape().back();
+  std::vector<std::int64_t> widths;
+  total = 0;
+  for (std::size_t i = 0; i < weights.size(); ++i) {
+    check_pair(op, "input", x, ("weight " + std::to_string(i)).c_str(), weights[i]);
+    const Shape& ws = weights[i].shape();
+    if (ws.size() != 2 || ws[1] != k) {
+      throw ShapeError(tag(op) + "input " + shape_string(x.shape()) + " and weight " + std::to_string(i) + " " +
+                       shape_string(ws) + ": weights must be (out, " + std::to_string(k) + ")");
+    }
+    widths.push_back(ws[0]);
+    total += ws[0];
+  }
+  return widths;
+}
+
+/// out = a + b elementwise (the add op's kernel, same order).
+Tensor add_same_shape(const Tensor& a, const Tensor& b) { return cpu::binary(cpu::BinaryOp::Add, a, b, a.shape()); }
+
+}  // namespace
+
+Variable norm_linear_packed(const Variable& h, const Variable& norm_weight, float eps,
+                            const std::vector<Variable>& weights) {
+  const char* op = "norm_linear_packed";
+  check_pair(op, "input", h, "norm weight", norm_weight);
+  if (h.value().dim() < 1 || norm_weight.value().dim() != 1 || norm_weight.shape()[0] != h.shape().back()) {
+    throw ShapeError(tag(op) + "input " + shape_string(h.shape()) + " and norm weight " +
+                     shape_string(norm_weight.shape()) + ": weight must be 1-D with the input's last dimension");
+  }
+  if (!(eps > 0.0F)) throw ValueError(tag(op) + "eps must be positive, got " + std::to_string(eps));
+  std::int64_t total = 0;
+  const std::vector<std::int64_t> widths = packed_widths(op, h, weights, total);
+  const Tensor hv = h.value();
+  const Tensor nw = norm_weight.value();
+  const std::int64_t k = hv.size(-1);
+  const std::int64_t rows = k == 0 ? 0 : hv.numel() / k;
+  Shape out_shape = hv.shape();
+  out_shape.back() = total;
+  Tensor out = Tensor::empty(out_shape);  // (..., Σ out_i)
+  Tensor rstd;                            // (rows)
+  std::vector<Tensor> wv;
+  for (const Variable& w : weights) wv.push_back(w.value());
+  {
+    const Tensor x = cpu::rms_norm_forward(hv, nw, eps, rstd);  // (..., K), not kept
+    packed_forward(x.data(), rows, k, wv, widths, total, out.data());
+  }
+  std::vector<Variable> parents{h, norm_weight};
+  parents.insert(parents.end(), weights.begin(), weights.end());
+  std::vector<Tensor> saved = wv;
+  saved.push_back(hv);
+  saved.push_back(nw);
+  saved.push_back(rstd);
+  return Variable::from_op(
+      op, std::move(out), std::move(parents),
+      [hv, nw, rstd, wv, widths, total, rows, k, eps](const Tensor& g, const std::vector<bool>& needs) {
+        std::vector<Tensor> grads(wv.size() + 2);
+        Tensor unused;
+        const Tensor x = cpu::rms_norm_forward(hv, nw, eps, unused);  // recomputed, bit-identical
+        const bool need_dx = needs[0] || needs[1];
+        Tensor dx;
+        if (need_dx) dx = Tensor::empty(hv.shape());
+        std::vector<Tensor> dw(wv.size());
+        packed_backward(g.data(), x.data(), rows, k, wv, widths, total, need_dx ? dx.data() : nullptr, dw,
+                        std::vector<bool>(needs.begin() + 2, needs.end()));
+        for (std::size_t i = 0; i < wv.size(); ++i) grads[i + 2] = std::move(dw[i]);
+        if (need_dx) cpu::rms_norm_backward(hv, nw, rstd, dx, grads[0], grads[1], needs[0], needs[1]);
+        return grads;
+      },
+      std::move(saved));
+}
+
+Variable linear_residual(const Variable& residual, const Variable& x, const Variable& weight) {
+  const char* op = "linear_residual";
+  check_pair(op, "residual", residual, "input", x);
+  std::int64_t total = 0;
+  const std::vector<std::int64_t> widths = packed_widths(op, x, {weight}, total);
+  Shape out_shape = x.shape();
+  out_shape.back() = total;
+  if (residual.shape() != out_shape) {
+    throw ShapeError(tag(op) + "residual " + shape_string(residual.shape()) + " and input " +
+                     shape_string(x.shape()) + " with weight " + shape_string(weight.shape()) +
+                     ": the residual must have the projection's shape " + shape_string(out_shape));
+  }
+  const Tensor xv = x.value();
+  const std::vector<Tensor> wv{weight.value()};
+  const std::int64_t k = xv.size(-1);
+  const std::int64_t rows = k == 0 ? 0 : xv.numel() / k;
+  Tensor out;
+  {
+    Tensor projection = Tensor::empty(out_shape);  // not kept
+    packed_forward(xv.data(), rows, k, wv, widths, total, projection.data());
+    out = add_same_shape(residual.value(), projection);  // residual + x Wᵀ, as add(residual, linear(x, W))
+  }
+  return Variable::from_op(
+      op, std::move(out), {residual, x, weight},
+      [xv, wv, widths, total, rows, k](const Tensor& g, const std::vector<bool>& needs) {
+        std::vector<Tensor> grads(3);
+        if (needs[0]) grads[0] = g;
+        if (needs[1]) grads[1] = Tensor::empty(xv.shape());
+        std::vector<Tensor> dw(1);
+        packed_backward(g.data(), xv.data(), rows, k, wv, widths, total, needs[1] ? grads[1].data() : nullptr, dw,
+                        {static_cast<bool>(needs[2])});
+        grads[2] = std::move(dw[0]);
+        return grads;
+      },
+      {xv, wv[0]});
+}
+
+Variable swiglu_linear_residual(const Variable& residual, const Variable& gate_up, const Variable& weight) {
+  const char* op = "swiglu_linear_residual";
+  check_pair(op, "residual", residual, "gate_up", gate_up);
+  check_pair(op, "gate_up", gate_up, "weight", weight);
+  const Shape& gs = gate_up.shape();
+  const Shape& ws = weight.shape();
+  if (gs.empty() || gs.back() % 2 != 0 || ws.size() != 2 || ws[1] * 2 != gs.back() ||
+      residual.shape() != [&] {
+        Shape s = gs;
+        s.back() = ws[0];
+        return s;
+      }()) {
+    throw ShapeError(tag(op) + "residual " + shape_string(residual.shape()) + ", gate_up " + shape_string(gs) +
+                     " and weight " + shape_string(ws) + ": expected (..., C), (..., 2F) and (C, F)");
+  }
+  const Tensor gu = gate_up.value();
+  const std::vector<Tensor> wv{weight.value()};
+  const std::vector<std::int64_t> widths{ws[0]};
+  const std::int64_t total = ws[0];
+  const std::int64_t k = ws[1];
+  const std::int64_t rows = k == 0 ? 0 : gu.numel() / (2 * k);
+  Tensor out;
+  {
+    const Tensor m = cpu::swiglu_packed_forward(gu);  // (..., F), not kept
+    Tensor projection = Tensor::empty(residual.shape());
+    packed_forward(m.data(), rows, k, wv, widths, total, projection.data());
+    out = add_same_shape(residual.value(), projection);
+  }
+  return Variable::from_op(
+      op, std::move(out), {residual, gate_up, weight},
+      [gu, wv, widths, total, rows, k](const Tensor& g, const std::vector<bool>& needs) {
+        std::vector<Tensor> grads(3);
+        if (needs[0]) grads[0] = g;
+        const Tensor m = cpu::swiglu_packed_forward(gu);  // recomputed, bit-identical
+        Tensor dm;
+        if (needs[1]) dm = Tensor::empty(m.shape());
+        std::vector<Tensor> dw(1);
+        packed_backward(g.data(), m.data(), rows, k, wv, widths, total, needs[1] ? dm.data() : nullptr, dw,
+                        {static_cast<bool>(needs[2])});
+        grads[2] = std::move(dw[0]);
+        if (needs[1]) grads[1] = cpu::swiglu_packed_backward(gu, dm);
+        return grads;
+      },
+      {gu, wv[0]});
+}
+
+Variable linear_packed(const Variable& x, const std::vector<Variable>& weights) {
+  const char* op = "linear_packed";
+  check_defined(op, "input", x);
+  std::int64_t total = 0;
+  const std::vector<std::int64_t> widths = packed_widths(op, x, weights, total);
+  const Tensor xv = x.value();
+  const std::int64_t k = xv.size(-1);
+  const std::int64_t rows = k == 0 ? 0 : xv.numel() / k;
+  Shape out_shape = x.shape();
+  out_shape.back() = total;
+  Tensor out = Tensor::empty(out_shape);  // (..., Σ out_i): [x W_0ᵀ | x W_1ᵀ | ...]
+  std::vector<Tensor> wv;
+  for (const Variable& w : weights) wv.push_back(w.value());
+  packed_forward(xv.data(), rows, k, wv, widths, total, out.data());
+  std::vector<Variable> parents{x};
+  parents.insert(parents.end(), weights.begin(), weights.end());
+  std::vector<Tensor> saved = wv;
+  saved.push_back(xv);
+  return Variable::from_op(
+      op, std::move(out), std::move(parents),
+      [xv, wv, widths, total, rows, k](const Tensor& g, const std::vector<bool>& needs) {
+        std::vector<Tensor> grads(wv.size() + 1);
+        if (needs[0]) grads[0] = Tensor::empty(xv.shape());
+        std::vector<Tensor> dw(wv.size());
+        packed_backward(g.data(), xv.data(), rows, k, wv, widths, total, needs[0] ? grads[0].data() : nullptr, dw,
+                        std::vector<bool>(needs.begin() + 1, needs.end()));
+        for (std::size_t i = 0; i < wv.size(); ++i) grads[i + 1] = std::move(dw[i]);
+        return grads;
+      },
+      std::move(saved));
+}
+
+Variable add_columns(const Variable& x, const Variable& delta, std::int64_t offset) {
+  const char* op = "add_columns";
+  check_pair(op, "input", x, "delta", delta);
+  const Shape& xs = x.shape();
+  const Shape& ds = delta.shape();
+  if (xs.empty() || xs.size() != ds.size() || !std::equal(xs.begin(), xs.end() - 1, ds.begin()) || offset < 0 ||
+      offset + ds.back() > xs.back()) {
+    throw ShapeError(tag(op) + "input " + shape_string(xs) + " and delta " + shape_string(ds) + " at column " +
+                     std::to_string(offset) + ": delta must fit inside the input's last dimension");
+  }
+  const std::int64_t n = xs.back();
+  const std::int64_t w = ds.back();
+  const std::int64_t rows = n == 0 ? 0 : x.value().numel() / n;
+  Tensor out = x.value().clone();
+  float* po = out.data();
+  const float* pd = delta.value().data();
+#pragma omp parallel for schedule(static) if (rows * w > 32768)
+  for (std::int64_t r = 0; r < rows; ++r) {
+    for (std::int64_t j = 0; j < w; ++j) po[r * n + offset + j] += pd[r * w + j];
+  }
+  const Shape delta_shape = ds;
+  return Variable::from_op(
+      op, std::move(out), {x, delta},
+      [n, w, rows, offset, delta_shape](const Tensor& g, const std::vector<bool>& needs) {
+        std::vector<Tensor> grads(2);
+        if (needs[1]) {
+          grads[1] = Tensor::empty(delta_shape);
+          const float* pg = g.data();
+          float* p = grads[1].data();
+          for (std::int64_t r = 0; r < rows; ++r) {
+            std::memcpy(p + r * w, pg + r * n + offset, static_cast<std::size_t>(w) * sizeof(float));
+          }
+        }
+        if (needs[0]) grads[0] = g;
+        return grads;
+      });
+}
+
+namespace {
+
+struct PackedGeometry {
+  std::int64_t b, t, c, heads, d;
+};
+
+/// rope(q), rope(k) of every row of qkv into (B, T, 2C): [rope(q) | rope(k)].
+Tensor rotated_qk(const Tensor& qkv, const PackedGeometry& g, float base) {
+  Tensor rot = Tensor::empty({g.b, g.t, 2 * g.c});  // (B, T, 2C)
+  cpu::rope_packed(qkv.data(), 3 * g.c, rot.data(), 2 * g.c, g.b, g.t, 2 * g.c, g.d, base, false);
+  return rot;
+}
+
+}  // namespace
+
+Variable rope_attention_packed(const Variable& qkv, std::int64_t heads, float rope_base) {
+  const char* op = "rope_attention_packed";
+  check_defined(op, "qkv", qkv);
+  const Shape& s = qkv.shape();
+  if (s.size() != 3 || heads <= 0 || s[2] % (3 * heads) != 0 || (s[2] / (3 * heads)) % 2 != 0 || s[2] == 0) {
+    throw ShapeError(tag(op) + "qkv " + shape_string(s) + " with " + std::to_string(heads) +
+                     " heads: expected (B, T, 3·heads·D) with D even and positive");
+  }
+  if (qkv.backend() != Backend::Cpu) {
+    throw BackendError(tag(op) + "no " + std::string(backend_name(qkv.backend())) + " kernel in this build");
+  }
+  const PackedGeometry g{s[0], s[1], s[2] / 3, heads, s[2] / 3 / heads};
+  const float scale = 1.0F / std::sqrt(static_cast<float>(g.d));
+  const cpu::FlashTiles tiles = cpu::flash_default_tiles(g.d);
+  const Tensor x = qkv.value();
+  Tensor out = Tensor::empty({g.b, g.t, g.c});  // (B, T, C), heads merged
+  Tensor lse = Tensor::empty({g.b, heads, g.t});  // (B, H, T)
+  {
+    const Tensor rot = rotated_qk(x, g, rope_base);  // (B, T, 2C), freed after the kernel
+    const std::int64_t tc2 = g.t * 2 * g.c;
+    cpu::flash_attention_forward(g.b, heads, g.t, g.d, {rot.data(), tc2, g.d, 2 * g.c},
+                                 {rot.data() + g.c, tc2, g.d, 2 * g.c},
+                                 {x.data() + 2 * g.c, g.t * 3 * g.c, g.d, 3 * g.c},
+                                 {out.data(), g.t * g.c, g.d, g.c}, lse.data(), scale, tiles);
+  }
+  const Tensor ov = out;
+  return Variable::from_op(
+      op, std::move(out), {qkv},
+      [x, ov, lse, g, scale, tiles, rope_base](const Tensor& grad, const std::vector<bool>&) {
+        const Tensor rot = rotated_qk(x, g, rope_base);  // recomputed: (B, T, 2C)
+        Tensor d = Tensor::empty(x.shape());               // (B, T, 3C): [dq | dk | dv]
+        const std::int64_t tc = g.t * g.c, tc2 = 2 * tc, tc3 = 3 * tc;
+        float* pd = d.data();
+        cpu::flash_attention_backward(
+            g.b, g.heads, g.t, g.d, {rot.data(), tc2, g.d, 2 * g.c}, {rot.data() + g.c, tc2, g.d, 2 * g.c},
+            {x.data() + 2 * g.c, tc3, g.d, 3 * g.c}, {ov.data(), tc, g.d, g.c}, {grad.data(), tc, g.d, g.c},
+            lse.data(), {pd, tc3, g.d, 3 * g.c}, {pd + g.c, tc3, g.d, 3 * g.c}, {pd + 2 * g.c, tc3, g.d, 3 * g.c},
+            scale, tiles);
+        // d rope(x) → d x: the inverse rotation, in place on the q and k columns.
+        cpu::rope_packed(pd, 3 * g.c, pd, 3 * g.c, g.b, g.t, 2 * g.c, g.d, rope_base, true);
+        return std::vector<Tensor>{std::move(d)};
+      },
+      {x, ov, lse});
+}
+
+Variable swiglu_packed(const Variable& gate_up) {
+  const char* op = "swiglu_packed";
+  check_defined(op, "gate_up", gate_up);
+  if (gate_up.value().dim() < 1 || gate_up.shape().back() % 2 != 0) {
+    throw ShapeError(tag(op) + "gate_up " + shape_string(gate_up.shape()) + ": last dimension must be even (2F)");
+  }
+  const Tensor x = gate_up.value();
+  return Variable::from_op(
+      op, cpu::swiglu_packed_forward(x), {gate_up},
+      [x](const Tensor& g, const std::vector<bool>&) {
+        return std::vector<Tensor>{cpu::swiglu_packed_backward(x, g)};
+      },
+      {x});
+}
+
+}  // namespace riftco_transformer::fused
