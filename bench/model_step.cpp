@@ -140,29 +140,38 @@ int main(int argc, char** argv) {
   const std::int64_t rss_setup = status_bytes("VmRSS");
   const bool hwm_reset = reset_peak_rss();
   std::vector<double> times;
+  std::vector<double> forward_times;   // loss() (graph built)
+  std::vector<double> backward_times;  // backward() and dropping the graph
   std::vector<double> losses;
   std::int64_t peak = 0;
   for (int i = 0; i < warmup + steps; ++i) {
     const std::int64_t before = memory_stats().live_bytes;
     reset_peak_memory();
     const auto start = std::chrono::steady_clock::now();
+    std::chrono::steady_clock::time_point forward_end;
     {
       Variable loss = model.loss(tokens, targets, batch);
+      forward_end = std::chrono::steady_clock::now();
       loss.backward();
       losses.push_back(loss.value().item());
     }  // the graph goes here, before the update (as in PyTorch)
+    const auto backward_end = std::chrono::steady_clock::now();
     adam.step();
     adam.zero_grad();  // as the training loop does (src/train/stage_loop.cpp)
     const auto end = std::chrono::steady_clock::now();
-    if (i >= warmup) times.push_back(std::chrono::duration<double>(end - start).count());
+    if (i >= warmup) {
+      times.push_back(std::chrono::duration<double>(end - start).count());
+      forward_times.push_back(std::chrono::duration<double>(forward_end - start).count());
+      backward_times.push_back(std::chrono::duration<double>(backward_end - forward_end).count());
+    }
     peak = std::max(peak, memory_stats().peak_bytes - before);
   }
   const std::int64_t rss_peak = status_bytes("VmHWM");
-  std::vector<double> sorted = times;
-  std::sort(sorted.begin(), sorted.end());
-  const double median = sorted.size() % 2 == 1
-                            ? sorted[sorted.size() / 2]
-                            : 0.5 * (sorted[sorted.size() / 2 - 1] + sorted[sorted.size() / 2]);
+  auto median_of = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v.size() % 2 == 1 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+  };
+  const double median = median_of(times);
   nlohmann::json out = {
       {"impl", "riftco"},
       {"vocab", d.vocab_size},
@@ -179,6 +188,9 @@ int main(int argc, char** argv) {
       {"steps", steps},
       {"step_seconds", median},
       {"step_times", times},
+      {"forward_seconds", median_of(forward_times)},
+      {"backward_seconds", median_of(backward_times)},
+      {"optimizer_seconds", median - median_of(forward_times) - median_of(backward_times)},
       {"losses", losses},
       {"tokens_per_second", static_cast<double>(batch * seq) / median},
       {"peak_bytes", peak},

@@ -166,6 +166,9 @@ def bench_steps(args, shapes, blas):
                             "--threads", str(args.threads)]
                         e = dict(env, **TUNED_MALLOC) if who == "torch_tuned_malloc" else env
                     r = run_json(cmd, e, timeout=args.timeout)
+                    if r["threads"] != args.threads:
+                        sys.exit(f"[run_benchmarks] {who} ran on {r['threads']} threads, not {args.threads}: "
+                                 f"{' '.join(cmd)}")
                     runs[who].append(r)
                     log(f"{name} {policy} round {rnd + 1} {who}: median {r['step_seconds']:.3f} s/step, "
                         f"rss growth {r['rss_growth_bytes'] / 2**20:.0f} MiB"

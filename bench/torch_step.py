@@ -92,28 +92,37 @@ def main():
 
     rss_setup = status_bytes("VmRSS")
     hwm_reset = reset_peak_rss()
-    times, losses = [], []
+    times, forward_times, backward_times, losses = [], [], [], []
     for i in range(args.warmup + args.steps):
         start = time.perf_counter()
         logits = model(tokens)
         loss = torch.nn.functional.cross_entropy(logits.view(-1, args.vocab), targets.view(-1))
+        forward_end = time.perf_counter()
         loss.backward()
         losses.append(loss.item())
         del logits, loss
+        backward_end = time.perf_counter()
         adam.step()
         adam.zero_grad(set_to_none=True)  # riftco's Adam::zero_grad drops gradients the same way
         end = time.perf_counter()
         if i >= args.warmup:
             times.append(end - start)
+            forward_times.append(forward_end - start)
+            backward_times.append(backward_end - forward_end)
     rss_peak = status_bytes("VmHWM")
-    s = sorted(times)
-    n = len(s)
-    median = s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
+    def median_of(v):
+        s = sorted(v)
+        n = len(s)
+        return s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
+
+    median = median_of(times)
     print(json.dumps({
         "impl": "pytorch", "torch_version": torch.__version__, "vocab": args.vocab, "width": args.width,
         "heads": args.heads, "layers": args.layers, "ffn": ffn, "seq": args.seq, "batch": args.batch,
         "policy": args.policy, "attention": "materialized (torch reference)", "threads": torch.get_num_threads(),
         "warmup": args.warmup, "steps": args.steps, "step_seconds": median, "step_times": times,
+        "forward_seconds": median_of(forward_times), "backward_seconds": median_of(backward_times),
+        "optimizer_seconds": median - median_of(forward_times) - median_of(backward_times),
         "losses": losses, "tokens_per_second": args.batch * args.seq / median,
         "rss_setup_bytes": rss_setup, "rss_growth_bytes": rss_peak - rss_setup if hwm_reset else -1,
         "malloc_env": {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")},

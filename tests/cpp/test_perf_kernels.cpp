@@ -87,6 +87,18 @@ TEST(PerfGemm, PartitionedGemmMatchesFloat64OnRaggedShapes) {
   omp_set_num_threads(threads);
 }
 
+TEST(PerfGemm, GemmLeavesTheOpenMpThreadCountAlone) {
+  // OpenBLAS's OpenMP build implements openblas_set_num_threads() with
+  // omp_set_num_threads(): telling it to use one thread must not serialize
+  // the rest of the process (run this test with that build through
+  // LD_LIBRARY_PATH=/usr/lib/x86_64-linux-gnu/openblas-openmp).
+  const int before = omp_get_max_threads();
+  const Tensor a = randn({256 * 256}, 8);
+  std::vector<float> c(256 * 256);
+  cpu::gemm(false, false, 256, 256, 256, 1.0F, a.data(), 256, a.data(), 256, 0.0F, c.data(), 256);
+  EXPECT_EQ(omp_get_max_threads(), before);
+}
+
 TEST(PerfGemm, BatchedMatmulMatchesPerItemProducts) {
   // Small batched products run one item per thread: same values as a loop.
   const Tensor a = randn({6, 17, 9}, 4);

@@ -60,11 +60,12 @@ __attribute__((target_clones("avx2", "default"))) void swiglu_backward_span(cons
   }
 }
 
-/// Runs body(begin, end) over [0, n) in static chunks across the team.
+/// Runs body(begin, end) over [0, n) in fixed chunks handed out dynamically
+/// (elementwise: the bits do not depend on which thread runs a chunk).
 template <class F>
 void parallel_spans(std::int64_t n, F&& body) {
   const std::int64_t chunks = std::max<std::int64_t>(1, std::min<std::int64_t>(n / kParallelElements, 64));
-#pragma omp parallel for schedule(static) if (chunks > 1)
+#pragma omp parallel for schedule(dynamic, 1) if (chunks > 1)
   for (std::int64_t c = 0; c < chunks; ++c) {
     const std::int64_t begin = n * c / chunks;
     const std::int64_t end = n * (c + 1) / chunks;
@@ -134,7 +135,7 @@ Tensor swiglu_packed_forward(const Tensor& gate_up) {
   Tensor out = Tensor::empty(shape);
   const float* pi = gate_up.data();
   float* po = out.data();
-#pragma omp parallel for schedule(static) if (rows * f > kParallelElements)
+#pragma omp parallel for schedule(dynamic, 16) if (rows * f > kParallelElements)
   for (std::int64_t r = 0; r < rows; ++r) swiglu_span(pi + r * f2, pi + r * f2 + f, po + r * f, f);
   return out;
 }
@@ -147,7 +148,7 @@ Tensor swiglu_packed_backward(const Tensor& gate_up, const Tensor& g) {
   const float* pi = gate_up.data();
   const float* pg = g.data();
   float* pd = d.data();
-#pragma omp parallel for schedule(static) if (rows * f > kParallelElements)
+#pragma omp parallel for schedule(dynamic, 16) if (rows * f > kParallelElements)
   for (std::int64_t r = 0; r < rows; ++r) {
     swiglu_backward_span(pi + r * f2, pi + r * f2 + f, pg + r * f, pd + r * f2, pd + r * f2 + f, f);
   }

@@ -1,14 +1,18 @@
 // sgemm through OpenBLAS, parallelized by us with OpenMP.
 //
 // OpenBLAS is kept single-threaded (openblas_set_num_threads(1) before the
-// first call): its own thread pool (pthreads in Debian's default build)
+// first call with the pthreads build; the OpenMP build needs nothing, see
+// single_threaded_blas): its own thread pool (pthreads in Debian's default build)
 // would spin on the same cores as our OpenMP team, which idles in a spin
 // wait between regions — on a 2-core machine a third of the step went to
 // the two pools waiting on each other. Instead a large product is split
-// into one block of C per OpenMP thread (rows when M >= N, else columns,
-// at multiples of 16) and each block is one single-threaded sgemm. Every
-// element of C is computed by one thread with the same K order whatever the
-// split, so results depend only on the thread count and are reproducible.
+// into blocks of C (rows when M >= N, else columns, multiples of 16, at
+// least 256 wide where the product allows, up to 4 per thread) and each
+// block is one single-threaded sgemm. Blocks are handed out dynamically, so
+// on a shared machine a thread that loses its core does not hold the whole
+// product at the barrier. Every element of C is computed by one sgemm call
+// with the same K order whichever thread runs it: results depend only on
+// the blocking, which depends only on the thread count.
 #include <cblas.h>
 #include <omp.h>
 
@@ -23,12 +27,25 @@ namespace {
 /// Products with fewer multiply-adds run on the calling thread.
 constexpr std::int64_t kParallelGemmWork = std::int64_t{1} << 18;
 /// Row/column blocks handed to threads are multiples of this (the
-/// micro-kernel's unroll), so no thread gets a ragged edge in the middle.
+/// micro-kernel's unroll), so no block has a ragged edge in the middle.
 constexpr std::int64_t kBlockAlign = 16;
+/// Each block re-packs the operand it shares with the others; blocks at
+/// least this wide keep that below a few percent of the product.
+constexpr std::int64_t kMinBlock = 256;
+/// At most this many blocks per thread (enough to rebalance when a thread
+/// is descheduled).
+constexpr std::int64_t kBlocksPerThread = 4;
 
 void single_threaded_blas() {
   static std::once_flag once;
-  std::call_once(once, [] { openblas_set_num_threads(1); });
+  std::call_once(once, [] {
+    // openblas_get_parallel(): 0 sequential build, 1 pthreads, 2 OpenMP. The
+    // OpenMP build shares our OpenMP runtime and runs single-threaded inside
+    // our parallel regions by itself; its openblas_set_num_threads() would
+    // call omp_set_num_threads() and serialize every OpenMP loop of the
+    // process, so only the pthreads build is told to use one thread.
+    if (openblas_get_parallel() == 1) openblas_set_num_threads(1);
+  });
 }
 
 void sgemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* a,
@@ -56,10 +73,13 @@ void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64
     sgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     return;
   }
-  const std::int64_t parts = std::min<std::int64_t>(threads, extent / kBlockAlign);
-  const std::int64_t blocks = (extent + kBlockAlign - 1) / kBlockAlign;
-  const std::int64_t chunk = (blocks + parts - 1) / parts * kBlockAlign;  // parts·chunk >= extent
-#pragma omp parallel for schedule(static, 1) num_threads(static_cast<int>(parts))
+  // A multiple of the thread count (balanced when no thread is disturbed).
+  const std::int64_t per_thread =
+      std::clamp<std::int64_t>(extent / (threads * kMinBlock), 1, kBlocksPerThread);
+  const std::int64_t aligned = (extent + kBlockAlign - 1) / kBlockAlign;
+  const std::int64_t parts = std::min<std::int64_t>(threads * per_thread, aligned);
+  const std::int64_t chunk = (aligned + parts - 1) / parts * kBlockAlign;  // parts·chunk >= extent
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
   for (std::int64_t p = 0; p < parts; ++p) {
     const std::int64_t begin = p * chunk;
     const std::int64_t end = std::min(extent, begin + chunk);

@@ -10,7 +10,7 @@ Tensor add(const Tensor& a, const Tensor& b) {
   const float* pb = b.data();
   float* po = out.data();
   const std::int64_t n = a.numel();
-#pragma omp parallel for schedule(static) if (n > 32768)
+#pragma omp parallel for schedule(dynamic, 8192) if (n > 32768)
   for (std::int64_t i = 0; i < n; ++i) po[i] = pa[i] + pb[i];
   return out;
 }
@@ -19,7 +19,7 @@ void add_inplace(Tensor& a, const Tensor& b) {
   float* pa = a.data();
   const float* pb = b.data();
   const std::int64_t n = a.numel();
-#pragma omp parallel for schedule(static) if (n > 32768)
+#pragma omp parallel for schedule(dynamic, 8192) if (n > 32768)
   for (std::int64_t i = 0; i < n; ++i) pa[i] += pb[i];
 }
 
@@ -27,7 +27,7 @@ void axpy_inplace(Tensor& y, float alpha, const Tensor& x) {
   float* py = y.data();
   const float* px = x.data();
   const std::int64_t n = y.numel();
-#pragma omp parallel for schedule(static) if (n > 32768)
+#pragma omp parallel for schedule(dynamic, 8192) if (n > 32768)
   for (std::int64_t i = 0; i < n; ++i) py[i] += alpha * px[i];
 }
 
@@ -36,7 +36,7 @@ Tensor scale(const Tensor& a, float s) {
   const float* pa = a.data();
   float* po = out.data();
   const std::int64_t n = a.numel();
-#pragma omp parallel for schedule(static) if (n > 32768)
+#pragma omp parallel for schedule(dynamic, 8192) if (n > 32768)
   for (std::int64_t i = 0; i < n; ++i) po[i] = pa[i] * s;
   return out;
 }
@@ -105,7 +105,7 @@ Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b, const Shape& out_sh
   const std::size_t ndim = out_shape.size();
   const auto sa = broadcast_strides(a.shape(), ndim, out_shape);
   const auto sb = broadcast_strides(b.shape(), ndim, out_shape);
-#pragma omp parallel for schedule(static) if (n > 32768)
+#pragma omp parallel for schedule(dynamic, 8192) if (n > 32768)
   for (std::int64_t i = 0; i < n; ++i) {
     std::int64_t rem = i;
     std::int64_t oa = 0;

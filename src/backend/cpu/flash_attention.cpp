@@ -3,7 +3,8 @@
 //
 // Work is split by (b, h) pair: one thread runs a pair's whole forward (every
 // query tile) or backward, so each output element is computed by one thread
-// in a fixed order whatever the thread count. Per pair the operands are packed
+// in a fixed order whatever the thread count (pairs are handed out
+// dynamically; which thread takes a pair does not change its bits). Per pair the operands are packed
 // once into per-thread scratch (K and V transposed where a product needs
 // them, rows padded to a multiple of 8 floats with zeros) and every tile
 // product is the register-blocked kernel `tile_gemm` below: 4 rows × 16
@@ -19,6 +20,9 @@
 #include <string>
 
 #include "vec_math.hpp"
+
+// v8 values live inside the AVX2/baseline clones only (see vec_math.hpp).
+#pragma GCC diagnostic ignored "-Wpsabi"
 
 namespace riftco_transformer::cpu {
 
@@ -340,17 +344,21 @@ __attribute__((target_clones("avx2", "default"))) void backward_pair(
   }
 }
 
-/// One allocator-counted workspace split into per-thread slices, for at most
-/// `items` threads (no more threads than pairs ever run).
+/// One allocator-counted workspace split into per-thread slices for a team
+/// of `team` threads.
 struct Workspace {
   Tensor buffer;
   std::int64_t per_thread;
-  Workspace(std::int64_t per_thread_floats, std::int64_t items)
-      : buffer(Tensor::empty(
-            {std::max<std::int64_t>(std::min<std::int64_t>(omp_get_max_threads(), items), 1) * per_thread_floats})),
-        per_thread(per_thread_floats) {}
+  Workspace(std::int64_t per_thread_floats, int team)
+      : buffer(Tensor::empty({std::int64_t{team} * per_thread_floats})), per_thread(per_thread_floats) {}
   float* slice() { return buffer.data() + omp_get_thread_num() * per_thread; }
 };
+
+/// Threads for `pairs` independent (b, h) items: never more than the items.
+int team_size(std::int64_t pairs, std::int64_t T) {
+  if (pairs * T * T <= kParallelThreshold || pairs <= 1) return 1;
+  return static_cast<int>(std::min<std::int64_t>(omp_get_max_threads(), pairs));
+}
 
 }  // namespace
 
@@ -368,9 +376,11 @@ void flash_attention_forward(std::int64_t B, std::int64_t H, std::int64_t T, std
   if (B * H * T == 0) return;
   const PairGeometry g(T, D, tiles);
   const std::int64_t pairs = B * H;
-  const bool parallel = pairs * T * T > kParallelThreshold && pairs > 1;
-  Workspace ws(g.forward_floats(), parallel ? pairs : 1);
-#pragma omp parallel for schedule(static) if (parallel)
+  const int team = team_size(pairs, T);
+  Workspace ws(g.forward_floats(), team);
+  // Pairs are handed out dynamically (a descheduled thread does not stall the
+  // rest); each pair is computed entirely by whichever thread takes it.
+#pragma omp parallel for schedule(dynamic, 1) num_threads(team)
   for (std::int64_t bh = 0; bh < pairs; ++bh) {
     const std::int64_t b = bh / H;
     const std::int64_t h = bh % H;
@@ -389,12 +399,12 @@ void flash_attention_backward(std::int64_t B, std::int64_t H, std::int64_t T, st
   if (B * H * T == 0) return;
   const PairGeometry g(T, D, tiles);
   const std::int64_t pairs = B * H;
-  const bool parallel = pairs * T * T > kParallelThreshold && pairs > 1;
-  Workspace ws(g.backward_floats(), parallel ? pairs : 1);
+  const int team = team_size(pairs, T);
+  Workspace ws(g.backward_floats(), team);
   auto at = [](auto view, std::int64_t b, std::int64_t h) {
     return view.data + b * view.batch_stride + h * view.head_stride;
   };
-#pragma omp parallel for schedule(static) if (parallel)
+#pragma omp parallel for schedule(dynamic, 1) num_threads(team)
   for (std::int64_t bh = 0; bh < pairs; ++bh) {
     const std::int64_t b = bh / H;
     const std::int64_t h = bh % H;

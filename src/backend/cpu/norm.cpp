@@ -9,6 +9,9 @@
 #include "kernels.hpp"
 #include "vec_math.hpp"
 
+// v8 values live inside the AVX2/baseline clones only (see vec_math.hpp).
+#pragma GCC diagnostic ignored "-Wpsabi"
+
 namespace riftco_transformer::cpu {
 namespace {
 
@@ -71,16 +74,13 @@ __attribute__((target_clones("avx2", "default"))) void weight_columns(const floa
   }
 }
 
-/// Static row ranges per thread.
+/// Fixed row ranges handed out dynamically (rows are independent).
 template <class F>
 void parallel_rows(std::int64_t rows, std::int64_t c, F&& body) {
   const bool parallel = rows * c > 16384 && rows > 1;
-#pragma omp parallel if (parallel)
-  {
-    const std::int64_t n = omp_get_num_threads();
-    const std::int64_t t = omp_get_thread_num();
-    body(rows * t / n, rows * (t + 1) / n);
-  }
+  const std::int64_t chunks = parallel ? std::min<std::int64_t>(rows, 4 * omp_get_max_threads()) : 1;
+#pragma omp parallel for schedule(dynamic, 1) if (parallel)
+  for (std::int64_t i = 0; i < chunks; ++i) body(rows * i / chunks, rows * (i + 1) / chunks);
 }
 
 }  // namespace

@@ -90,7 +90,7 @@ void rope_packed(const float* src, std::int64_t src_stride, float* dst, std::int
   const std::int64_t heads = width / d;
   if (batch * t * width == 0) return;
   const auto table = rope_table(d, base, t);
-#pragma omp parallel for schedule(static) if (batch * t * width > 16384)
+#pragma omp parallel for schedule(dynamic, 16) if (batch * t * width > 16384)
   for (std::int64_t r = 0; r < batch * t; ++r) {
     const std::int64_t p = r % t;
     const float* cr = table->cos.data() + p * half;
