@@ -65,6 +65,8 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--foreach", type=int, default=0,
+                    help="torch.optim.Adam(foreach=...): 0 (1.13 default) or 1 (multi-tensor: no faster here, +230 MiB on S3)")
     args = ap.parse_args()
     ffn = args.ffn or args.width * 8 // 3 // 8 * 8
 
@@ -80,7 +82,7 @@ def main():
                 std = 0.02 / (2 * args.layers) ** 0.5 if name.endswith(("output", "down")) else 0.02
                 p.normal_(0.0, std)
     params = list(model.parameters())
-    adam = torch.optim.Adam(params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8)
+    adam = torch.optim.Adam(params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, foreach=bool(args.foreach))
     # Adam's moments are allocated at setup, as riftco's Adam does, so the
     # growth measured below is what a step needs on both sides.
     for p in params:
@@ -125,7 +127,7 @@ def main():
         "optimizer_seconds": median - median_of(forward_times) - median_of(backward_times),
         "losses": losses, "tokens_per_second": args.batch * args.seq / median,
         "rss_setup_bytes": rss_setup, "rss_growth_bytes": rss_peak - rss_setup if hwm_reset else -1,
-        "malloc_env": {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")},
+        "adam_foreach": bool(args.foreach), "malloc_env": {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")},
         "libraries": mapped_libraries(),
     }))
 

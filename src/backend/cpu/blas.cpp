@@ -7,7 +7,7 @@
 // wait between regions — on a 2-core machine a third of the step went to
 // the two pools waiting on each other. Instead a large product is split
 // into blocks of C (rows when M >= N, else columns, multiples of 16, at
-// least 256 wide where the product allows, up to 4 per thread) and each
+// least 512 wide where the product allows, up to 4 per thread) and each
 // block is one single-threaded sgemm. Blocks are handed out dynamically, so
 // on a shared machine a thread that loses its core does not hold the whole
 // product at the barrier. Every element of C is computed by one sgemm call
@@ -29,9 +29,10 @@ constexpr std::int64_t kParallelGemmWork = std::int64_t{1} << 18;
 /// Row/column blocks handed to threads are multiples of this (the
 /// micro-kernel's unroll), so no block has a ragged edge in the middle.
 constexpr std::int64_t kBlockAlign = 16;
-/// Each block re-packs the operand it shares with the others; blocks at
-/// least this wide keep that below a few percent of the product.
-constexpr std::int64_t kMinBlock = 256;
+/// Each block re-packs the operand it shares with the others (OpenBLAS packs
+/// it once per call): about 15/width of the block's time, so blocks are at
+/// least this wide (~3%) — a 2048-row product gets 4 blocks on 2 threads.
+constexpr std::int64_t kMinBlock = 512;
 /// At most this many blocks per thread (enough to rebalance when a thread
 /// is descheduled).
 constexpr std::int64_t kBlocksPerThread = 4;
