@@ -12,8 +12,8 @@ cmake --build build --target rt-train rt-generate
 
 out=runs/demo
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
-./build/rt-train pretrain --output "$out" --steps 240 --batch 8 --sequence-length 128 \
-  --eval-interval 40 --checkpoint-interval 60 "$@"
+./build/rt-train pretrain --output "$out" --steps 600 --batch 8 --sequence-length 128 \
+  --eval-interval 100 --checkpoint-interval 200 "$@"
 
 echo
 echo "== sample (rt-generate --model $out/model.safetensors --prompt 'The ') =="

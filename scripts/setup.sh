@@ -7,6 +7,7 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build pkg-config
   libopenblas-dev            # BLAS (sgemm) for every matmul
+  libopenblas0-openmp        # the OpenMP OpenBLAS both sides of bench/run_benchmarks.py load
   nlohmann-json3-dev         # JSON: model-state headers, metadata
   libgtest-dev               # C++ tests
   libbenchmark-dev           # kernel micro-benchmarks
