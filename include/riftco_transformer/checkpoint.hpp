@@ -50,6 +50,9 @@ struct CheckpointOptions {
 /// nested isolated gradient pass (VJP), the input and dependency gradients
 /// handed to the outer pass; the replay graph is then released.
 ///
+/// One thread builds and differentiates a given graph at a time: "made inside
+/// the callable" is decided by node creation order, which is process-wide.
+///
 /// Every dependency must be a unique leaf. A dependency may be frozen
 /// (requires_grad false): it is still part of the boundary (its version is
 /// checked) but receives no gradient. The input need not require grad.
