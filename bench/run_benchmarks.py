@@ -208,7 +208,10 @@ def bench_kernels(args, blas):
         log(f"{tool} not built (Google Benchmark missing?): no kernel table")
         return None
     out = args.out_dir / "kernels.json"
-    env = base_env(args.threads, blas, args.wait_policy)
+    # Kernels run alone with libgomp's default (spinning) wait policy: they
+    # measure what a kernel can do, and every GEMM call is a parallel region.
+    env = base_env(args.threads, blas, None)
+    env.pop("OMP_WAIT_POLICY", None)
     cmd = [str(tool), f"--benchmark_out={out}", "--benchmark_out_format=json"]
     if args.quick:
         cmd.append("--benchmark_filter=Peak|Gemm/M:2048/N:256/K:256")
@@ -280,8 +283,8 @@ def markdown(result):
             lines.append(f"| {r['shape']} | {r['policy']} | {d['step_seconds']:.3f} s, {mib(d['rss_growth_bytes'])} "
                          f"| {tt['step_seconds']:.3f} s, {mib(tt['rss_growth_bytes'])} |")
     lines.append("")
-    lines.append("Where the step goes (median seconds: forward = loss with the graph built, backward = backward() "
-                 "and dropping the graph, optimizer = Adam step + zero_grad):")
+    lines.append("Where the step goes (median seconds per step of the row's time figure: forward = loss with the "
+                 "graph built, backward = backward() and dropping the graph, Adam = step + zero_grad):")
     lines.append("")
     lines.append("| shape | policy | ours forward | ours backward | ours Adam | PyTorch forward | PyTorch backward | "
                  "PyTorch Adam |")
@@ -303,8 +306,8 @@ def markdown(result):
         lines.append("")
     k = result.get("kernels")
     if k:
-        lines.append("Kernel micro-benchmarks (`rt-bench-kernels`, same run; `of peak` is against the FMA peak "
-                     "for GFLOP/s rows and the STREAM triad over 64 MiB arrays for GB/s rows — operands that fit "
+        lines.append("Kernel micro-benchmarks (`rt-bench-kernels`, same run, libgomp's default wait policy, median "
+                     "of 3 repetitions; `of peak` is against the FMA peak for GFLOP/s rows and the STREAM triad over 64 MiB arrays for GB/s rows — operands that fit "
                      "in L2/L3 can exceed that DRAM figure):")
         lines.append("")
         lines.append("| benchmark | time | rate | of peak |")
