@@ -88,12 +88,14 @@ def blas_dir():
     return None
 
 
-def base_env(threads, blas):
+def base_env(threads, blas, wait_policy):
     env = dict(os.environ)
     for k in list(env):
         if k.startswith("MALLOC_"):
             del env[k]
     env["OMP_NUM_THREADS"] = str(threads)
+    if wait_policy:
+        env["OMP_WAIT_POLICY"] = wait_policy
     env["OPENBLAS_NUM_THREADS"] = str(threads)
     if blas:
         env["LD_LIBRARY_PATH"] = blas + (":" + env["LD_LIBRARY_PATH"] if env.get("LD_LIBRARY_PATH") else "")
@@ -140,7 +142,7 @@ def summarize(runs):
 
 
 def bench_steps(args, shapes, blas):
-    env = base_env(args.threads, blas)
+    env = base_env(args.threads, blas, args.wait_policy)
     have_torch = not args.no_torch and torch_available()
     if not have_torch:
         log("PyTorch not available (or --no-torch): measuring riftco only")
@@ -206,7 +208,10 @@ def bench_kernels(args, blas):
         log(f"{tool} not built (Google Benchmark missing?): no kernel table")
         return None
     out = args.out_dir / "kernels.json"
-    env = base_env(args.threads, blas)
+    # Kernels run alone with libgomp's default (spinning) wait policy: they
+    # measure what a kernel can do, and every GEMM call is a parallel region.
+    env = base_env(args.threads, blas, None)
+    env.pop("OMP_WAIT_POLICY", None)
     cmd = [str(tool), f"--benchmark_out={out}", "--benchmark_out_format=json"]
     if args.quick:
         cmd.append("--benchmark_filter=Peak|Gemm/M:2048/N:256/K:256")
@@ -241,7 +246,8 @@ def markdown(result):
     rows = result["steps"]
     lines = []
     lines.append(f"Command: `{result['command']}`  ")
-    lines.append(f"Date: {result['date']}; threads: {result['threads']}; machine load average at start "
+    lines.append(f"Date: {result['date']}; threads: {result['threads']}; OMP_WAIT_POLICY "
+                 f"{result['omp_wait_policy']} (both sides); machine load average at start "
                  f"{result['load_average_start']}, at end {result['load_average_end']}; "
                  f"{result['rounds']} round(s) per row, processes alternating.  ")
     if result.get("torch_version"):
@@ -277,8 +283,8 @@ def markdown(result):
             lines.append(f"| {r['shape']} | {r['policy']} | {d['step_seconds']:.3f} s, {mib(d['rss_growth_bytes'])} "
                          f"| {tt['step_seconds']:.3f} s, {mib(tt['rss_growth_bytes'])} |")
     lines.append("")
-    lines.append("Where the step goes (median seconds: forward = loss with the graph built, backward = backward() "
-                 "and dropping the graph, optimizer = Adam step + zero_grad):")
+    lines.append("Where the step goes (median seconds per step of the row's time figure: forward = loss with the "
+                 "graph built, backward = backward() and dropping the graph, Adam = step + zero_grad):")
     lines.append("")
     lines.append("| shape | policy | ours forward | ours backward | ours Adam | PyTorch forward | PyTorch backward | "
                  "PyTorch Adam |")
@@ -300,8 +306,8 @@ def markdown(result):
         lines.append("")
     k = result.get("kernels")
     if k:
-        lines.append("Kernel micro-benchmarks (`rt-bench-kernels`, same run; `of peak` is against the FMA peak "
-                     "for GFLOP/s rows and the STREAM triad over 64 MiB arrays for GB/s rows — operands that fit "
+        lines.append("Kernel micro-benchmarks (`rt-bench-kernels`, same run, libgomp's default wait policy, median "
+                     "of 3 repetitions; `of peak` is against the FMA peak for GFLOP/s rows and the STREAM triad over 64 MiB arrays for GB/s rows — operands that fit "
                      "in L2/L3 can exceed that DRAM figure):")
         lines.append("")
         lines.append("| benchmark | time | rate | of peak |")
@@ -411,6 +417,10 @@ def main():
     ap.add_argument("--steps", type=int, default=None, help="measured steps per process (default S1 5, others 3)")
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--timeout", type=int, default=900, help="seconds per process")
+    ap.add_argument("--wait-policy", default="passive",
+                    help="OMP_WAIT_POLICY for both sides ('' keeps the environment's). Passive by default: on a "
+                         "shared machine threads spinning at barriers take the cores their preempted partners "
+                         "need (PyTorch S1 under load: 3.7-4.0 s/step spinning, 2.0-2.4 s passive)")
     ap.add_argument("--no-torch", action="store_true")
     ap.add_argument("--no-kernels", action="store_true")
     args = ap.parse_args()
@@ -436,6 +446,7 @@ def main():
         "command": "/usr/bin/python3 bench/run_benchmarks.py " + " ".join(sys.argv[1:]),
         "date": started,
         "threads": args.threads,
+        "omp_wait_policy": args.wait_policy or os.environ.get("OMP_WAIT_POLICY", "(libgomp default)"),
         "rounds": args.rounds,
         "load_average_start": load_start,
         "load_average_end": load_average(),

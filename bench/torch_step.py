@@ -94,7 +94,7 @@ def main():
 
     rss_setup = status_bytes("VmRSS")
     hwm_reset = reset_peak_rss()
-    times, forward_times, backward_times, losses = [], [], [], []
+    times, forward_times, backward_times, optimizer_times, losses = [], [], [], [], []
     for i in range(args.warmup + args.steps):
         start = time.perf_counter()
         logits = model(tokens)
@@ -111,6 +111,7 @@ def main():
             times.append(end - start)
             forward_times.append(forward_end - start)
             backward_times.append(backward_end - forward_end)
+            optimizer_times.append(end - backward_end)
     rss_peak = status_bytes("VmHWM")
     def median_of(v):
         s = sorted(v)
@@ -124,7 +125,7 @@ def main():
         "policy": args.policy, "attention": "materialized (torch reference)", "threads": torch.get_num_threads(),
         "warmup": args.warmup, "steps": args.steps, "step_seconds": median, "step_times": times,
         "forward_seconds": median_of(forward_times), "backward_seconds": median_of(backward_times),
-        "optimizer_seconds": median - median_of(forward_times) - median_of(backward_times),
+        "optimizer_seconds": median_of(optimizer_times),
         "losses": losses, "tokens_per_second": args.batch * args.seq / median,
         "rss_setup_bytes": rss_setup, "rss_growth_bytes": rss_peak - rss_setup if hwm_reset else -1,
         "adam_foreach": bool(args.foreach), "malloc_env": {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")},
