@@ -1,6 +1,10 @@
 #include "riftco_transformer/adam.hpp"
 
 #include <cmath>
+#include <span>
+#include <vector>
+
+#include "../backend/cpu/kernels.hpp"
 
 namespace riftco_transformer {
 
@@ -39,7 +43,8 @@ void Adam::set_learning_rate(float lr) {
 
 float Adam::step() {
   // Validate everything first: a bad gradient changes nothing.
-  double norm_sq = 0.0;
+  std::vector<std::size_t> with_grad;
+  std::vector<std::span<const float>> grads;
   for (std::size_t i = 0; i < params_.size(); ++i) {
     const Tensor& g = params_[i].grad();
     if (!g.defined()) continue;
@@ -47,39 +52,32 @@ float Adam::step() {
       throw ShapeError("[Adam] gradient " + shape_string(g.shape()) + " of '" + params_[i].name() +
                        "' does not match its value " + shape_string(params_[i].value().shape()));
     }
-    const float* pg = g.data();
-    for (std::int64_t j = 0; j < g.numel(); ++j) norm_sq += static_cast<double>(pg[j]) * pg[j];
+    with_grad.push_back(i);
+    grads.emplace_back(g.data(), static_cast<std::size_t>(g.numel()));
   }
-  const auto norm = static_cast<float>(std::sqrt(norm_sq));
+  const auto norm = static_cast<float>(std::sqrt(cpu::sum_of_squares(grads)));
   float clip = 1.0F;
   if (options_.max_grad_norm > 0.0F && norm > options_.max_grad_norm) clip = options_.max_grad_norm / (norm + 1e-6F);
 
   ++steps_;
-  const float b1 = options_.beta1;
-  const float b2 = options_.beta2;
   const auto t = static_cast<double>(steps_);
-  const auto c1 = static_cast<float>(1.0 - std::pow(static_cast<double>(b1), t));
-  const auto c2 = static_cast<float>(1.0 - std::pow(static_cast<double>(b2), t));
-  const float lr = options_.learning_rate;
-  const float decay = 1.0F - lr * options_.weight_decay;
-  for (std::size_t i = 0; i < params_.size(); ++i) {
-    const Tensor g = params_[i].grad();
-    if (!g.defined()) continue;
+  cpu::AdamCoefficients c{};
+  c.beta1 = options_.beta1;
+  c.beta2 = options_.beta2;
+  c.bias1 = static_cast<float>(1.0 - std::pow(static_cast<double>(options_.beta1), t));
+  c.bias2 = static_cast<float>(1.0 - std::pow(static_cast<double>(options_.beta2), t));
+  c.learning_rate = options_.learning_rate;
+  c.decay = 1.0F - options_.learning_rate * options_.weight_decay;
+  c.epsilon = options_.epsilon;
+  c.clip = clip;
+  std::vector<cpu::AdamUpdate> updates;
+  updates.reserve(with_grad.size());
+  for (std::size_t k = 0; k < with_grad.size(); ++k) {
+    const std::size_t i = with_grad[k];
     float* theta = params_[i].mutable_value().data();  // bumps the version
-    float* m = m_[i].data();
-    float* v = v_[i].data();
-    const float* pg = g.data();
-    const std::int64_t n = g.numel();
-#pragma omp parallel for schedule(static) if (n > 65536)
-    for (std::int64_t j = 0; j < n; ++j) {
-      const float gj = pg[j] * clip;
-      m[j] = b1 * m[j] + (1.0F - b1) * gj;
-      v[j] = b2 * v[j] + (1.0F - b2) * gj * gj;
-      const float m_hat = m[j] / c1;
-      const float v_hat = v[j] / c2;
-      theta[j] = theta[j] * decay - lr * m_hat / (std::sqrt(v_hat) + options_.epsilon);
-    }
+    updates.push_back({theta, m_[i].data(), v_[i].data(), grads[k].data(), params_[i].value().numel()});
   }
+  cpu::adam_update(updates, c);
   return norm;
 }
 

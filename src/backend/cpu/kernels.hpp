@@ -89,4 +89,27 @@ float cross_entropy_forward(const Tensor& logits, std::span<const std::int32_t> 
 Tensor cross_entropy_backward(const Tensor& probs, std::span<const std::int32_t> targets, std::int32_t ignore,
                               std::int64_t count, float g);
 
+// ---- optimizer ------------------------------------------------------------
+/// Σ x² over every span, accumulated in double. The spans are cut into fixed
+/// chunks whose partial sums are added in order, so the result does not
+/// depend on the thread count.
+double sum_of_squares(std::span<const std::span<const float>> spans);
+
+/// One Adam(W) update over a parameter: with g' = g·clip,
+///   m = b1·m + (1−b1)·g',  v = b2·v + (1−b2)·g'²,
+///   θ = θ·decay − lr·(m/c1) / (√(v/c2) + eps).
+struct AdamUpdate {
+  float* theta;
+  float* m;
+  float* v;
+  const float* grad;
+  std::int64_t n;
+};
+struct AdamCoefficients {
+  float beta1, beta2, bias1, bias2, learning_rate, decay, epsilon, clip;
+};
+/// Applies the update to every parameter in one parallel pass (elementwise:
+/// the bits do not depend on the thread count).
+void adam_update(std::span<const AdamUpdate> params, const AdamCoefficients& c);
+
 }  // namespace riftco_transformer::cpu
