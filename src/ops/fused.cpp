@@ -16,33 +16,45 @@ using namespace ops_detail;
 
 namespace {
 
-/// x W_iᵀ for every weight into consecutive columns of out (rows, Σ out_i).
+/// x W_iᵀ for every weight into consecutive columns of out (rows, Σ out_i),
+/// all products in one parallel region.
 void packed_forward(const float* x, std::int64_t rows, std::int64_t k, const std::vector<Tensor>& w,
                     const std::vector<std::int64_t>& widths, std::int64_t total, float* out) {
+  std::vector<cpu::GemmProblem> problems;
   std::int64_t offset = 0;
   for (std::size_t i = 0; i < w.size(); ++i) {
-    cpu::gemm(false, true, rows, widths[i], k, 1.0F, x, k, w[i].data(), k, 0.0F, out + offset, total);
+    problems.push_back({false, true, rows, widths[i], k, 1.0F, x, k, w[i].data(), k, 0.0F, out + offset, total});
     offset += widths[i];
   }
+  std::vector<std::span<const cpu::GemmProblem>> chains;
+  for (const cpu::GemmProblem& p : problems) chains.emplace_back(&p, 1);
+  cpu::gemm_group(chains);
 }
 
 /// Backward of packed_forward given g (rows, Σ out_i): dx = Σ_i g_i W_i in
-/// part order (when dx is non-null) and dW_i = g_iᵀ x for each needed i.
+/// part order (when dx is non-null; one chain) and dW_i = g_iᵀ x for each
+/// needed i, all in one parallel region.
 void packed_backward(const float* g, const float* x, std::int64_t rows, std::int64_t k, const std::vector<Tensor>& w,
                      const std::vector<std::int64_t>& widths, std::int64_t total, float* dx,
                      std::vector<Tensor>& dw, const std::vector<bool>& need_dw) {
+  std::vector<cpu::GemmProblem> dx_chain;
+  std::vector<cpu::GemmProblem> dw_problems;
   std::int64_t offset = 0;
   for (std::size_t i = 0; i < w.size(); ++i) {
     if (dx != nullptr) {
-      cpu::gemm(false, false, rows, k, widths[i], 1.0F, g + offset, total, w[i].data(), k, i == 0 ? 0.0F : 1.0F, dx,
-                k);
+      dx_chain.push_back({false, false, rows, k, widths[i], 1.0F, g + offset, total, w[i].data(), k,
+                          i == 0 ? 0.0F : 1.0F, dx, k});
     }
     if (need_dw[i]) {
       dw[i] = Tensor::empty(w[i].shape());
-      cpu::gemm(true, false, widths[i], k, rows, 1.0F, g + offset, total, x, k, 0.0F, dw[i].data(), k);
+      dw_problems.push_back({true, false, widths[i], k, rows, 1.0F, g + offset, total, x, k, 0.0F, dw[i].data(), k});
     }
     offset += widths[i];
   }
+  std::vector<std::span<const cpu::GemmProblem>> chains;
+  if (!dx_chain.empty()) chains.emplace_back(dx_chain);
+  for (const cpu::GemmProblem& p : dw_problems) chains.emplace_back(&p, 1);
+  cpu::gemm_group(chains);
 }
 
 /// Validates weights (out_i, k) against an input's last dim k.

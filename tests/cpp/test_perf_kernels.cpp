@@ -1,6 +1,7 @@
 // Kernels changed for speed: the OpenMP-partitioned GEMM against a float64
 // reference on ragged shapes, every transpose and strided C; the caching
-// allocator's accounting; rope_packed against rope_apply.
+// allocator's accounting; rope_packed against rope_apply; gemm_group
+// against one gemm() per product.
 #include <gtest/gtest.h>
 #include <omp.h>
 
@@ -110,6 +111,71 @@ TEST(PerfGemm, BatchedMatmulMatchesPerItemProducts) {
               11);
     for (std::int64_t j = 0; j < 17 * 11; ++j) EXPECT_EQ(c.data()[i * 17 * 11 + j], one[static_cast<std::size_t>(j)]);
   }
+}
+
+TEST(PerfGemm, GroupEqualsOneGemmPerProductInChainOrder) {
+  // gemm_group runs chains (products accumulating into one C, in order) and
+  // independent products in one parallel region: bit-identical to calling
+  // gemm() for each product in order, for 1, 2 and 3 threads. Shapes: a
+  // packed-projection backward (dx chain of three, three dW), plus a tiny
+  // product that is not split and a k = 0 chain.
+  const std::int64_t rows = 600, k = 520, w = 530, total = 3 * w;
+  const Tensor g = randn({rows * total}, 11);
+  const Tensor x = randn({rows * k}, 12);
+  std::vector<Tensor> weights;
+  for (int i = 0; i < 3; ++i) weights.push_back(randn({w * k}, 13 + static_cast<std::uint64_t>(i)));
+  const Tensor small_a = randn({5 * 7}, 20), small_b = randn({7 * 3}, 21);
+  const int before = omp_get_max_threads();
+  for (const int t : {1, 2, 3}) {
+    omp_set_num_threads(t);
+    auto problems = [&](std::vector<float>& dx, std::vector<std::vector<float>>& dw, std::vector<float>& small,
+                        std::vector<float>& empty_k) {
+      std::vector<cpu::GemmProblem> chain;
+      std::vector<cpu::GemmProblem> singles;
+      for (std::int64_t i = 0; i < 3; ++i) {
+        chain.push_back({false, false, rows, k, w, 1.0F, g.data() + i * w, total, weights[static_cast<std::size_t>(i)].data(),
+                         k, i == 0 ? 0.0F : 1.0F, dx.data(), k});
+        singles.push_back({true, false, w, k, rows, 1.0F, g.data() + i * w, total, x.data(), k, 0.0F,
+                           dw[static_cast<std::size_t>(i)].data(), k});
+      }
+      singles.push_back({false, false, 5, 3, 7, 0.5F, small_a.data(), 7, small_b.data(), 3, 0.0F, small.data(), 3});
+      singles.push_back({false, false, 40, 40, 0, 1.0F, nullptr, 1, nullptr, 40, 0.5F, empty_k.data(), 40});
+      return std::make_pair(chain, singles);
+    };
+    auto fresh = [&] {
+      std::vector<std::vector<float>> dw(3, std::vector<float>(static_cast<std::size_t>(w * k), 7.0F));
+      return dw;
+    };
+    std::vector<float> dx1(static_cast<std::size_t>(rows * k), 3.0F), dx2 = dx1;
+    std::vector<std::vector<float>> dw1 = fresh(), dw2 = fresh();
+    std::vector<float> small1(15, 1.0F), small2 = small1, empty1(1600, 2.0F), empty2 = empty1;
+    {  // one gemm() per product
+      auto [chain, singles] = problems(dx1, dw1, small1, empty1);
+      for (const auto* list : {&chain, &singles}) {
+        for (const cpu::GemmProblem& p : *list) {
+          cpu::gemm(p.trans_a, p.trans_b, p.m, p.n, p.k, p.alpha, p.a, p.lda, p.b, p.ldb, p.beta, p.c, p.ldc);
+        }
+      }
+    }
+    {  // one group
+      auto [chain, singles] = problems(dx2, dw2, small2, empty2);
+      std::vector<std::span<const cpu::GemmProblem>> chains{chain};
+      for (const cpu::GemmProblem& p : singles) chains.emplace_back(&p, 1);
+      cpu::gemm_group(chains);
+    }
+    EXPECT_EQ(dx1, dx2) << t << " threads";
+    EXPECT_EQ(dw1, dw2) << t << " threads";
+    EXPECT_EQ(small1, small2) << t << " threads";
+    EXPECT_EQ(empty1, empty2) << t << " threads";
+    EXPECT_EQ(empty2[0], 1.0F);  // k = 0: C = beta C
+    // And the chain really accumulated: dx = Σ_i g_i W_i, checked at one entry in double.
+    double want = 0.0;
+    for (std::int64_t i = 0; i < 3; ++i)
+      for (std::int64_t j = 0; j < w; ++j)
+        want += static_cast<double>(g.data()[5 * total + i * w + j]) * weights[static_cast<std::size_t>(i)].data()[j * k + 9];
+    EXPECT_NEAR(dx2[5 * k + 9], want, 1e-3);
+  }
+  omp_set_num_threads(before);
 }
 
 TEST(PerfAllocator, CachedBlocksAreReusedAndCountersStayExact) {

@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <mutex>
+#include <vector>
 
 #include "kernels.hpp"
 
@@ -56,43 +57,95 @@ void sgemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int6
               static_cast<blasint>(lda), b, static_cast<blasint>(ldb), beta, c, static_cast<blasint>(ldc));
 }
 
+/// How a chain's C is cut: `parts` blocks of `chunk` rows (or columns),
+/// or one block when the product is too small to split. Depends only on the
+/// chain's shape and the thread count, so a product gives the same bits
+/// whether it runs alone or in a group.
+struct Blocking {
+  bool rows = true;
+  std::int64_t extent = 0;
+  std::int64_t parts = 1;
+  std::int64_t chunk = 0;
+};
+
+Blocking blocking_for(std::span<const GemmProblem> chain, int threads) {
+  const GemmProblem& first = chain.front();
+  Blocking b;
+  b.rows = first.m >= first.n;
+  b.extent = b.rows ? first.m : first.n;
+  b.chunk = b.extent;
+  bool large = threads > 1 && b.extent >= 2 * kBlockAlign;
+  for (const GemmProblem& p : chain) large = large && p.m * p.n * p.k >= kParallelGemmWork;
+  if (!large) return b;
+  // A multiple of the thread count (balanced when no thread is disturbed).
+  const std::int64_t per_thread = std::clamp<std::int64_t>(b.extent / (threads * kMinBlock), 1, kBlocksPerThread);
+  const std::int64_t aligned = (b.extent + kBlockAlign - 1) / kBlockAlign;
+  b.parts = std::min<std::int64_t>(threads * per_thread, aligned);
+  b.chunk = (aligned + b.parts - 1) / b.parts * kBlockAlign;  // parts·chunk >= extent
+  return b;
+}
+
+/// Rows (or columns) [begin, end) of C for every product of a chain, in order.
+void run_block(std::span<const GemmProblem> chain, bool rows, std::int64_t begin, std::int64_t end) {
+  for (const GemmProblem& p : chain) {
+    if (p.k == 0) {
+      for (std::int64_t i = rows ? begin : 0; i < (rows ? end : p.m); ++i)
+        for (std::int64_t j = rows ? 0 : begin; j < (rows ? p.n : end); ++j)
+          p.c[i * p.ldc + j] = p.beta == 0.0F ? 0.0F : p.beta * p.c[i * p.ldc + j];
+    } else if (rows) {  // rows [begin, end) of C and op(A)
+      const float* ap = p.trans_a ? p.a + begin : p.a + begin * p.lda;
+      sgemm(p.trans_a, p.trans_b, end - begin, p.n, p.k, p.alpha, ap, p.lda, p.b, p.ldb, p.beta, p.c + begin * p.ldc,
+            p.ldc);
+    } else {  // columns [begin, end) of C and op(B)
+      const float* bp = p.trans_b ? p.b + begin * p.ldb : p.b + begin;
+      sgemm(p.trans_a, p.trans_b, p.m, end - begin, p.k, p.alpha, p.a, p.lda, bp, p.ldb, p.beta, p.c + begin,
+            p.ldc);
+    }
+  }
+}
+
 }  // namespace
+
+void gemm_group(std::span<const std::span<const GemmProblem>> chains) {
+  single_threaded_blas();
+  const int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
+  struct Task {
+    std::size_t chain;
+    bool rows;
+    std::int64_t begin, end;
+    double work;
+  };
+  std::vector<Task> tasks;
+  for (std::size_t c = 0; c < chains.size(); ++c) {
+    const std::span<const GemmProblem> chain = chains[c];
+    if (chain.empty() || chain.front().m == 0 || chain.front().n == 0) continue;
+    double k_sum = 0.0;
+    for (const GemmProblem& p : chain) k_sum += static_cast<double>(p.k);
+    const Blocking b = blocking_for(chain, threads);
+    for (std::int64_t part = 0; part < b.parts; ++part) {
+      const std::int64_t begin = part * b.chunk;
+      const std::int64_t end = std::min(b.extent, begin + b.chunk);
+      if (begin >= end) continue;
+      const double other = static_cast<double>(b.rows ? chain.front().n : chain.front().m);
+      tasks.push_back({c, b.rows, begin, end, static_cast<double>(end - begin) * other * (k_sum + 1.0)});
+    }
+  }
+  // Largest blocks first (scheduling only: which thread runs a block never
+  // changes its bits).
+  std::stable_sort(tasks.begin(), tasks.end(), [](const Task& x, const Task& y) { return x.work > y.work; });
+  const auto count = static_cast<std::int64_t>(tasks.size());
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (threads > 1 && count > 1)
+  for (std::int64_t t = 0; t < count; ++t) {
+    const Task& task = tasks[static_cast<std::size_t>(t)];
+    run_block(chains[task.chain], task.rows, task.begin, task.end);
+  }
+}
 
 void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* a,
           std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c, std::int64_t ldc) {
-  if (m == 0 || n == 0) return;
-  if (k == 0) {
-    for (std::int64_t i = 0; i < m; ++i)
-      for (std::int64_t j = 0; j < n; ++j) c[i * ldc + j] = beta == 0.0F ? 0.0F : beta * c[i * ldc + j];
-    return;
-  }
-  single_threaded_blas();
-  const int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
-  const bool split_rows = m >= n;
-  const std::int64_t extent = split_rows ? m : n;
-  if (threads <= 1 || m * n * k < kParallelGemmWork || extent < 2 * kBlockAlign) {
-    sgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-    return;
-  }
-  // A multiple of the thread count (balanced when no thread is disturbed).
-  const std::int64_t per_thread =
-      std::clamp<std::int64_t>(extent / (threads * kMinBlock), 1, kBlocksPerThread);
-  const std::int64_t aligned = (extent + kBlockAlign - 1) / kBlockAlign;
-  const std::int64_t parts = std::min<std::int64_t>(threads * per_thread, aligned);
-  const std::int64_t chunk = (aligned + parts - 1) / parts * kBlockAlign;  // parts·chunk >= extent
-#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
-  for (std::int64_t p = 0; p < parts; ++p) {
-    const std::int64_t begin = p * chunk;
-    const std::int64_t end = std::min(extent, begin + chunk);
-    if (begin >= end) continue;
-    if (split_rows) {  // rows [begin, end) of C and op(A)
-      const float* ap = trans_a ? a + begin : a + begin * lda;
-      sgemm(trans_a, trans_b, end - begin, n, k, alpha, ap, lda, b, ldb, beta, c + begin * ldc, ldc);
-    } else {  // columns [begin, end) of C and op(B)
-      const float* bp = trans_b ? b + begin * ldb : b + begin;
-      sgemm(trans_a, trans_b, m, end - begin, k, alpha, a, lda, bp, ldb, beta, c + begin, ldc);
-    }
-  }
+  const GemmProblem problem{trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc};
+  const std::span<const GemmProblem> chain(&problem, 1);
+  gemm_group(std::span<const std::span<const GemmProblem>>(&chain, 1));
 }
 
 Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {

@@ -14,6 +14,27 @@ namespace riftco_transformer::cpu {
 void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* a,
           std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c, std::int64_t ldc);
 
+/// One product for gemm_group, with gemm's arguments.
+struct GemmProblem {
+  bool trans_a, trans_b;
+  std::int64_t m, n, k;
+  float alpha;
+  const float* a;
+  std::int64_t lda;
+  const float* b;
+  std::int64_t ldb;
+  float beta;
+  float* c;
+  std::int64_t ldc;
+};
+/// Several independent products in one parallel region. Each chain is a
+/// list of products over the same C (same M, N, c, ldc; e.g. Σ_i A_i B_i with
+/// beta 0 then 1) that run in order; different chains write disjoint C.
+/// Every chain is cut into blocks exactly as gemm() cuts it alone, so the
+/// bits equal one gemm() call per product in chain order; blocks of all
+/// chains are handed out to threads together (one barrier, better balance).
+void gemm_group(std::span<const std::span<const GemmProblem>> chains);
+
 /// Batched matmul: a (batch.., M, K) [or (.., K, M) when trans_a], b either
 /// 2-D (K, N) [(N, K)] shared by every batch or with the same batch dims.
 /// Shapes are validated by the op front-end.
