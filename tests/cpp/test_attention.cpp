@@ -151,8 +151,8 @@ TEST(AttentionParity, KernelTilesDoNotChangeTheResult) {
 }
 
 TEST(AttentionParity, WideHeadsUseNarrowerKeyTiles) {
-  // Every tile GEMM has M·N·K = query_rows·key_rows·D <= 2^18 (OpenBLAS then
-  // stays on the calling thread).
+  // Every tile product has M·N·K = query_rows·key_rows·D <= 2^18 (keeps a
+  // tile's operands and scratch small; see docs/attention.md).
   EXPECT_EQ(cpu::flash_default_tiles(16).key_rows, 64);
   EXPECT_EQ(cpu::flash_default_tiles(64).key_rows, 64);
   EXPECT_EQ(cpu::flash_default_tiles(128).key_rows, 32);

@@ -4,9 +4,12 @@
 // Work is split by (b, h) pair: one thread runs a pair's whole forward (every
 // query tile) or backward, so each output element is computed by one thread
 // in a fixed order whatever the thread count (pairs are handed out
-// dynamically; which thread takes a pair does not change its bits). Per pair the operands are packed
-// once into per-thread scratch (K and V transposed where a product needs
-// them, rows padded to a multiple of 8 floats with zeros) and every tile
+// dynamically; which thread takes a pair does not change its bits). Per pair
+// the key-side operands (and, backward, K, Q and dO) are packed once into
+// per-thread scratch (K and V transposed where a product needs them, rows
+// padded to a multiple of 8 floats with zeros); Q in the forward, and the
+// left operands Q and dO of S and dP in the backward, are read in place
+// through their views. Every tile
 // product is the register-blocked kernel `tile_gemm` below: 4 rows × 16
 // columns of the result in 8 vector accumulators, the inner dimension in
 // order. Softmax rows use 8-lane maxima and sums reduced in a fixed order.

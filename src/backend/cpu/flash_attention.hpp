@@ -6,7 +6,7 @@
 // one head are D contiguous floats (e.g. heads packed side by side in a
 // (B, T, 3C) projection output), so callers need no permute copies. Only
 // per-thread scratch proportional to T·D is allocated (never a T×T matrix).
-// Parallel over (b, h) pairs with static OpenMP partitioning; every output
+// Parallel over (b, h) pairs handed out dynamically to OpenMP threads; every output
 // element is produced by one thread in a fixed order, so results are
 // bit-identical for any thread count.
 #include <cstdint>
