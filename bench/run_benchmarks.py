@@ -152,35 +152,39 @@ def bench_steps(args, shapes, blas):
     rows = []
     for name, shape in shapes.items():
         steps = args.steps if args.steps else (1 if args.quick else (5 if name == "S1" else 3))
+        # Every round runs both policies, each as ours and PyTorch's two malloc
+        # settings back to back (order reversed in odd rounds), so both the
+        # ours/PyTorch and the block/disabled ratios compare processes that
+        # ran minutes apart at most.
+        runs = {p: {"ours": [], "torch_default_malloc": [], "torch_tuned_malloc": []} for p in POLICIES}
+        for rnd in range(args.rounds):
+            jobs = [(p, who) for p in POLICIES for who in ("ours", "torch_default_malloc", "torch_tuned_malloc")]
+            if rnd % 2 == 1:
+                jobs.reverse()
+            for policy, who in jobs:
+                if who != "ours" and not have_torch:
+                    continue
+                common = shape_args(shape) + ["--policy", policy, "--steps", str(steps),
+                                              "--warmup", str(args.warmup)]
+                if who == "ours":
+                    cmd = [str(step_tool)] + common + ["--attention", "flash"]
+                    e = env
+                else:
+                    cmd = ["/usr/bin/python3", str(ROOT / "bench" / "torch_step.py")] + common + [
+                        "--threads", str(args.threads)]
+                    e = dict(env, **TUNED_MALLOC) if who == "torch_tuned_malloc" else env
+                r = run_json(cmd, e, timeout=args.timeout)
+                if r["threads"] != args.threads:
+                    sys.exit(f"[run_benchmarks] {who} ran on {r['threads']} threads, not {args.threads}: "
+                             f"{' '.join(cmd)}")
+                runs[policy][who].append(r)
+                log(f"{name} {policy} round {rnd + 1} {who}: median {r['step_seconds']:.3f} s/step, "
+                    f"rss growth {r['rss_growth_bytes'] / 2**20:.0f} MiB"
+                    + (f", allocator peak {r['peak_bytes'] / 2**20:.0f} MiB" if 'peak_bytes' in r else ""))
         for policy in POLICIES:
-            runs = {"ours": [], "torch_default_malloc": [], "torch_tuned_malloc": []}
-            for rnd in range(args.rounds):
-                order = ["ours", "torch_default_malloc", "torch_tuned_malloc"]
-                if rnd % 2 == 1:
-                    order.reverse()
-                for who in order:
-                    if who != "ours" and not have_torch:
-                        continue
-                    common = shape_args(shape) + ["--policy", policy, "--steps", str(steps),
-                                                  "--warmup", str(args.warmup)]
-                    if who == "ours":
-                        cmd = [str(step_tool)] + common + ["--attention", "flash"]
-                        e = env
-                    else:
-                        cmd = ["/usr/bin/python3", str(ROOT / "bench" / "torch_step.py")] + common + [
-                            "--threads", str(args.threads)]
-                        e = dict(env, **TUNED_MALLOC) if who == "torch_tuned_malloc" else env
-                    r = run_json(cmd, e, timeout=args.timeout)
-                    if r["threads"] != args.threads:
-                        sys.exit(f"[run_benchmarks] {who} ran on {r['threads']} threads, not {args.threads}: "
-                                 f"{' '.join(cmd)}")
-                    runs[who].append(r)
-                    log(f"{name} {policy} round {rnd + 1} {who}: median {r['step_seconds']:.3f} s/step, "
-                        f"rss growth {r['rss_growth_bytes'] / 2**20:.0f} MiB"
-                        + (f", allocator peak {r['peak_bytes'] / 2**20:.0f} MiB" if 'peak_bytes' in r else ""))
-            ours = summarize(runs["ours"])
-            torch_d = summarize(runs["torch_default_malloc"])
-            torch_t = summarize(runs["torch_tuned_malloc"])
+            ours = summarize(runs[policy]["ours"])
+            torch_d = summarize(runs[policy]["torch_default_malloc"])
+            torch_t = summarize(runs[policy]["torch_tuned_malloc"])
             row = {"shape": name, **shape, "policy": policy, "threads": args.threads, "steps_per_process": steps,
                    "warmup_steps": args.warmup, "rounds": args.rounds, "ours": ours,
                    "torch_default_malloc": torch_d, "torch_tuned_malloc": torch_t}
@@ -216,22 +220,30 @@ def bench_kernels(args, blas):
     if args.quick:
         cmd.append("--benchmark_filter=Peak|Gemm/M:2048/N:256/K:256")
         cmd.append("--benchmark_min_time=0.01")
-    else:  # the median of 3 repetitions per row (the peaks are best-of-5 inside the binary)
-        cmd += ["--benchmark_repetitions=3", "--benchmark_report_aggregates_only=true"]
+    else:  # the best of 3 repetitions per row, as the peaks are best-of-5 inside the binary
+        cmd += ["--benchmark_repetitions=3"]
     log("kernel micro-benchmarks:", " ".join(cmd))
     subprocess.run(cmd, env=env, check=True, capture_output=True, text=True, timeout=args.timeout * 4)
     data = json.loads(out.read_text())
-    rows = []
+    best = {}  # name -> the repetition with the shortest time
+    order = []
     for b in data["benchmarks"]:
         if b.get("run_type") == "aggregate":
-            if b.get("aggregate_name") != "median":
-                continue
-            b = dict(b, name=b["name"][: -len("_median")] if b["name"].endswith("_median") else b["name"])
+            continue
+        name = b.get("run_name", b["name"])
+        if name not in best:
+            order.append(name)
+            best[name] = b
+        elif b["real_time"] < best[name]["real_time"]:
+            best[name] = b
+    rows = []
+    for name in order:
+        b = best[name]
         rate_key = "GFLOP/s" if "GFLOP/s" in b else ("GB/s" if "GB/s" in b else None)
-        rows.append({"name": b["name"], "real_time": b["real_time"], "time_unit": b["time_unit"],
+        rows.append({"name": name, "real_time": b["real_time"], "time_unit": b["time_unit"],
                      "rate": b.get(rate_key) if rate_key else None, "unit": rate_key,
                      "of_peak": b.get("of_peak"), "one_thread_gflops": b.get("one_thread_GFLOP/s")})
-    return {"context": data.get("context", {}), "rows": rows}
+    return {"context": data.get("context", {}), "rows": rows, "repetitions": 1 if args.quick else 3}
 
 
 def mib(b):
@@ -306,8 +318,9 @@ def markdown(result):
         lines.append("")
     k = result.get("kernels")
     if k:
-        lines.append("Kernel micro-benchmarks (`rt-bench-kernels`, same run, libgomp's default wait policy, median "
-                     "of 3 repetitions; `of peak` is against the FMA peak for GFLOP/s rows and the STREAM triad over 64 MiB arrays for GB/s rows — operands that fit "
+        reps = k.get("repetitions", 1)
+        lines.append("Kernel micro-benchmarks (`rt-bench-kernels`, same run, libgomp's default wait policy, "
+                     + (f"best of {reps} repetitions" if reps > 1 else "one repetition") + " (the peaks are best of 5); `of peak` is against the FMA peak for GFLOP/s rows and the STREAM triad over 64 MiB arrays for GB/s rows — operands that fit "
                      "in L2/L3 can exceed that DRAM figure):")
         lines.append("")
         lines.append("| benchmark | time | rate | of peak |")
@@ -410,10 +423,11 @@ def main():
     ap.add_argument("--out-dir", type=pathlib.Path, default=None,
                     help="where JSON and PNG go (default bench/results; --quick: build/bench-quick)")
     ap.add_argument("--docs", type=pathlib.Path, default=None,
-                    help="Markdown file whose RESULTS block is replaced (default docs/benchmarks.md for a full run)")
+                    help="Markdown file whose RESULTS block is replaced (default: docs/benchmarks.md for a full run "
+                         "into bench/results; none for --quick, --shapes, --no-torch, --no-kernels or --out-dir)")
     ap.add_argument("--shapes", default=None, help="comma-separated subset of S1,S2,S3")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--rounds", type=int, default=None, help="alternating rounds per row (default 2, quick 1)")
+    ap.add_argument("--rounds", type=int, default=None, help="alternating rounds per row (default 3, quick 1)")
     ap.add_argument("--steps", type=int, default=None, help="measured steps per process (default S1 5, others 3)")
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--timeout", type=int, default=900, help="seconds per process")
@@ -426,11 +440,15 @@ def main():
     args = ap.parse_args()
     args.build_dir = args.build_dir.resolve()
     if args.rounds is None:
-        args.rounds = 1 if args.quick else 2
+        args.rounds = 1 if args.quick else 3
+    # Only a complete run into bench/results rewrites the published page; a
+    # partial or scratch run leaves it alone unless --docs names a file.
+    complete = (not args.quick and args.out_dir is None and not args.shapes and not args.no_torch
+                and not args.no_kernels)
     if args.out_dir is None:
         args.out_dir = args.build_dir / "bench-quick" if args.quick else ROOT / "bench" / "results"
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    if args.docs is None and not args.quick:
+    if args.docs is None and complete:
         args.docs = ROOT / "docs" / "benchmarks.md"
     shapes = QUICK_SHAPES if args.quick else SHAPES
     if args.shapes:
