@@ -145,6 +145,13 @@ void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64
           std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c, std::int64_t ldc) {
   const GemmProblem problem{trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc};
   const std::span<const GemmProblem> chain(&problem, 1);
+  if (m == 0 || n == 0) return;
+  single_threaded_blas();
+  const Blocking blocking = blocking_for(chain, omp_in_parallel() ? 1 : omp_get_max_threads());
+  if (blocking.parts == 1) {  // small or single-threaded: no task list, no parallel region
+    run_block(chain, blocking.rows, 0, blocking.extent);
+    return;
+  }
   gemm_group(std::span<const std::span<const GemmProblem>>(&chain, 1));
 }
 
