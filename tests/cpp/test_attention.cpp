@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <bit>
 #include <cmath>
 #include <iostream>
 
@@ -232,6 +233,58 @@ TEST(AttentionCausality, LaterKeysAndValuesDoNotChangeEarlierOutputs) {
           } else if (i == j) {
             EXPECT_FALSE(same) << "output " << i << " did not see its own key/value";
           }
+        }
+      }
+    }
+  }
+}
+
+TEST(AttentionCausality, FlashNonFiniteLaterKeysAndValuesDoNotReachEarlierRows) {
+  // A masked weight is exactly 0, and 0·inf is NaN: the kernel must not even
+  // multiply a later (masked) value or key into an earlier row, including the
+  // rows that share its 4-row register block. Outputs and dq of every earlier
+  // row stay bit-identical to the run with finite inputs. (Flash only: the
+  // materialized path multiplies the whole masked P by V through BLAS.)
+  const Shape shape{1, 2, 130, 8};
+  const Tensor q = randn(shape, 54);
+  const Tensor k = randn(shape, 55);
+  const Tensor v = randn(shape, 56);
+  const Tensor w = randn(shape, 57);
+  auto run = [&](const Tensor& kk, const Tensor& vv, Tensor& dq) {
+    Variable qv(q.clone(), true, "q");
+    Variable out = causal_attention(qv, Variable(kk), Variable(vv), kFlash);
+    sum(mul(out, Variable(w))).backward();
+    dq = qv.grad().clone();
+    return out.value().clone();
+  };
+  Tensor dq_finite;
+  const Tensor finite = run(k, v, dq_finite);
+  for (const std::int64_t j : {std::int64_t{1}, std::int64_t{66}, std::int64_t{67}, std::int64_t{129}}) {
+    Tensor k2 = k.clone();
+    Tensor v2 = v.clone();
+    for (std::int64_t h = 0; h < 2; ++h)
+      for (std::int64_t d = 0; d < 8; ++d) {
+        k2.data()[(h * 130 + j) * 8 + d] = std::nanf("");
+        v2.data()[(h * 130 + j) * 8 + d] = d % 2 == 0 ? INFINITY : -INFINITY;
+      }
+    Tensor dq;
+    const Tensor out = run(k2, v2, dq);
+    SCOPED_TRACE("j=" + std::to_string(j));
+    for (std::int64_t h = 0; h < 2; ++h) {
+      for (std::int64_t i = 0; i < 130; ++i) {
+        bool same = true;
+        bool same_dq = true;
+        for (std::int64_t d = 0; d < 8; ++d) {
+          same = same && std::bit_cast<std::uint32_t>(out.at({0, h, i, d})) ==
+                             std::bit_cast<std::uint32_t>(finite.at({0, h, i, d}));
+          same_dq = same_dq && std::bit_cast<std::uint32_t>(dq.at({0, h, i, d})) ==
+                                   std::bit_cast<std::uint32_t>(dq_finite.at({0, h, i, d}));
+        }
+        if (i < j) {
+          EXPECT_TRUE(same) << "output " << i << " changed";
+          EXPECT_TRUE(same_dq) << "dq " << i << " changed";
+        } else if (i == j) {
+          EXPECT_TRUE(std::isnan(out.at({0, h, i, 0}))) << "output " << i << " did not see its own key";
         }
       }
     }

@@ -49,14 +49,28 @@ void check_tiles(FlashTiles tiles) {
 
 // ---- tile products ----------------------------------------------------------
 
+/// Sentinels for an unbounded first/last term of a row (see tile_rows).
+constexpr std::int64_t kNoStart = std::numeric_limits<std::int64_t>::min() / 4;
+constexpr std::int64_t kNoEnd = std::numeric_limits<std::int64_t>::max() / 4;
+
 /// R rows of C (R <= 4, n a multiple of 8): C = [C +] op(A) B, where
 /// op(A)(i, p) = a[i·lda + p] (TransA false) or a[p·lda + i] (TransA true)
-/// and B is row-major (k, n). Each C element sums p = p0..k-1 in order.
+/// and B is row-major (k, n). Row i sums the terms p in
+/// [max(p0, s0 + i), min(k, e0 + i)) in increasing order: under the causal
+/// mask the terms outside a row's range have A exactly 0, and leaving them
+/// out (instead of adding 0·B) keeps a non-finite B entry of a masked
+/// position (0·inf = NaN) out of the row.
 template <bool TransA, bool Accumulate, int R>
-[[gnu::always_inline]] inline void tile_rows(std::int64_t n, std::int64_t p0, std::int64_t k, const float* a,
-                                             std::int64_t lda, const float* b, std::int64_t ldb, float* c,
-                                             std::int64_t ldc) {
+[[gnu::always_inline]] inline void tile_rows(std::int64_t n, std::int64_t p0, std::int64_t k, std::int64_t s0,
+                                             std::int64_t e0, const float* a, std::int64_t lda, const float* b,
+                                             std::int64_t ldb, float* c, std::int64_t ldc) {
   auto a_at = [&](int i, std::int64_t p) { return TransA ? a[p * lda + i] : a[i * lda + p]; };
+  // [first, head_end): some rows; [head_end, tail_begin): every row;
+  // [tail_begin, tail_end): some rows; nothing before first or after tail_end.
+  const std::int64_t first = std::clamp(s0, p0, std::max(p0, k));  // no row sees a term before this
+  const std::int64_t head_end = std::clamp(s0 + R - 1, first, std::max(first, k));
+  const std::int64_t tail_begin = std::clamp(e0, head_end, std::max(head_end, k));
+  const std::int64_t tail_end = std::clamp(e0 + R - 1, tail_begin, std::max(tail_begin, k));
   std::int64_t j = 0;
   for (; j + 2 * kLanes <= n; j += 2 * kLanes) {
     v8 acc0[R];
@@ -65,13 +79,33 @@ template <bool TransA, bool Accumulate, int R>
       acc0[i] = Accumulate ? vec::load(c + i * ldc + j) : v8{};
       acc1[i] = Accumulate ? vec::load(c + i * ldc + j + kLanes) : v8{};
     }
-    for (std::int64_t p = p0; p < k; ++p) {
+    for (std::int64_t p = first; p < head_end; ++p) {  // at most R - 1 terms: some rows
+      const v8 b0 = vec::load(b + p * ldb + j);
+      const v8 b1 = vec::load(b + p * ldb + j + kLanes);
+      for (int i = 0; i < R; ++i) {
+        if (p >= s0 + i && p < e0 + i) {
+          acc0[i] += a_at(i, p) * b0;
+          acc1[i] += a_at(i, p) * b1;
+        }
+      }
+    }
+    for (std::int64_t p = head_end; p < tail_begin; ++p) {  // the bulk: every row
       const v8 b0 = vec::load(b + p * ldb + j);
       const v8 b1 = vec::load(b + p * ldb + j + kLanes);
       for (int i = 0; i < R; ++i) {
         const float s = a_at(i, p);  // scalar · vector: one broadcast
         acc0[i] += s * b0;
         acc1[i] += s * b1;
+      }
+    }
+    for (std::int64_t p = tail_begin; p < tail_end; ++p) {  // at most R - 1 terms: some rows
+      const v8 b0 = vec::load(b + p * ldb + j);
+      const v8 b1 = vec::load(b + p * ldb + j + kLanes);
+      for (int i = 0; i < R; ++i) {
+        if (p >= s0 + i && p < e0 + i) {
+          acc0[i] += a_at(i, p) * b0;
+          acc1[i] += a_at(i, p) * b1;
+        }
       }
     }
     for (int i = 0; i < R; ++i) {
@@ -82,9 +116,21 @@ template <bool TransA, bool Accumulate, int R>
   if (j < n) {  // one block of 8 left
     v8 acc[R];
     for (int i = 0; i < R; ++i) acc[i] = Accumulate ? vec::load(c + i * ldc + j) : v8{};
-    for (std::int64_t p = p0; p < k; ++p) {
+    for (std::int64_t p = first; p < head_end; ++p) {
+      const v8 b0 = vec::load(b + p * ldb + j);
+      for (int i = 0; i < R; ++i) {
+        if (p >= s0 + i && p < e0 + i) acc[i] += a_at(i, p) * b0;
+      }
+    }
+    for (std::int64_t p = head_end; p < tail_begin; ++p) {
       const v8 b0 = vec::load(b + p * ldb + j);
       for (int i = 0; i < R; ++i) acc[i] += a_at(i, p) * b0;
+    }
+    for (std::int64_t p = tail_begin; p < tail_end; ++p) {
+      const v8 b0 = vec::load(b + p * ldb + j);
+      for (int i = 0; i < R; ++i) {
+        if (p >= s0 + i && p < e0 + i) acc[i] += a_at(i, p) * b0;
+      }
     }
     for (int i = 0; i < R; ++i) vec::store(c + i * ldc + j, acc[i]);
   }
@@ -97,10 +143,10 @@ enum class Causal : std::uint8_t {
   None,       ///< every product term
   Columns,    ///< C rows are query rows, C columns key columns: columns past the
               ///< block's last visible key are not computed (left unwritten)
-  Inner,      ///< C rows are query rows, the inner index keys: terms past the
-              ///< last visible key are exactly zero (P or dS) and skipped
+  Inner,      ///< C rows are query rows, the inner index keys: terms past each
+              ///< row's last visible key are exactly zero (P or dS) and skipped
   InnerFrom,  ///< C rows are key rows, the inner index queries: terms before the
-              ///< first query that sees the block's first key are zero and skipped
+              ///< first query that sees each row's key are zero and skipped
 };
 
 /// C (m, n) = [C +] op(A) (m, k) · B (k, n); n a multiple of 8.
@@ -109,25 +155,26 @@ template <bool TransA, bool Accumulate>
                                              std::int64_t lda, const float* b, std::int64_t ldb, float* c,
                                              std::int64_t ldc, Causal causal = Causal::None, std::int64_t diag = 0) {
   auto row_a = [&](std::int64_t i) { return TransA ? a + i : a + i * lda; };
-  auto block = [&]<int R>(std::int64_t i) {
+  auto block = [&]<int R>(std::int64_t i) __attribute__((always_inline)) {
     std::int64_t nb = n;
-    std::int64_t p0 = 0;
-    std::int64_t kb = k;
+    std::int64_t s0 = kNoStart;  // row i + r sums terms [max(0, s0 + r), min(k, e0 + r))
+    std::int64_t e0 = kNoEnd;
     switch (causal) {
       case Causal::None:
         break;
       case Causal::Columns:  // last row i+R-1 sees columns < i + R + diag
         nb = std::clamp<std::int64_t>(round_up(i + R + diag, kLanes), 0, n);
         break;
-      case Causal::Inner:
-        kb = std::clamp<std::int64_t>(i + R + diag, 0, k);
+      case Causal::Inner:  // query row i sees keys < i + diag + 1
+        e0 = i + diag + 1;
         break;
       case Causal::InnerFrom:  // key row i is seen from query i - diag on
-        p0 = std::clamp<std::int64_t>(i - diag, 0, k);
+        s0 = i - diag;
         break;
     }
-    if (nb > 0 && (Accumulate ? p0 < kb : true)) {
-      tile_rows<TransA, Accumulate, R>(nb, p0, kb, row_a(i), lda, b, ldb, c + i * ldc, ldc);
+    const bool any_term = std::max<std::int64_t>(0, s0) < std::min(k, e0 + R - 1);
+    if (nb > 0 && (Accumulate ? any_term : true)) {
+      tile_rows<TransA, Accumulate, R>(nb, 0, k, s0, e0, row_a(i), lda, b, ldb, c + i * ldc, ldc);
     }
   };
   std::int64_t i = 0;
