@@ -79,7 +79,8 @@ template <bool TransA, bool Accumulate, int R>
       acc0[i] = Accumulate ? vec::load(c + i * ldc + j) : v8{};
       acc1[i] = Accumulate ? vec::load(c + i * ldc + j + kLanes) : v8{};
     }
-    for (std::int64_t p = first; p < head_end; ++p) {  // at most R - 1 terms: some rows
+    // At most R - 1 terms at each end, where only some rows see the term.
+    auto ragged = [&](std::int64_t p) __attribute__((always_inline)) {
       const v8 b0 = vec::load(b + p * ldb + j);
       const v8 b1 = vec::load(b + p * ldb + j + kLanes);
       for (int i = 0; i < R; ++i) {
@@ -88,7 +89,8 @@ template <bool TransA, bool Accumulate, int R>
           acc1[i] += a_at(i, p) * b1;
         }
       }
-    }
+    };
+    for (std::int64_t p = first; p < head_end; ++p) ragged(p);
     for (std::int64_t p = head_end; p < tail_begin; ++p) {  // the bulk: every row
       const v8 b0 = vec::load(b + p * ldb + j);
       const v8 b1 = vec::load(b + p * ldb + j + kLanes);
@@ -98,16 +100,7 @@ template <bool TransA, bool Accumulate, int R>
         acc1[i] += s * b1;
       }
     }
-    for (std::int64_t p = tail_begin; p < tail_end; ++p) {  // at most R - 1 terms: some rows
-      const v8 b0 = vec::load(b + p * ldb + j);
-      const v8 b1 = vec::load(b + p * ldb + j + kLanes);
-      for (int i = 0; i < R; ++i) {
-        if (p >= s0 + i && p < e0 + i) {
-          acc0[i] += a_at(i, p) * b0;
-          acc1[i] += a_at(i, p) * b1;
-        }
-      }
-    }
+    for (std::int64_t p = tail_begin; p < tail_end; ++p) ragged(p);
     for (int i = 0; i < R; ++i) {
       vec::store(c + i * ldc + j, acc0[i]);
       vec::store(c + i * ldc + j + kLanes, acc1[i]);
@@ -116,22 +109,18 @@ template <bool TransA, bool Accumulate, int R>
   if (j < n) {  // one block of 8 left
     v8 acc[R];
     for (int i = 0; i < R; ++i) acc[i] = Accumulate ? vec::load(c + i * ldc + j) : v8{};
-    for (std::int64_t p = first; p < head_end; ++p) {
+    auto ragged = [&](std::int64_t p) __attribute__((always_inline)) {
       const v8 b0 = vec::load(b + p * ldb + j);
       for (int i = 0; i < R; ++i) {
         if (p >= s0 + i && p < e0 + i) acc[i] += a_at(i, p) * b0;
       }
-    }
+    };
+    for (std::int64_t p = first; p < head_end; ++p) ragged(p);
     for (std::int64_t p = head_end; p < tail_begin; ++p) {
       const v8 b0 = vec::load(b + p * ldb + j);
       for (int i = 0; i < R; ++i) acc[i] += a_at(i, p) * b0;
     }
-    for (std::int64_t p = tail_begin; p < tail_end; ++p) {
-      const v8 b0 = vec::load(b + p * ldb + j);
-      for (int i = 0; i < R; ++i) {
-        if (p >= s0 + i && p < e0 + i) acc[i] += a_at(i, p) * b0;
-      }
-    }
+    for (std::int64_t p = tail_begin; p < tail_end; ++p) ragged(p);
     for (int i = 0; i < R; ++i) vec::store(c + i * ldc + j, acc[i]);
   }
 }
