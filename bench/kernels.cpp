@@ -15,6 +15,8 @@
 // compulsory traffic for memory-bound ones) and `of_peak`, the fraction of
 // the matching peak. Thread count: OMP_NUM_THREADS (the suite uses 2).
 #include <benchmark/benchmark.h>
+
+#include <cmath>
 #include <immintrin.h>
 #include <omp.h>
 
@@ -179,9 +181,10 @@ void BM_FlashForward(benchmark::State& state) {
   const std::int64_t b = state.range(0), h = state.range(1), t = state.range(2), d = state.range(3);
   const Tensor q = randn({b, h, t, d}, 1), k = randn({b, h, t, d}, 2), v = randn({b, h, t, d}, 3);
   const cpu::FlashTiles tiles = cpu::flash_default_tiles(d);
+  const float scale = 1.0F / std::sqrt(static_cast<float>(d));
   run_rate(state, attention_flops(b, h, t, d, 2), "GFLOP/s", g_peak_gflops, [&] {
     Tensor lse;
-    benchmark::DoNotOptimize(cpu::flash_attention_forward(q, k, v, 0.125F, tiles, lse));
+    benchmark::DoNotOptimize(cpu::flash_attention_forward(q, k, v, scale, tiles, lse));
   });
 }
 void BM_FlashBackward(benchmark::State& state) {
@@ -189,29 +192,23 @@ void BM_FlashBackward(benchmark::State& state) {
   const Tensor q = randn({b, h, t, d}, 1), k = randn({b, h, t, d}, 2), v = randn({b, h, t, d}, 3);
   const Tensor g = randn({b, h, t, d}, 4);
   const cpu::FlashTiles tiles = cpu::flash_default_tiles(d);
+  const float scale = 1.0F / std::sqrt(static_cast<float>(d));
   Tensor lse;
-  const Tensor o = cpu::flash_attention_forward(q, k, v, 0.125F, tiles, lse);
+  const Tensor o = cpu::flash_attention_forward(q, k, v, scale, tiles, lse);
   run_rate(state, attention_flops(b, h, t, d, 5), "GFLOP/s", g_peak_gflops, [&] {
     Tensor dq, dk, dv;
-    cpu::flash_attention_backward(q, k, v, o, lse, g, 0.125F, tiles, dq, dk, dv);
+    cpu::flash_attention_backward(q, k, v, o, lse, g, scale, tiles, dq, dk, dv);
     benchmark::DoNotOptimize(dq.data());
   });
 }
-// S1 (B 8, H 8, T 256, D 32), S2 (B 8, H 4, T 256, D 32), S3 (B 4, H 12, T 128, D 64).
-BENCHMARK(BM_FlashForward)
-    ->ArgNames({"B", "H", "T", "D"})
-    ->Args({8, 8, 256, 32})
-    ->Args({8, 4, 256, 32})
-    ->Args({4, 12, 128, 64})
-    ->Unit(benchmark::kMicrosecond)
-    ->UseRealTime();
-BENCHMARK(BM_FlashBackward)
-    ->ArgNames({"B", "H", "T", "D"})
-    ->Args({8, 8, 256, 32})
-    ->Args({8, 4, 256, 32})
-    ->Args({4, 12, 128, 64})
-    ->Unit(benchmark::kMicrosecond)
-    ->UseRealTime();
+/// The step shapes: S1 (B 8, H 8, T 256, D 32), S2 (B 8, H 4, T 256, D 32),
+/// S3 (B 4, H 12, T 128, D 64).
+void attention_shapes(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"B", "H", "T", "D"})->Args({8, 8, 256, 32})->Args({8, 4, 256, 32})->Args({4, 12, 128, 64});
+  b->Unit(benchmark::kMicrosecond)->UseRealTime();
+}
+BENCHMARK(BM_FlashForward)->Apply(attention_shapes);
+BENCHMARK(BM_FlashBackward)->Apply(attention_shapes);
 
 // ---- memory-bound kernels (GB/s of compulsory traffic) ---------------------
 
