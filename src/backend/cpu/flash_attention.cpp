@@ -409,6 +409,14 @@ FlashTiles flash_default_tiles(std::int64_t head_width) {
   return tiles;
 }
 
+namespace {
+/// First row of head h of batch item b in a view.
+template <class View>
+auto at(View view, std::int64_t b, std::int64_t h) {
+  return view.data + b * view.batch_stride + h * view.head_stride;
+}
+}  // namespace
+
 void flash_attention_forward(std::int64_t B, std::int64_t H, std::int64_t T, std::int64_t D, HeadView q, HeadView k,
                              HeadView v, MutableHeadView out, float* lse, float scale, FlashTiles tiles) {
   check_tiles(tiles);
@@ -423,11 +431,8 @@ void flash_attention_forward(std::int64_t B, std::int64_t H, std::int64_t T, std
   for (std::int64_t bh = 0; bh < pairs; ++bh) {
     const std::int64_t b = bh / H;
     const std::int64_t h = bh % H;
-    forward_pair(g, q.data + b * q.batch_stride + h * q.head_stride, q.row_stride,
-                 k.data + b * k.batch_stride + h * k.head_stride, k.row_stride,
-                 v.data + b * v.batch_stride + h * v.head_stride, v.row_stride,
-                 out.data + b * out.batch_stride + h * out.head_stride, out.row_stride, lse + bh * T, scale,
-                 ws.slice());
+    forward_pair(g, at(q, b, h), q.row_stride, at(k, b, h), k.row_stride, at(v, b, h), v.row_stride, at(out, b, h),
+                 out.row_stride, lse + bh * T, scale, ws.slice());
   }
 }
 
@@ -440,9 +445,6 @@ void flash_attention_backward(std::int64_t B, std::int64_t H, std::int64_t T, st
   const std::int64_t pairs = B * H;
   const int team = team_size(pairs, T);
   Workspace ws(g.backward_floats(), team);
-  auto at = [](auto view, std::int64_t b, std::int64_t h) {
-    return view.data + b * view.batch_stride + h * view.head_stride;
-  };
 #pragma omp parallel for schedule(dynamic, 1) num_threads(team)
   for (std::int64_t bh = 0; bh < pairs; ++bh) {
     const std::int64_t b = bh / H;
