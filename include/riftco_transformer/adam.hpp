@@ -32,8 +32,10 @@ class Adam {
 
   /// One update of every parameter that has a gradient. Parameters without a
   /// gradient are skipped (their moments do not move). Returns the global
-  /// gradient norm before clipping. Throws (and changes nothing) when a
-  /// gradient's shape differs from its parameter's.
+  /// gradient norm before clipping. Throws ShapeError (and changes nothing)
+  /// when a gradient's shape differs from its parameter's, or when a
+  /// parameter's shape or backend changed (set_value, to()) since this Adam
+  /// made its moments: build a new Adam for the new shape.
   float step();
   /// Drops every parameter's gradient.
   void zero_grad();

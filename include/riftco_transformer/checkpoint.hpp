@@ -24,6 +24,7 @@ class CheckpointContractError : public Error {
     InputUnused,              ///< the output does not depend on the input
     DependencyUnused,         ///< the output does not depend on a declared dependency
     OutputChanged,            ///< replay output shape/backend differs from the forward's
+    BoundaryModified,         ///< the callable wrote into its input or a dependency
   };
   CheckpointContractError(Violation violation, const std::string& message)
       : Error(message), violation_(violation) {}
@@ -34,21 +35,32 @@ class CheckpointContractError : public Error {
 };
 
 struct CheckpointOptions {
-  /// When set, the generator's state is captured before the forward call and
-  /// restored for the replay (then put back), so random ops such as dropout
-  /// rebuild the same masks.
+  /// On by default (PyTorch's preserve_rng_state=True): every generator the
+  /// library's random ops (dropout, Tensor::normal/uniform) draw from inside
+  /// the callable is recorded at its first use; the replay rewinds each to
+  /// that state at its first use and puts the live state back afterwards, so
+  /// the replay rebuilds the same masks and backward never moves the
+  /// caller's streams. Such a generator must outlive the backward. Off: the
+  /// replay draws fresh numbers from the live generators (and advances them).
+  bool preserve_random_state = true;
+  /// Optional: a generator whose whole state is captured before the forward
+  /// call and restored for the replay (then put back), used or not.
   Random* random = nullptr;
   /// Name used in messages and retained_nodes() ("checkpoint" by default).
   std::string name;
 };
 
-/// Forward: evaluates `recompute(input)` normally (on a fresh leaf that shares
-/// the input's buffer), enforces the replay contract by walking the produced
-/// graph back to the boundary, keeps only the output value and returns one
-/// node whose parents are the input and the dependencies.
-/// Backward: a fresh leaf from the saved input, the same callable again, a
-/// nested isolated gradient pass (VJP), the input and dependency gradients
-/// handed to the outer pass; the replay graph is then released.
+/// Forward: evaluates `recompute(input)` normally (on a fresh, read-only leaf
+/// that shares the input's buffer), enforces the replay contract by walking
+/// the produced graph back to the boundary, keeps only the output value and
+/// returns one node whose parents are the input, the dependencies and the
+/// outside constants it read. An output with no differentiable path (all
+/// computed under NoGradGuard) is returned as a constant, as the ordinary
+/// graph would.
+/// Backward: a fresh leaf from the saved input, the same callable again with
+/// grad mode on whatever the caller's, a nested isolated gradient pass (VJP),
+/// the input and dependency gradients handed to the outer pass; the replay
+/// graph is then released.
 ///
 /// One thread builds and differentiates a given graph at a time: "made inside
 /// the callable" is decided by node creation order, which is process-wide.

@@ -1,6 +1,7 @@
 #pragma once
 // Tensor: a cheap handle to shared float32 storage, contiguous row-major.
 // Copying a Tensor shares the buffer (like MLX `array`); `clone()` copies it.
+#include <atomic>
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
@@ -19,7 +20,10 @@ using Shape = std::vector<std::int64_t>;
 /// dimension or overflow.
 std::int64_t shape_numel(const Shape& shape, const char* op = "tensor");
 
-/// One allocation, owned by every Tensor that views it.
+/// One allocation, owned by every Tensor that views it. The version counter
+/// lives here, with the bytes: every handle that views the buffer (a reshape,
+/// a second leaf built on the same value) shares it, and every in-place write
+/// through any of them bumps it (docs/autograd.md, "Versions").
 class Storage {
  public:
   Storage(Backend backend, std::int64_t numel);
@@ -32,10 +36,22 @@ class Storage {
   std::int64_t numel() const { return numel_; }
   Backend backend() const { return backend_; }
 
+  /// Number of in-place writes so far (monotonic; thread-safe).
+  std::uint64_t version() const { return version_.load(std::memory_order_acquire); }
+  /// Records an in-place write; `why` must be a string literal (it is kept).
+  void bump_version(const char* why) {
+    last_change_.store(why, std::memory_order_relaxed);
+    version_.fetch_add(1, std::memory_order_acq_rel);
+  }
+  /// Why the version last moved ("" before the first write).
+  const char* last_change() const { return last_change_.load(std::memory_order_relaxed); }
+
  private:
   Backend backend_;
   std::int64_t numel_;
   float* data_;
+  std::atomic<std::uint64_t> version_{0};
+  std::atomic<const char*> last_change_{""};
 };
 
 class Tensor {
@@ -63,7 +79,10 @@ class Tensor {
   std::int64_t nbytes() const { return numel_ * static_cast<std::int64_t>(sizeof(float)); }
   Backend backend() const;
 
-  /// Host pointer (CPU tensors only; throws BackendError otherwise).
+  /// Host pointer (CPU tensors only; throws BackendError otherwise). The
+  /// non-const overload is for writing: it bumps the storage's version, so
+  /// every graph that read this buffer becomes stale. Read through a const
+  /// handle (`std::as_const(t).data()`, `values()`) to leave it alone.
   float* data();
   const float* data() const;
   std::span<const float> values() const { return {data(), static_cast<std::size_t>(numel_)}; }
@@ -80,9 +99,21 @@ class Tensor {
   /// Element access for tests and small host code.
   float at(std::initializer_list<std::int64_t> index) const;
   float item() const;  // numel() == 1
+  /// In-place writes: both bump the storage's version.
   void fill(float value);
   /// Copies `other`'s values into this tensor's buffer (same shape).
   void copy_from(const Tensor& other);
+
+  /// The storage's version (0 for an undefined tensor); see Storage.
+  std::uint64_t version() const { return storage_ ? storage_->version() : 0; }
+  /// Why the storage's version last moved.
+  const char* last_change() const { return storage_ ? storage_->last_change() : ""; }
+  /// Records an in-place write made by other means (a kernel writing through
+  /// a pointer taken earlier); `why` must be a string literal.
+  void bump_version(const char* why);
+  /// A non-owning reference to the storage, for watching its version without
+  /// keeping its bytes alive.
+  std::weak_ptr<const Storage> weak_storage() const { return storage_; }
 
   /// True when both handles view the same buffer.
   bool shares_storage(const Tensor& other) const { return storage_ == other.storage_; }

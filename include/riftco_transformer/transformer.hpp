@@ -112,6 +112,10 @@ class DecoderOnlyTransformer {
 
   /// Every parameter with its stable name, in a fixed order.
   std::vector<NamedParameter> parameters() const;
+  /// ShapeError naming the first parameter (base or adapter) whose shape or
+  /// backend no longer fits the dimensions (set_value can give a leaf any
+  /// shape). forward(), decoding, merge_lora() and saving call it first.
+  void validate_parameters() const;
   /// ValueError naming the missing parameter.
   Variable parameter(const std::string& name) const;
   std::int64_t parameter_count() const;

@@ -6,6 +6,8 @@
 // closure, requires_grad / leaf flags and a name for error messages.
 // backward() runs every pass in an isolated GradientContext and commits
 // gradients only after the whole pass succeeded (see docs/autograd.md).
+// Versions live with the bytes (Storage): an in-place write through any
+// handle on a buffer makes every graph that read it stale.
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -52,7 +54,8 @@ class Variable {
   explicit Variable(Tensor value, bool requires_grad = false, std::string name = "");
 
   /// A node made by a differentiable op. When no parent requires grad (or
-  /// NoGradGuard is active) the result is a constant leaf with no parents.
+  /// NoGradGuard is active) the result is a constant leaf with no parents
+  /// (inside a checkpoint callable too: tracing never changes what it sees).
   /// `saved` lists the tensors the closure keeps (for retained_nodes()).
   static Variable from_op(std::string op, Tensor value, std::vector<Variable> parents, BackwardFn backward,
                           std::vector<Tensor> saved = {});
@@ -73,12 +76,22 @@ class Variable {
   std::vector<Variable> parents() const;
 
   /// Leaves only: replaces the value (any shape) and bumps the version.
+  /// An Adam built over this leaf refuses to step it with a new shape.
   void set_value(Tensor value);
-  /// Leaves only: the value for an in-place update; bumps the version first.
-  Tensor& mutable_value();
+  /// Leaves only: a handle on the value's buffer for an in-place update.
+  /// Bumps the buffer's version first, so every graph that read the buffer,
+  /// through this leaf or any other handle on it, becomes stale. `why` (a
+  /// string literal) appears in the StaleGraphError message.
+  Tensor mutable_value(const char* why = "updated in place");
   /// Leaves only: moves the value to `backend` and bumps the version.
   void to(Backend backend);
+  /// Moves up on every change a graph must not survive: an in-place write to
+  /// the value's buffer through any handle, set_value, to(), mark_changed,
+  /// set_requires_grad. Never repeats a value.
   std::uint64_t version() const;
+  /// Like version() but not moved by set_requires_grad: what a cache of
+  /// computed values (a DecodeSession's K/V cache) depends on.
+  std::uint64_t value_version() const;
   /// Leaves only: a structural change that graphs built earlier must not
   /// survive (e.g. a LoRA adapter added to this weight); bumps the version.
   /// `reason` appears in the StaleGraphError message.
@@ -89,11 +102,16 @@ class Variable {
   const Tensor& grad() const;
   bool has_grad() const { return grad().defined(); }
   /// Drops the committed gradient (PyTorch's zero_grad(set_to_none=True)).
+  /// Serialised with commits of other threads' passes.
   void clear_grad();
   /// Keep this non-leaf node's gradient after backward().
   void retain_grad();
 
-  /// Scalar outputs: seed 1. Non-scalar outputs must pass a seed.
+  /// Scalar outputs: seed 1. Non-scalar outputs must pass a seed. Works the
+  /// same under NoGradGuard. Graphs on several threads may share leaves:
+  /// each pass commits all its gradients at once under a process-wide lock
+  /// (the last commit wins whole). Reading grad() while another thread
+  /// commits to the same leaf is a race: join first.
   void backward() const;
   void backward(const Tensor& seed) const;
 

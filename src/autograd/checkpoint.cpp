@@ -2,6 +2,7 @@
 #include "riftco_transformer/checkpoint.hpp"
 
 #include <atomic>
+#include <optional>
 
 #include "checkpoint_contract.hpp"
 #include "gradient_context.hpp"
@@ -32,26 +33,38 @@ class RandomReplayScope {
   Random::State live_;
 };
 
-/// Runs the callable on a fresh leaf that shares `input_value`'s buffer,
-/// recording every edge, and checks the boundary.
-Variable traced_call(const std::function<Variable(const Variable&)>& recompute, const Tensor& input_value,
-                     std::span<const Variable> dependencies, const std::string& where, Variable& fresh_out,
-                     std::vector<Variable>* implicit = nullptr) {
-  Variable fresh(input_value, true, where + " input");
-  const std::uint64_t first_inside = next_node_id();
+constexpr const char* kReadOnlyInput =
+    "it is the checkpoint callable's view of its input, whose buffer other nodes saved; a checkpoint callable "
+    "must not change its input (compute a new value instead)";
+
+struct TracedCall {
+  Variable fresh;  // the read-only leaf the callable received
   Variable out;
+  checkpoint_contract::BoundaryScan scan;
+};
+
+/// Runs the callable on a fresh read-only leaf that shares `input_value`'s
+/// buffer, recording every edge, and checks the boundary: what the output
+/// reached, and that the call changed neither the input nor a dependency.
+TracedCall traced_call(const std::function<Variable(const Variable&)>& recompute, const Tensor& input_value,
+                       std::span<const Variable> dependencies, const std::string& where) {
+  TracedCall call;
+  call.fresh = Variable(input_value, true, where + " input");
+  call.fresh.node()->read_only = kReadOnlyInput;
+  const std::vector<checkpoint_contract::BoundaryVersion> before =
+      checkpoint_contract::boundary_versions(call.fresh, dependencies);
+  const std::uint64_t first_inside = next_node_id();
   {
     TraceGuard trace;
-    out = recompute(fresh);
+    call.out = recompute(call.fresh);
   }
-  if (!out.defined()) {
+  if (!call.out.defined()) {
     throw CheckpointContractError(CheckpointContractError::Violation::OutputChanged,
                                   "[checkpoint] " + where + ": the callable returned an undefined variable");
   }
-  std::vector<Variable> constants = checkpoint_contract::check_boundary(out, fresh, dependencies, first_inside, where);
-  if (implicit != nullptr) *implicit = std::move(constants);
-  fresh_out = fresh;
-  return out;
+  checkpoint_contract::check_boundary_unchanged(before, call.fresh, dependencies, where);
+  call.scan = checkpoint_contract::check_boundary(call.out, call.fresh, dependencies, first_inside, where);
+  return call;
 }
 
 }  // namespace
@@ -66,16 +79,23 @@ Variable checkpoint(const Variable& input, std::span<const Variable> dependencie
   if (!recompute) throw ValueError("[checkpoint] " + where + ": no callable given");
   checkpoint_contract::check_dependencies(dependencies, where);
 
-  // 1. Evaluate normally (on a fresh leaf), 2. check the boundary.
+  // 1. Evaluate normally (on a fresh leaf), recording the generators' starts,
+  // 2. check the boundary.
   const Random::State forward_state = options.random != nullptr ? options.random->state() : Random::State{};
   const Tensor saved_input = input.value();
+  std::vector<RandomStreamStart> streams;
   Tensor output_value;
-  std::vector<Variable> constants;  // external constant leaves the callable reads
+  checkpoint_contract::BoundaryScan scan;
+  bool differentiable = false;
   {
-    Variable fresh;
-    const Variable out = traced_call(recompute, saved_input, dependencies, where, fresh, &constants);
-    // 3. Keep the output value; the internal graph goes when `out` does.
-    output_value = out.value();
+    std::optional<RandomStreamRecorder> recorder;
+    if (options.preserve_random_state) recorder.emplace();
+    TracedCall call = traced_call(recompute, saved_input, dependencies, where);
+    if (recorder) streams = recorder->take();
+    // 3. Keep the output value; the internal graph goes when `call` does.
+    output_value = call.out.value();
+    differentiable = call.out.requires_grad();
+    scan = std::move(call.scan);
   }
   const Shape out_shape = output_value.shape();
   const Backend out_backend = output_value.backend();
@@ -83,41 +103,54 @@ Variable checkpoint(const Variable& input, std::span<const Variable> dependencie
   // Parents: the input, the dependencies, then the constants (no gradient;
   // their versions are checked before any replay like a dependency's).
   std::vector<Variable> parents;
-  parents.reserve(dependencies.size() + constants.size() + 1);
+  parents.reserve(dependencies.size() + scan.constants.size() + 1);
   parents.push_back(input);
   parents.insert(parents.end(), dependencies.begin(), dependencies.end());
-  parents.insert(parents.end(), constants.begin(), constants.end());
+  parents.insert(parents.end(), scan.constants.begin(), scan.constants.end());
+  if (!differentiable) {
+    // No differentiable path (everything under NoGradGuard, or no grad mode
+    // now): a constant, as the ordinary graph gives. Under an outer trace it
+    // keeps its inputs for the outer contract walk.
+    NoGradGuard constant;
+    return Variable::from_op("checkpoint", std::move(output_value), std::move(parents), nullptr);
+  }
   const std::size_t parent_count = parents.size();
   std::vector<Variable> deps(dependencies.begin(), dependencies.end());
   Random* random = options.random;
 
   BackwardFn backward = [recompute = std::move(recompute), saved_input, deps, where, out_shape, out_backend, random,
-                         forward_state, parent_count](const Tensor& grad_output, const std::vector<bool>& needs) {
+                         forward_state, streams = std::move(streams),
+                         parent_count](const Tensor& grad_output, const std::vector<bool>& needs) {
     g_replays.fetch_add(1);
-    // Fresh leaf from the saved input; the same callable again, with the
-    // forward's random state; the contract re-checked (structure may have
-    // changed since the forward: an adapter added or removed).
-    Variable fresh;
-    Variable replayed;
+    // Fresh leaf from the saved input; the same callable again, with grad
+    // mode on and the forward's random streams; the contract re-checked
+    // (structure may have changed since the forward: an adapter added or
+    // removed).
+    TracedCall replay;
     {
+      GradModeGuard grad_mode(true);
       RandomReplayScope scope(random, forward_state);
-      replayed = traced_call(recompute, saved_input, deps, where + " replay", fresh);
+      RandomStreamReplay streams_replay(streams);
+      replay = traced_call(recompute, saved_input, deps, where + " replay");
     }
-    checkpoint_contract::check_replay_output(replayed, out_shape, out_backend, where + " replay");
-    // Local VJP in a nested, isolated context.
-    PassResult pass = run_backward_pass(replayed, grad_output, "checkpoint replay");
+    checkpoint_contract::check_replay_output(replay.out, out_shape, out_backend, where + " replay");
     std::vector<Tensor> grads(parent_count);  // constants' slots stay undefined
+    if (!replay.out.requires_grad()) return grads;  // no differentiable path now: nothing flows back
+    // Local VJP in a nested, isolated context.
+    PassResult pass = run_backward_pass(replay.out, grad_output, "checkpoint replay");
     auto extract = [&](std::size_t slot, const Variable& leaf) {
       if (!needs[slot]) return;
       Tensor g = pass.context.take(leaf.node());
       grads[slot] = g.defined() ? std::move(g) : Tensor::zeros(leaf.value().shape(), leaf.value().backend());
     };
-    extract(0, fresh);
+    extract(0, replay.fresh);
     for (std::size_t i = 0; i < deps.size(); ++i) extract(i + 1, deps[i]);
     return grads;  // the outer pass adds these to its context; the replay graph is released here
   };
-  return Variable::from_op("checkpoint", std::move(output_value), std::move(parents), std::move(backward),
-                           {saved_input});
+  Variable node = Variable::from_op("checkpoint", std::move(output_value), std::move(parents), std::move(backward),
+                                    {saved_input});
+  if (!node.is_leaf()) node.node()->watched = std::move(scan.watched);
+  return node;
 }
 
 }  // namespace riftco_transformer

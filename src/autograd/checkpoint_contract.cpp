@@ -35,16 +35,20 @@ void check_dependencies(std::span<const Variable> dependencies, const std::strin
   }
 }
 
-std::vector<Variable> check_boundary(const Variable& output, const Variable& input,
-                                     std::span<const Variable> dependencies, std::uint64_t first_inside_id,
-                                     const std::string& where) {
+BoundaryScan check_boundary(const Variable& output, const Variable& input, std::span<const Variable> dependencies,
+                            std::uint64_t first_inside_id, const std::string& where) {
   std::unordered_map<const Node*, bool> boundary;  // node → reached
   boundary[input.node()] = false;
   for (const Variable& d : dependencies) boundary[d.node()] = false;
 
-  std::vector<Variable> implicit;
+  BoundaryScan scan;
+  std::vector<std::shared_ptr<Node>> own_constants;  // traced inputs dropped after the walk
+  std::unordered_set<const void*> watched_storages;
   std::unordered_set<const Node*> seen{output.node()};
   std::vector<std::shared_ptr<Node>> stack{output.node_ptr()};
+  auto visit = [&](const std::shared_ptr<Node>& next) {
+    if (seen.insert(next.get()).second) stack.push_back(next);
+  };
   while (!stack.empty()) {
     const std::shared_ptr<Node> ptr = std::move(stack.back());
     stack.pop_back();
@@ -54,26 +58,36 @@ std::vector<Variable> check_boundary(const Variable& output, const Variable& inp
       continue;
     }
     const bool inside = n->id >= first_inside_id;
-    if (n->is_leaf) {
+    if (!inside) {
       if (n->requires_grad) {
-        fail(inside ? Violation::UndeclaredLeaf : Violation::MissingDependency, where,
-             inside ? "the callable created " + describe(*n) +
-                          ", a new leaf that requires grad; parameters must be made outside and declared"
-                    : "the callable uses " + describe(*n) +
-                          ", a leaf that requires grad but is not a declared dependency; declare it");
+        if (n->is_leaf) {
+          fail(Violation::MissingDependency, where,
+               "the callable uses " + describe(*n) +
+                   ", a leaf that requires grad but is not a declared dependency; declare it");
+        }
+        fail(Violation::CapturedExternalNode, where,
+             "the callable captured " + describe(*n) +
+                 ", a graph node computed outside the checkpoint; pass it as the input or recompute it inside");
       }
-      if (!inside) implicit.push_back(NodeAccess::wrap(ptr));  // an external constant: kept as a parent
+      scan.constants.push_back(NodeAccess::wrap(ptr));  // a constant made outside: kept as a parent
       continue;
     }
-    if (!inside) {
-      fail(Violation::CapturedExternalNode, where,
-           "the callable captured " + describe(*n) +
-               ", a graph node computed outside the checkpoint; pass it as the input or recompute it inside");
+    if (n->is_leaf) {
+      if (n->requires_grad) {
+        fail(Violation::UndeclaredLeaf, where,
+             "the callable created " + describe(*n) +
+                 ", a new leaf that requires grad; parameters must be made outside and declared");
+      }
+      if (watched_storages.insert(n->value.storage_id()).second) {
+        scan.watched.push_back({n->value.weak_storage(), n->value.version(), describe(*n)});
+      }
+      for (const std::shared_ptr<Node>& t : n->trace_parents) visit(t);
+      if (!n->trace_parents.empty()) own_constants.push_back(ptr);
+      continue;
     }
-    for (const Edge& e : n->parents) {
-      if (seen.insert(e.node.get()).second) stack.push_back(e.node);
-    }
+    for (const Edge& e : n->parents) visit(e.node);
   }
+  for (const std::shared_ptr<Node>& c : own_constants) c->trace_parents.clear();
   if (!boundary[input.node()]) {
     fail(Violation::InputUnused, where, "the output does not depend on the input " + describe(*input.node()));
   }
@@ -83,7 +97,26 @@ std::vector<Variable> check_boundary(const Variable& output, const Variable& inp
            "the output does not depend on dependency " + std::to_string(i) + " " + describe(*dependencies[i].node()));
     }
   }
-  return implicit;
+  return scan;
+}
+
+std::vector<BoundaryVersion> boundary_versions(const Variable& input, std::span<const Variable> dependencies) {
+  std::vector<BoundaryVersion> versions{{input.version(), input.node()->structural_changes}};
+  for (const Variable& d : dependencies) versions.push_back({d.version(), d.node()->structural_changes});
+  return versions;
+}
+
+void check_boundary_unchanged(const std::vector<BoundaryVersion>& before, const Variable& input,
+                              std::span<const Variable> dependencies, const std::string& where) {
+  auto check = [&](const Variable& v, const BoundaryVersion& was, const std::string& role) {
+    if (v.version() == was.version) return;
+    const Node& n = *v.node();
+    fail(Violation::BoundaryModified, where,
+         "the callable changed its " + role + " " + describe(n) + " (" + change_reason(n, was.structural) +
+             "); a checkpoint callable must not write into what it reads: its replay would see other values");
+  };
+  check(input, before[0], "input");
+  for (std::size_t i = 0; i < dependencies.size(); ++i) check(dependencies[i], before[i + 1], "dependency " + std::to_string(i));
 }
 
 void check_replay_output(const Variable& replayed, const Shape& shape, Backend backend, const std::string& where) {

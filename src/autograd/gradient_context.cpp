@@ -62,13 +62,29 @@ namespace {
 
 void validate_versions(const std::vector<Node*>& order, const char* op) {
   for (Node* node : order) {
+    if (!node->is_leaf && node->value.version() != node->own_version) {
+      throw StaleGraphError(std::string("[") + op + "] stale graph: the value of " + node->label() +
+                            ", which its backward may read, changed (its buffer was " + node->value.last_change() +
+                            ") after the graph was built; run the forward pass again");
+    }
     for (std::size_t i = 0; i < node->parents.size(); ++i) {
       const Edge& edge = node->parents[i];
-      if (edge.node->version != edge.version) {
-        throw StaleGraphError(std::string("[") + op + "] stale graph: " + edge.node->label() +
-                              " (input " + std::to_string(i) + " of " + node->label() + ") changed (" +
-                              edge.node->last_change + ") from version " + std::to_string(edge.version) + " to " +
-                              std::to_string(edge.node->version) +
+      const std::uint64_t now = edge.node->version();
+      if (now != edge.version) {
+        throw StaleGraphError(std::string("[") + op + "] stale graph: " + edge.node->label() + " (input " +
+                              std::to_string(i) + " of " + node->label() + ") changed (" +
+                              change_reason(*edge.node, edge.structural) + ") from version " +
+                              std::to_string(edge.version) + " to " + std::to_string(now) +
+                              " after the graph was built; run the forward pass again");
+      }
+    }
+    for (const WatchedStorage& w : node->watched) {
+      const std::shared_ptr<const Storage> storage = w.storage.lock();
+      if (storage && storage->version() != w.version) {
+        throw StaleGraphError(std::string("[") + op + "] stale graph: " + w.what + ", a constant that " +
+                              node->label() + " read, changed (its buffer was " + storage->last_change() +
+                              ") from version " + std::to_string(w.version) + " to " +
+                              std::to_string(storage->version()) +
                               " after the graph was built; run the forward pass again");
       }
     }

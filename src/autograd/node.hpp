@@ -11,7 +11,17 @@ namespace riftco_transformer {
 
 struct Edge {
   std::shared_ptr<Node> node;
-  std::uint64_t version = 0;  // parent's version when this node was made
+  std::uint64_t version = 0;     // parent's version() when this node was made
+  std::uint64_t structural = 0;  // parent's structural_changes then (to word the stale-graph message)
+};
+
+/// A buffer a graph read without keeping it alive (a constant the checkpoint
+/// callable made): if it is still alive at backward, its version must not
+/// have moved.
+struct WatchedStorage {
+  std::weak_ptr<const Storage> storage;
+  std::uint64_t version = 0;
+  std::string what;  // the constant it was read through, for messages
 };
 
 struct Node {
@@ -20,10 +30,27 @@ struct Node {
   std::vector<Edge> parents;
   BackwardFn backward;
   std::vector<Tensor> saved;  // what the closure keeps, for retained_nodes()
+  /// Traced constants only (made by an op under TraceGuard with no input
+  /// that requires grad): the op's inputs, for the checkpoint contract walk.
+  /// The node is still a leaf; checkpoint() clears these after its walk.
+  std::vector<std::shared_ptr<Node>> trace_parents;
+  /// Buffers read by what this node replays (checkpoint), checked with the
+  /// parents' versions before a pass.
+  std::vector<WatchedStorage> watched;
   std::string op = "leaf";
   std::string name;
-  std::uint64_t version = 0;
-  std::string last_change;  // why the version last moved, for stale-graph messages
+  // version() = value_offset + value.version() + flag_changes (mod 2^64):
+  // the storage's counter (shared by every view of the bytes) plus this
+  // node's own structural changes. It never repeats a value: replacing the
+  // value re-bases value_offset so version() still moves up by one.
+  std::uint64_t value_offset = 0;
+  std::uint64_t flag_changes = 0;       // requires_grad turned on or off
+  std::uint64_t structural_changes = 0;  // every change made through this node (messages)
+  std::uint64_t own_version = 0;         // non-leaves: value.version() when made (backward may read the value)
+  std::string last_change;               // why the node last changed structurally, for messages
+  /// Set on a checkpoint's replay input: the callable may read it, never
+  /// change it (mutable_value, set_value, ... throw ValueError naming this).
+  const char* read_only = nullptr;
   bool requires_grad = false;
   bool is_leaf = true;
   bool retain_grad = false;
@@ -37,11 +64,33 @@ struct Node {
   ~Node();
 
   std::string label() const;  // "'name' (op)" or "op node" for messages
+  std::uint64_t version() const { return value_offset + value.version() + flag_changes; }
+  /// version() without requires_grad changes: what a cache of values (decode) depends on.
+  std::uint64_t value_version() const { return value_offset + value.version(); }
+  /// A structural change of this node (value replaced, moved, marked): version() moves up by one.
   void bump(std::string why) {
-    ++version;
+    ++value_offset;
+    ++structural_changes;
+    last_change = std::move(why);
+  }
+  /// Replaces the value and moves version() up by one whatever the new
+  /// storage's own counter is.
+  void replace_value(Tensor next, std::string why) {
+    const std::uint64_t before = version();
+    value = std::move(next);
+    value_offset = before + 1 - value.version() - flag_changes;
+    ++structural_changes;
     last_change = std::move(why);
   }
 };
+
+/// Why `node` changed since an edge recorded `structural_then` (its
+/// structural_changes at the time): its own last structural change, or the
+/// last in-place write to its buffer.
+inline std::string change_reason(const Node& node, std::uint64_t structural_then) {
+  if (node.structural_changes != structural_then) return node.last_change;
+  return std::string("its buffer was ") + node.value.last_change();
+}
 
 /// The id the next node will get.
 std::uint64_t next_node_id();
@@ -58,6 +107,19 @@ class TraceGuard {
 
  private:
   bool previous_;
+};
+
+/// While alive, sets this thread's grad mode (on: ops build graphs even under
+/// an outer NoGradGuard; a checkpoint replay needs its graph).
+class GradModeGuard {
+ public:
+  explicit GradModeGuard(bool enabled);
+  ~GradModeGuard();
+  GradModeGuard(const GradModeGuard&) = delete;
+  GradModeGuard& operator=(const GradModeGuard&) = delete;
+
+ private:
+  bool previous_no_grad_;
 };
 
 /// Friend accessor so engine code can reach a Variable's node pointer and

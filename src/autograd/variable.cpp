@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <iomanip>
+#include <mutex>
 #include <sstream>
 #include <unordered_set>
 
@@ -14,6 +15,10 @@ namespace {
 thread_local bool g_no_grad = false;
 thread_local bool g_trace = false;
 std::atomic<std::uint64_t> g_next_node_id{1};
+/// Publishing gradients (commit, clear_grad) is serialised process-wide, so
+/// two threads whose graphs share leaves never race on a gradient handle;
+/// each commit is whole (one pass's gradients, never a mix).
+std::mutex g_commit_mutex;
 
 Node& require(const std::shared_ptr<Node>& node, const char* op) {
   if (!node) throw ValueError(std::string("[") + op + "] undefined variable");
@@ -24,6 +29,9 @@ void require_leaf(const Node& node, const char* op) {
   if (!node.is_leaf) {
     throw ValueError(std::string("[") + op + "] " + node.label() +
                      " is not a leaf: only leaves (parameters, inputs) can be changed");
+  }
+  if (node.read_only != nullptr) {
+    throw ValueError(std::string("[") + op + "] " + node.label() + " is read-only: " + node.read_only);
   }
 }
 
@@ -59,13 +67,17 @@ Node::~Node() {
   // handle is ours and drain them from a local stack.
   std::vector<std::shared_ptr<Node>> pending;
   for (Edge& e : parents) pending.push_back(std::move(e.node));
+  for (std::shared_ptr<Node>& t : trace_parents) pending.push_back(std::move(t));
   parents.clear();
+  trace_parents.clear();
   while (!pending.empty()) {
     std::shared_ptr<Node> n = std::move(pending.back());
     pending.pop_back();
     if (n && n.use_count() == 1) {
       for (Edge& e : n->parents) pending.push_back(std::move(e.node));
+      for (std::shared_ptr<Node>& t : n->trace_parents) pending.push_back(std::move(t));
       n->parents.clear();
+      n->trace_parents.clear();
       n->backward = nullptr;  // closures may hold Variables too; they go now
     }
   }
@@ -90,14 +102,23 @@ Variable Variable::from_op(std::string op, Tensor value, std::vector<Variable> p
   bool any = false;
   for (const Variable& p : parents) any = any || (p.defined() && p.node_->requires_grad);
   node->op = std::move(op);
-  const bool record = g_trace ? !parents.empty() : (any && !g_no_grad);
-  if (!record) return Variable(std::move(node));  // a constant: no graph
+  if (!any || g_no_grad) {
+    // A constant: a leaf with no graph, as outside a checkpoint. Under
+    // TraceGuard its inputs are kept aside for the contract walk only.
+    if (g_trace) {
+      for (const Variable& p : parents) {
+        if (p.defined()) node->trace_parents.push_back(p.node_);
+      }
+    }
+    return Variable(std::move(node));
+  }
   node->is_leaf = false;
-  node->requires_grad = any && !g_no_grad;  // traced under NoGradGuard: edges kept, no gradient
+  node->requires_grad = true;
+  node->own_version = node->value.version();
   node->backward = std::move(backward);
   node->saved = std::move(saved);
   node->parents.reserve(parents.size());
-  for (Variable& p : parents) node->parents.push_back(Edge{p.node_, p.node_->version});
+  for (Variable& p : parents) node->parents.push_back(Edge{p.node_, p.node_->version(), p.node_->structural_changes});
   return Variable(std::move(node));
 }
 
@@ -109,7 +130,9 @@ void Variable::set_requires_grad(bool requires_grad) {
   require_leaf(n, "set_requires_grad");
   if (n.requires_grad != requires_grad) {
     n.requires_grad = requires_grad;
-    n.bump(requires_grad ? "requires_grad turned on" : "requires_grad turned off (frozen)");
+    ++n.flag_changes;
+    ++n.structural_changes;
+    n.last_change = requires_grad ? "requires_grad turned on" : "requires_grad turned off (frozen)";
   }
 }
 
@@ -129,14 +152,14 @@ void Variable::set_value(Tensor value) {
   require_leaf(n, "set_value");
   if (!value.defined()) throw ValueError("[set_value] undefined tensor for " + n.label());
   const bool same_shape = n.value.shape() == value.shape();
-  n.bump(same_shape ? "value replaced" : "replaced by a value of shape " + shape_string(value.shape()));
-  n.value = std::move(value);
+  std::string why = same_shape ? "value replaced" : "replaced by a value of shape " + shape_string(value.shape());
+  n.replace_value(std::move(value), std::move(why));
 }
 
-Tensor& Variable::mutable_value() {
+Tensor Variable::mutable_value(const char* why) {
   Node& n = require(node_, "mutable_value");
   require_leaf(n, "mutable_value");
-  n.bump("updated in place");
+  n.value.bump_version(why);  // the storage's counter: every view and every leaf on this buffer sees it
   return n.value;
 }
 
@@ -146,9 +169,9 @@ void Variable::to(Backend backend) {
   if (n.value.backend() == backend) return;
   Tensor moved = n.value.to(backend);  // throws before anything changes
   Tensor grad = n.grad.defined() ? n.grad.to(backend) : Tensor();
-  n.value = std::move(moved);
+  n.replace_value(std::move(moved), std::string("moved to ") + backend_name(backend));
+  std::lock_guard<std::mutex> lock(g_commit_mutex);
   n.grad = std::move(grad);
-  n.bump(std::string("moved to ") + backend_name(backend));
 }
 
 void Variable::mark_changed(std::string reason) {
@@ -157,9 +180,19 @@ void Variable::mark_changed(std::string reason) {
   n.bump(std::move(reason));
 }
 
-std::uint64_t Variable::version() const { return require(node_, "version").version; }
+std::uint64_t Variable::version() const { return require(node_, "version").version(); }
+std::uint64_t Variable::value_version() const { return require(node_, "value_version").value_version(); }
 const Tensor& Variable::grad() const { return require(node_, "grad").grad; }
-void Variable::clear_grad() { require(node_, "clear_grad").grad = Tensor(); }
+
+void Variable::clear_grad() {
+  Node& n = require(node_, "clear_grad");
+  Tensor old;
+  {
+    std::lock_guard<std::mutex> lock(g_commit_mutex);
+    old = std::move(n.grad);
+    n.grad = Tensor();
+  }
+}  // `old` is freed outside the lock
 
 void Variable::retain_grad() {
   Node& n = require(node_, "retain_grad");
@@ -192,7 +225,10 @@ void Variable::backward(const Tensor& seed) const {
   };
   for (Node* leaf : pass.leaves) prepare(leaf);
   for (Node* node : pass.retained) prepare(node);
-  for (auto& [node, g] : commits) node->grad = std::move(g);
+  {
+    std::lock_guard<std::mutex> lock(g_commit_mutex);  // graphs on other threads may share these leaves
+    for (auto& [node, g] : commits) std::swap(node->grad, g);
+  }  // the previous gradients (now in `commits`) are freed outside the lock
 }
 
 GraphStatistics Variable::graph_statistics() const {
@@ -253,6 +289,9 @@ std::string Variable::retained_report() const {
       << " B\n";
   return out.str();
 }
+
+GradModeGuard::GradModeGuard(bool enabled) : previous_no_grad_(g_no_grad) { g_no_grad = !enabled; }
+GradModeGuard::~GradModeGuard() { g_no_grad = previous_no_grad_; }
 
 NoGradGuard::NoGradGuard() : previous_(g_no_grad) { g_no_grad = true; }
 NoGradGuard::~NoGradGuard() { g_no_grad = previous_; }

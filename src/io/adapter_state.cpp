@@ -32,6 +32,7 @@ LoraConfig parse_config(const std::filesystem::path& path, const std::map<std::s
 
 void save_adapter_state(const DecoderOnlyTransformer& model, const std::filesystem::path& path) {
   if (!model.has_lora()) throw ValueError("[save_adapter_state] the model has no LoRA adapters to save");
+  model.validate_parameters();
   std::vector<std::pair<std::string, Tensor>> tensors;
   for (const NamedParameter& p : model.lora_parameters()) tensors.emplace_back(p.name, p.variable.value());
   const LoraConfig& c = model.lora_config();

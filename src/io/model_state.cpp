@@ -95,6 +95,7 @@ void apply_model_state(DecoderOnlyTransformer& model, const TensorFile& file, co
 }  // namespace
 
 void save_model_state(const DecoderOnlyTransformer& model, const std::filesystem::path& path) {
+  model.validate_parameters();  // a file that could not be loaded back is never written
   std::vector<std::pair<std::string, Tensor>> tensors;
   for (const NamedParameter& parameter : model.parameters()) {
     tensors.emplace_back(parameter.name, parameter.variable.value());

@@ -29,6 +29,7 @@ DecodeSession::DecodeSession(const DecoderOnlyTransformer& model) : core_(model.
 std::int64_t DecodeSession::capacity() const { return core_->dims.context_length; }
 
 void DecodeSession::reset() {
+  core_->check_parameters("DecodeSession");  // before anything changes
   const TransformerDimensions& d = core_->dims;
   keys_.clear();
   values_.clear();
@@ -37,7 +38,7 @@ void DecodeSession::reset() {
     values_.push_back(Tensor::zeros({d.heads, d.context_length, d.head_width()}));
   }
   versions_.clear();
-  for (const Variable& p : core_->all_leaves()) versions_.push_back(p.version());
+  for (const Variable& p : core_->all_leaves()) versions_.push_back(p.value_version());
   position_ = 0;
 }
 
@@ -57,7 +58,7 @@ Tensor DecodeSession::decode_token(std::int32_t token) {
     throw StaleGraphError("[decode_token] the model's adapters changed since the session started; reset() the session");
   }
   for (std::size_t i = 0; i < params.size(); ++i) {
-    if (params[i].version() != versions_[i]) {
+    if (params[i].value_version() != versions_[i]) {
       throw StaleGraphError("[decode_token] parameter '" + params[i].name() +
                             "' changed since the session started; its K/V cache is stale: reset() the session");
     }

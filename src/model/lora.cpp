@@ -129,6 +129,7 @@ std::vector<std::pair<std::string, Shape>> DecoderOnlyTransformer::lora_paramete
 void DecoderOnlyTransformer::add_lora(const LoraConfig& config, Random& random) {
   config.validate();
   TransformerCore& m = *core_;
+  m.check_parameters("add_lora");
   if (m.has_lora) throw ValueError("[add_lora] the model already has LoRA adapters; remove_lora() or merge_lora() first");
   // Build everything first; publish only when nothing can throw.
   std::vector<std::vector<LoraAdapter>> built(m.blocks.size());
@@ -196,6 +197,7 @@ void DecoderOnlyTransformer::merge_lora() {
   if (!m.lora_active) {
     throw ValueError("[merge_lora] the adapters are inactive: activate them to merge, or remove_lora()");
   }
+  m.check_parameters("merge_lora");  // the product below reads raw buffers by these shapes
   // Compute every merged weight first, then publish.
   std::vector<std::pair<Variable, Tensor>> merged;
   for (BlockWeights& b : m.blocks) {

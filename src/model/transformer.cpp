@@ -187,6 +187,35 @@ Variable DecoderOnlyTransformer::parameter(const std::string& name) const {
   throw ValueError("[parameter] the model has no parameter named '" + name + "'");
 }
 
+void TransformerCore::check_parameters(const char* op) const {
+  const std::int64_t v = dims.vocab_size;
+  const std::int64_t c = dims.model_width;
+  const std::int64_t f = dims.feed_forward_width;
+  auto check = [op](const Variable& p, const Shape& expected) {
+    if (p.shape() != expected || p.backend() != Backend::Cpu) {
+      throw ShapeError(std::string("[") + op + "] parameter '" + p.name() + "' is " + shape_string(p.shape()) +
+                       " on " + backend_name(p.backend()) + " but the model's dimensions need " +
+                       shape_string(expected) + " on cpu (set_value gave it another shape?)");
+    }
+  };
+  check(token_embedding, {v, c});
+  for (const BlockWeights& b : blocks) {
+    for (const Variable& w : {b.attention_norm, b.mlp_norm}) check(w, {c});
+    for (const Variable& w : {b.query, b.key, b.value, b.output}) check(w, {c, c});
+    for (const Variable& w : {b.gate, b.up}) check(w, {f, c});
+    check(b.down, {c, f});
+    for (const LoraAdapter& adapter : b.adapters) {
+      const Shape& w = b.projection(adapter.target).shape();  // (out, in), checked above
+      check(adapter.a, {lora.rank, w[1]});
+      check(adapter.b, {w[0], lora.rank});
+    }
+  }
+  check(final_norm, {c});
+  check(lm_head, {v, c});
+}
+
+void DecoderOnlyTransformer::validate_parameters() const { core_->check_parameters("validate_parameters"); }
+
 std::int64_t DecoderOnlyTransformer::parameter_count() const {
   std::int64_t n = 0;
   for (const NamedParameter& p : parameters()) n += p.variable.value().numel();

@@ -37,6 +37,9 @@ struct TransformerCore {
   Variable project(const BlockWeights& block, LoraTarget target, const Variable& x) const;
   /// Every leaf decode and forward read: base parameters and active adapters.
   std::vector<Variable> all_leaves() const;
+  /// ShapeError (tagged `op`) naming a parameter whose shape or backend no
+  /// longer fits dims: the kernels read parameters by the model's dimensions.
+  void check_parameters(const char* op) const;
 };
 
 }  // namespace riftco_transformer

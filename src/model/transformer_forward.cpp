@@ -172,8 +172,7 @@ Variable checkpointed_blocks(const std::shared_ptr<TransformerCore>& core, std::
     for (std::size_t i = first; i < last; ++i) x = core->block_forward(i, x, kind, drop);
     return x;
   };
-  CheckpointOptions options;
-  options.random = drop > 0.0F ? &core->dropout_random : nullptr;
+  CheckpointOptions options;  // dropout masks replay by default (preserve_random_state)
   options.name = last - first == 1 ? "block " + std::to_string(first)
                                    : "blocks " + std::to_string(first) + "-" + std::to_string(last - 1);
   return checkpoint(h, deps, recompute, options);
@@ -192,6 +191,7 @@ Variable DecoderOnlyTransformer::forward(std::span<const std::int32_t> tokens, s
     throw ShapeError("[forward] sequence length " + std::to_string(t) + " exceeds the context length " +
                      std::to_string(m.dims.context_length));
   }
+  m.check_parameters("forward");
   const float drop = m.training ? m.dropout_probability : 0.0F;
   const bool grad = !NoGradGuard::active();
   Variable h = embedding(m.token_embedding, tokens, {batch, t});  // (B, T, C)

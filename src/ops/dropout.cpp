@@ -1,5 +1,6 @@
 // Inverted dropout. The mask is drawn serially from the caller's generator,
-// so a checkpoint replay that restores the generator rebuilds the same mask.
+// so a checkpoint replay (which rewinds every generator the callable
+// announced, by default) rebuilds the same mask.
 #include "../backend/cpu/kernels.hpp"
 #include "op_util.hpp"
 #include "riftco_transformer/ops.hpp"
@@ -13,6 +14,7 @@ Variable dropout(const Variable& x, float p, Random& random) {
   if (p == 0.0F) return x;
   const float keep_scale = 1.0F / (1.0F - p);
   Tensor mask = Tensor::empty(x.shape());  // 0 or 1/(1-p)
+  announce_random_use(random);             // checkpoint replays rebuild the same mask
   float* pm = mask.data();
   for (std::int64_t i = 0; i < mask.numel(); ++i) pm[i] = random.uniform() < p ? 0.0F : keep_scale;
   Tensor out = cpu::binary(cpu::BinaryOp::Mul, x.value(), mask, x.shape());

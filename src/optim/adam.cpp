@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "../backend/cpu/kernels.hpp"
@@ -48,9 +49,16 @@ float Adam::step() {
   for (std::size_t i = 0; i < params_.size(); ++i) {
     const Tensor& g = params_[i].grad();
     if (!g.defined()) continue;
-    if (g.shape() != params_[i].value().shape()) {
+    const Tensor& value = params_[i].value();
+    if (g.shape() != value.shape()) {
       throw ShapeError("[Adam] gradient " + shape_string(g.shape()) + " of '" + params_[i].name() +
-                       "' does not match its value " + shape_string(params_[i].value().shape()));
+                       "' does not match its value " + shape_string(value.shape()));
+    }
+    if (m_[i].shape() != value.shape() || m_[i].backend() != value.backend() || g.backend() != value.backend()) {
+      throw ShapeError("[Adam] parameter '" + params_[i].name() + "' is now " + shape_string(value.shape()) +
+                       " on " + backend_name(value.backend()) + " but its moments were made for " +
+                       shape_string(m_[i].shape()) + " on " + backend_name(m_[i].backend()) +
+                       " (set_value or to() changed it after this Adam was built): build a new Adam for it");
     }
     with_grad.push_back(i);
     grads.emplace_back(g.data(), static_cast<std::size_t>(g.numel()));
@@ -74,7 +82,10 @@ float Adam::step() {
   updates.reserve(with_grad.size());
   for (std::size_t k = 0; k < with_grad.size(); ++k) {
     const std::size_t i = with_grad[k];
-    float* theta = params_[i].mutable_value().data();  // bumps the version
+    // Bumps the buffer's version (every graph that read it becomes stale);
+    // the pointer is then taken without a second bump.
+    Tensor theta_handle = params_[i].mutable_value("updated in place by Adam::step");
+    auto* theta = const_cast<float*>(std::as_const(theta_handle).data());
     updates.push_back({theta, m_[i].data(), v_[i].data(), grads[k].data(), params_[i].value().numel()});
   }
   cpu::adam_update(updates, c);

@@ -78,6 +78,7 @@ Tensor Tensor::from_data(const Shape& shape, std::initializer_list<float> values
 
 Tensor Tensor::normal(const Shape& shape, Random& random, float mean, float std) {
   Tensor t = empty(shape);
+  announce_random_use(random);
   float* p = t.data();
   for (std::int64_t i = 0; i < t.numel_; ++i) p[i] = random.normal(mean, std);
   return t;
@@ -85,6 +86,7 @@ Tensor Tensor::normal(const Shape& shape, Random& random, float mean, float std)
 
 Tensor Tensor::uniform(const Shape& shape, Random& random, float low, float high) {
   Tensor t = empty(shape);
+  announce_random_use(random);
   float* p = t.data();
   for (std::int64_t i = 0; i < t.numel_; ++i) p[i] = random.uniform(low, high);
   return t;
@@ -107,7 +109,13 @@ Backend Tensor::backend() const {
 float* Tensor::data() {
   if (!storage_) throw ValueError("[tensor] data() of an undefined tensor");
   if (storage_->backend() != Backend::Cpu) throw BackendError("[tensor] data() needs a cpu tensor");
+  storage_->bump_version("written through a data() pointer");
   return storage_->data();
+}
+
+void Tensor::bump_version(const char* why) {
+  if (!storage_) throw ValueError("[tensor] bump_version() of an undefined tensor");
+  storage_->bump_version(why);
 }
 
 const float* Tensor::data() const {
@@ -187,6 +195,7 @@ float Tensor::item() const {
 
 void Tensor::fill(float value) {
   float* p = data();
+  storage_->bump_version("filled in place");
   std::fill(p, p + numel_, value);
 }
 
@@ -197,6 +206,7 @@ void Tensor::copy_from(const Tensor& other) {
   }
   if (storage_ == other.storage_) return;
   std::memcpy(data(), other.data(), static_cast<std::size_t>(nbytes()));
+  storage_->bump_version("overwritten by copy_from");
 }
 
 bool bit_equal(const Tensor& a, const Tensor& b) {

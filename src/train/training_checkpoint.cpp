@@ -51,6 +51,17 @@ const std::string& meta(const TensorFile& f, const std::string& key, const std::
 void save_training_checkpoint(const std::filesystem::path& path, const std::vector<NamedParameter>& trainable,
                               const Adam& adam, const TrainingState& state, const nlohmann::json& config) {
   const Adam::State moments = adam.state();
+  if (moments.first_moment.size() != trainable.size()) {
+    throw ValueError("[save_training_checkpoint] Adam has " + std::to_string(moments.first_moment.size()) +
+                     " parameters, the run trains " + std::to_string(trainable.size()));
+  }
+  for (std::size_t i = 0; i < trainable.size(); ++i) {
+    if (moments.first_moment[i].shape() != trainable[i].variable.shape()) {
+      throw ShapeError("[save_training_checkpoint] '" + trainable[i].name + "' is " +
+                       shape_string(trainable[i].variable.shape()) + " but its Adam moments are " +
+                       shape_string(moments.first_moment[i].shape()));
+    }
+  }
   std::vector<std::pair<std::string, Tensor>> tensors;
   for (std::size_t i = 0; i < trainable.size(); ++i) {
     tensors.emplace_back("param." + trainable[i].name, trainable[i].variable.value());
