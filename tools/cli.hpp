@@ -3,6 +3,8 @@
 // --name=VALUE, flags without values, typed getters whose errors say which
 // option and what was expected. Header-only (tools/*.cpp are the programs).
 #include <charconv>
+#include <cmath>
+#include <limits>
 #include <cstdint>
 #include <iomanip>
 #include <map>
@@ -92,6 +94,11 @@ class Parser {
       used = 0;
     }
     if (used != v.size() || v.empty()) throw UsageError("option '--" + name + "' expects a number, got '" + v + "'");
+    // Every number option is a 32-bit float setting: inf, nan and values
+    // that overflow a float (1e39) are refused here, by name.
+    if (!std::isfinite(out) || std::fabs(out) > static_cast<double>(std::numeric_limits<float>::max())) {
+      throw UsageError("option '--" + name + "' expects a finite number, got '" + v + "'");
+    }
     return out;
   }
 

@@ -9,6 +9,7 @@
 
 #include "cli.hpp"
 #include "riftco_transformer/data.hpp"
+#include "riftco_transformer/model_state.hpp"
 #include "riftco_transformer/pipelines.hpp"
 
 using namespace riftco_transformer;
@@ -163,6 +164,7 @@ int post_train(int argc, char** argv) {
   p.add("lora-alpha", "A", "adapter scale numerator (scale = alpha/rank)", rt_cli::num(c.lora.alpha));
   p.add("lora-targets", "LIST", "query,key,value,output,gate,up,down | attention | mlp | all",
         lora_targets_string(c.lora.targets));
+  p.add("allow-non-finite", "", "accept a base model holding NaN or infinite weights (refused by default)");
   add_stage_options(p, c);
   p.parse(argc, argv, 2);
   if (p.help()) {
@@ -180,8 +182,11 @@ int post_train(int argc, char** argv) {
   } else if (p.has("lora-rank") || p.has("lora-alpha") || p.has("lora-targets")) {
     throw rt_cli::UsageError("--lora-* options apply to --method lora only");
   }
+  c.allow_non_finite = p.has("allow-non-finite");
   read_stage_options(p, c);
-  c.validate();
+  // Settings against the base's dimensions (its header only) before the run:
+  // a sequence longer than its context is a usage error, not a failed run.
+  c.validate_for(read_model_dimensions(c.base_model));
   std::cerr << "[post-train] " << fine_tuning_method_name(c.fine_tuning_method) << " on " << c.base_model.string()
             << " with " << c.data.string() << "; checkpointing "
             << activation_checkpointing_name(c.activation_checkpointing) << " -> " << c.output_dir.string() << "\n";
@@ -213,8 +218,15 @@ int main(int argc, char** argv) {
               << "--help'.\n";
     return 2;
   } catch (const ValueError& e) {  // a bad option value (policy, attention, target names, ranges)
-    std::cerr << (g_running ? "\nrt-train: error: " : "rt-train: ") << e.what() << "\n";
-    return g_running ? 1 : 2;
+    if (g_running) {
+      std::cerr << "\nrt-train: error: " << e.what() << "\n";
+      return 1;
+    }
+    std::cerr << "rt-train: " << e.what() << "\nTry 'rt-train " << command << " --help'.\n";
+    return 2;
+  } catch (const std::bad_alloc&) {
+    std::cerr << "\nrt-train: error: out of memory (a smaller model, batch or sequence length needs less)\n";
+    return 1;
   } catch (const std::exception& e) {
     std::cerr << "\nrt-train: error: " << e.what() << "\n";
     return 1;

@@ -35,7 +35,9 @@ class Adam {
   /// gradient norm before clipping. Throws ShapeError (and changes nothing)
   /// when a gradient's shape differs from its parameter's, or when a
   /// parameter's shape or backend changed (set_value, to()) since this Adam
-  /// made its moments: build a new Adam for the new shape.
+  /// made its moments: build a new Adam for the new shape. A non-finite
+  /// gradient (NaN/inf anywhere, or a norm that overflows) is a ValueError
+  /// naming the parameter, and nothing changes either.
   float step();
   /// Drops every parameter's gradient.
   void zero_grad();

@@ -2,7 +2,10 @@
 // Replacing a file atomically (io layer): the bytes go to a temporary file
 // beside the target, which is fsynced and renamed over it, then the directory
 // is fsynced. A reader sees the old file or the new one, never half of one.
+#include <cstdint>
 #include <filesystem>
+#include <optional>
+#include <string>
 #include <string_view>
 
 namespace riftco_transformer {
@@ -10,5 +13,19 @@ namespace riftco_transformer {
 /// On failure the temporary file is removed, the target is untouched and a
 /// ModelStateError "[save] <path>: ..." is thrown.
 void write_file_atomically(const std::filesystem::path& path, std::string_view bytes);
+
+/// Reads a whole regular file into `out`. A FIFO, device, socket or
+/// directory is refused without blocking (the file is opened O_NONBLOCK and
+/// checked before any read), as is a file over `max_bytes`. Returns the
+/// reason on failure ("not a regular file", "cannot open: ..."), nullopt on
+/// success: each caller throws its own error type.
+std::optional<std::string> read_regular_file(const std::filesystem::path& path, std::string& out,
+                                             std::uint64_t max_bytes = std::uint64_t{1} << 40);
+
+/// Removes the temporary files that write_file_atomically() leaves behind
+/// when a process is killed inside a save (".<name>.tmp.<pid>.<n>") in
+/// `directory`, for processes that no longer run. Returns how many it
+/// removed; never throws.
+int remove_stale_temporaries(const std::filesystem::path& directory);
 
 }  // namespace riftco_transformer

@@ -20,12 +20,20 @@ const char* lora_target_name(LoraTarget target);
 std::vector<LoraTarget> parse_lora_targets(const std::string& list, const char* op = "lora");
 std::string lora_targets_string(const std::vector<LoraTarget>& targets);
 
+struct TransformerDimensions;
+
 struct LoraConfig {
   std::int64_t rank = 8;
   float alpha = 16.0F;
   std::vector<LoraTarget> targets{LoraTarget::Query, LoraTarget::Value};
   /// ValueError naming the field: rank > 0, alpha > 0, targets non-empty and unique.
   void validate() const;
+  /// validate(), and rank <= min(out, in) of every target projection of a
+  /// model with `dimensions` (a larger rank adds nothing and can ask for
+  /// gigabytes). ValueError tagged `op`.
+  void validate_for(const TransformerDimensions& dimensions, const char* op) const;
+  /// Adapter parameters add_lora(*this) adds to a model with `dimensions`.
+  std::int64_t parameter_count(const TransformerDimensions& dimensions) const;
   float scale() const { return alpha / static_cast<float>(rank); }
 };
 

@@ -50,6 +50,20 @@ TensorFile read_safetensors(const std::filesystem::path& path);
 
 // ---- model level ---------------------------------------------------------
 
+/// What a loader may accept that it refuses by default.
+struct LoadOptions {
+  /// Accept NaN or infinite weights. By default such a file is refused,
+  /// naming the first tensor and element that is not finite.
+  bool allow_non_finite = false;
+  /// Adapters: accept a file whose recorded base-model fingerprint differs
+  /// from the model's (trained on another base of the same dimensions).
+  bool allow_base_mismatch = false;
+};
+
+/// A hash of the model's base weights (names, shapes, bytes) as 16 hex
+/// digits; adapter files record their base's.
+std::string model_fingerprint(const DecoderOnlyTransformer& model);
+
 /// Metadata "format" of a model-state file.
 inline constexpr const char* kModelStateFormat = "riftco.model_state";
 /// Metadata "schema_version" this build writes and reads.
@@ -66,14 +80,17 @@ TransformerDimensions read_model_dimensions(const std::filesystem::path& path);
 /// Reads and validates the whole file against `model` (format, schema
 /// version, dimensions, norm epsilon, every parameter present with its shape,
 /// no extra tensors), and only then sets every parameter's value (which bumps
-/// its version). On any ModelStateError the model is untouched.
-void load_model_state(DecoderOnlyTransformer& model, const std::filesystem::path& path);
+/// its version). Non-finite weights are refused unless options allow them.
+/// On any ModelStateError the model is untouched.
+void load_model_state(DecoderOnlyTransformer& model, const std::filesystem::path& path,
+                      const LoadOptions& options = {});
 
 /// A model of the file's dimensions and norm epsilon with the file's weights.
 /// The execution policies are the caller's choice: the file has none.
 std::unique_ptr<DecoderOnlyTransformer> load_model(
     const std::filesystem::path& path,
     FullSequenceAttentionKind attention = FullSequenceAttentionKind::Materialized,
-    ActivationCheckpointingKind activation_checkpointing = ActivationCheckpointingKind::Disabled);
+    ActivationCheckpointingKind activation_checkpointing = ActivationCheckpointingKind::Disabled,
+    const LoadOptions& options = {});
 
 }  // namespace riftco_transformer

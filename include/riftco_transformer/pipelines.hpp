@@ -71,6 +71,8 @@ FineTuningMethod parse_fine_tuning_method(const std::string& name, const char* o
 
 struct PostTrainingConfig : StageSettings {
   std::filesystem::path base_model;  // a model-state file
+  /// Load a base model holding NaN or infinite weights (refused by default).
+  bool allow_non_finite = false;
   FineTuningMethod fine_tuning_method = FineTuningMethod::Lora;
   LoraConfig lora;
   /// `data`: JSON Lines of {"prompt": ..., "response": ...} (required).
@@ -79,6 +81,9 @@ struct PostTrainingConfig : StageSettings {
     weight_decay = 0.0F;
   }
   void validate() const;
+  /// validate(), then the settings against the base model's dimensions
+  /// (sequence length within its context, byte vocabulary, LoRA rank).
+  void validate_for(const TransformerDimensions& base) const;
 };
 
 /// What the pipeline reports after every step.

@@ -2,6 +2,7 @@
 
 #include <charconv>
 
+#include "json_read.hpp"
 #include "model_metadata.hpp"
 #include "safetensors_header.hpp"
 
@@ -11,7 +12,8 @@ namespace {
 using detail::load_error;
 using detail::required;
 
-LoraConfig parse_config(const std::filesystem::path& path, const std::map<std::string, std::string>& metadata) {
+LoraConfig parse_config(const std::filesystem::path& path, const std::map<std::string, std::string>& metadata,
+                        const TransformerDimensions& dimensions) {
   LoraConfig config;
   const std::string& rank = required(path, metadata, "rank");
   const auto r = std::from_chars(rank.data(), rank.data() + rank.size(), config.rank);
@@ -21,7 +23,7 @@ LoraConfig parse_config(const std::filesystem::path& path, const std::map<std::s
   if (a.ec != std::errc() || a.ptr != alpha.data() + alpha.size()) load_error(path, "metadata \"alpha\" '" + alpha + "' is not a number");
   try {
     config.targets = parse_lora_targets(required(path, metadata, "targets"), "load");
-    config.validate();
+    config.validate_for(dimensions, "load");
   } catch (const ValueError& e) {
     load_error(path, std::string("adapter metadata: ") + e.what());
   }
@@ -38,14 +40,15 @@ void save_adapter_state(const DecoderOnlyTransformer& model, const std::filesyst
   const LoraConfig& c = model.lora_config();
   write_safetensors(path, tensors,
                     {{"format", kAdapterStateFormat},
-                     {"schema_version", "1"},
+                     {"schema_version", "2"},
+                     {"base_fingerprint", model_fingerprint(model)},
                      {"rank", std::to_string(c.rank)},
                      {"alpha", detail::float_string(c.alpha)},
                      {"targets", lora_targets_string(c.targets)},
                      {"dimensions", detail::dimensions_json(model.dimensions())}});
 }
 
-void load_adapter_state(DecoderOnlyTransformer& model, const std::filesystem::path& path) {
+void load_adapter_state(DecoderOnlyTransformer& model, const std::filesystem::path& path, const LoadOptions& options) {
   if (model.has_lora()) {
     throw ValueError("[load_adapter_state] the model already has LoRA adapters; remove_lora() first");
   }
@@ -54,13 +57,27 @@ void load_adapter_state(DecoderOnlyTransformer& model, const std::filesystem::pa
   if (format != kAdapterStateFormat) {
     load_error(path, "format '" + format + "' is not '" + kAdapterStateFormat + "' (is this a model-state file?)");
   }
-  if (required(path, file.metadata, "schema_version") != "1") load_error(path, "unsupported schema_version");
+  const std::string& schema = required(path, file.metadata, "schema_version");
+  if (schema != "1" && schema != "2") {
+    load_error(path, "schema_version '" + detail::quote(schema) + "' is not supported (this build reads 1 and 2)");
+  }
   const TransformerDimensions dims = detail::parse_dimensions(path, required(path, file.metadata, "dimensions"));
   if (dims != model.dimensions()) {
     load_error(path, "the adapters were trained for a base model with dimensions " + detail::dimensions_json(dims) +
                          ", this model has " + detail::dimensions_json(model.dimensions()));
   }
-  const LoraConfig config = parse_config(path, file.metadata);
+  const LoraConfig config = parse_config(path, file.metadata, dims);
+  if (!options.allow_non_finite) detail::check_finite(path, file);
+  if (schema == "2" && !options.allow_base_mismatch) {  // schema 1 files carry no fingerprint
+    const std::string& recorded = required(path, file.metadata, "base_fingerprint");
+    const std::string actual = model_fingerprint(model);
+    if (recorded != actual) {
+      load_error(path, "the adapters were trained on a base model with fingerprint " + detail::quote(recorded) +
+                           ", this model's weights have fingerprint " + actual +
+                           " (another base of the same dimensions); allow_base_mismatch / --allow-base-mismatch "
+                           "applies them anyway");
+    }
+  }
   std::map<std::string, const Tensor*> unclaimed;
   for (const auto& [name, tensor] : file.tensors) unclaimed.emplace(name, &tensor);
   std::vector<Tensor> values;

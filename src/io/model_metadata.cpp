@@ -2,8 +2,11 @@
 #include "model_metadata.hpp"
 
 #include <charconv>
+#include <cmath>
+#include <limits>
 #include <nlohmann/json.hpp>
 
+#include "json_read.hpp"
 #include "safetensors_header.hpp"
 
 namespace riftco_transformer::detail {
@@ -44,28 +47,41 @@ const std::string& required(const std::filesystem::path& path, const std::map<st
 }
 
 TransformerDimensions parse_dimensions(const std::filesystem::path& path, const std::string& text) {
-  const std::string where = "metadata \"dimensions\" " + text + ": ";
-  nlohmann::json json;
-  try {
-    json = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    load_error(path, where + "not valid JSON (" + e.what() + ")");
-  }
-  if (!json.is_object()) load_error(path, where + "not a JSON object");
+  const std::string where = "metadata \"dimensions\" " + quote(text) + ": ";
   TransformerDimensions dimensions;
-  for (const DimensionField& field : kDimensionFields) {
-    if (!json.contains(field.name)) load_error(path, where + "missing \"" + field.name + "\"");
-    const nlohmann::json& value = json.at(field.name);
-    if (!value.is_number_integer()) load_error(path, where + "\"" + field.name + "\" is not an integer");
-    dimensions.*field.member = value.get<std::int64_t>();
-  }
-  if (json.size() != std::size(kDimensionFields)) load_error(path, where + "has unknown fields");
   try {
+    const Json json = parse_untrusted_json(text);
+    if (!json.is_object()) load_error(path, where + "not a JSON object");
+    for (const DimensionField& field : kDimensionFields) {
+      dimensions.*field.member = json_integer(json, field.name, 1, std::numeric_limits<std::int64_t>::max());
+    }
+    if (json.size() != std::size(kDimensionFields)) load_error(path, where + "has unknown fields");
     dimensions.validate();
+  } catch (const JsonReadError& e) {
+    load_error(path, where + e.what());
   } catch (const ValueError& e) {
     load_error(path, where + e.what());
   }
   return dimensions;
+}
+
+void check_finite(const std::filesystem::path& path, const TensorFile& file) {
+  for (const auto& [name, tensor] : file.tensors) {
+    const std::span<const float> values = tensor.values();
+    std::int64_t bad = 0;
+    std::size_t first = 0;
+    for (std::size_t i = 0; i < values.size(); ++i) {
+      if (!std::isfinite(values[i])) {
+        if (bad++ == 0) first = i;
+      }
+    }
+    if (bad > 0) {
+      load_error(path, "tensor '" + quote(name) + "' holds " + std::to_string(bad) + " value" + (bad == 1 ? "" : "s") +
+                           " that are not finite (first: " + std::to_string(values[first]) + " at element " +
+                           std::to_string(first) + "); such weights give NaN outputs (allow_non_finite / "
+                           "--allow-non-finite loads it anyway)");
+    }
+  }
 }
 
 }  // namespace riftco_transformer::detail

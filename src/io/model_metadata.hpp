@@ -4,6 +4,7 @@
 #include <map>
 #include <string>
 
+#include "riftco_transformer/model_state.hpp"
 #include "riftco_transformer/transformer.hpp"
 
 namespace riftco_transformer::detail {
@@ -17,5 +18,8 @@ const std::string& required(const std::filesystem::path& path, const std::map<st
                             const std::string& key);
 /// Parses and validates dimensions_json() text.
 TransformerDimensions parse_dimensions(const std::filesystem::path& path, const std::string& text);
+/// "[load] <path>: tensor 'x' holds N values that are not finite (first: nan at element i)" for the
+/// first tensor of `file` holding NaN or infinity.
+void check_finite(const std::filesystem::path& path, const TensorFile& file);
 
 }  // namespace riftco_transformer::detail

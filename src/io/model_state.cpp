@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "riftco_transformer/model_state.hpp"
+#include "hash.hpp"
 #include "model_metadata.hpp"
 #include "safetensors_header.hpp"
 
@@ -50,7 +51,9 @@ ModelStateInfo parse_model_metadata(const std::filesystem::path& path,
 
 /// Validates everything against `model`, then sets every parameter. Nothing
 /// is changed unless every check passed.
-void apply_model_state(DecoderOnlyTransformer& model, const TensorFile& file, const std::filesystem::path& path) {
+void apply_model_state(DecoderOnlyTransformer& model, const TensorFile& file, const std::filesystem::path& path,
+                       const LoadOptions& options) {
+  if (!options.allow_non_finite) detail::check_finite(path, file);
   const ModelStateInfo info = parse_model_metadata(path, file.metadata);
   if (info.dimensions != model.dimensions()) {
     load_error(path, "dimensions " + dimensions_json(info.dimensions) + " in the file differ from the model's " +
@@ -113,13 +116,20 @@ TransformerDimensions read_model_dimensions(const std::filesystem::path& path) {
   return parse_model_metadata(path, detail::read_safetensors_header(path).metadata).dimensions;
 }
 
-void load_model_state(DecoderOnlyTransformer& model, const std::filesystem::path& path) {
-  apply_model_state(model, read_safetensors(path), path);
+void load_model_state(DecoderOnlyTransformer& model, const std::filesystem::path& path, const LoadOptions& options) {
+  apply_model_state(model, read_safetensors(path), path, options);
+}
+
+std::string model_fingerprint(const DecoderOnlyTransformer& model) {
+  detail::Hash64 hash;
+  for (const NamedParameter& p : model.parameters()) hash.update(p.name, p.variable.value());
+  return hash.hex();
 }
 
 std::unique_ptr<DecoderOnlyTransformer> load_model(const std::filesystem::path& path,
                                                    FullSequenceAttentionKind attention,
-                                                   ActivationCheckpointingKind activation_checkpointing) {
+                                                   ActivationCheckpointingKind activation_checkpointing,
+                                                   const LoadOptions& options) {
   const TensorFile file = read_safetensors(path);
   const ModelStateInfo info = parse_model_metadata(path, file.metadata);
   // Before allocating a model of the file's dimensions, check the file holds
@@ -134,7 +144,7 @@ std::unique_ptr<DecoderOnlyTransformer> load_model(const std::filesystem::path& 
   Random random(0);  // every parameter is overwritten below
   auto model = std::make_unique<DecoderOnlyTransformer>(info.dimensions, random, info.norm_epsilon, attention,
                                                         activation_checkpointing);
-  apply_model_state(*model, file, path);
+  apply_model_state(*model, file, path, options);
   return model;
 }
 

@@ -26,7 +26,9 @@ using detail::load_error;
 class InputFile {
  public:
   explicit InputFile(const std::filesystem::path& path) : path_(path) {
-    fd_.value = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    // O_NONBLOCK: opening a FIFO (or a device) must not wait for a writer;
+    // anything that is not a regular file is refused right after.
+    fd_.value = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd_.value < 0) {
       const int error = errno;
       load_error(path, std::string("cannot open: ") + std::strerror(error));
@@ -37,6 +39,8 @@ class InputFile {
       load_error(path, std::string("cannot stat: ") + std::strerror(error));
     }
     if (!S_ISREG(info.st_mode)) load_error(path, "not a regular file");
+    const int flags = ::fcntl(fd_.value, F_GETFL);
+    if (flags >= 0) ::fcntl(fd_.value, F_SETFL, flags & ~O_NONBLOCK);
     size_ = static_cast<std::uint64_t>(info.st_size);
   }
 

@@ -5,12 +5,12 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "json_read.hpp"
 #include "riftco_transformer/model_state.hpp"
 
 namespace riftco_transformer::detail {
 namespace {
 
-using Json = nlohmann::ordered_json;  // keeps header order (the tie-break for empty tensors)
 
 constexpr std::uint64_t kMaxInt64 = static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max());
 
@@ -19,47 +19,27 @@ std::string range_string(std::uint64_t begin, std::uint64_t end) {
   return std::string("[").append(std::to_string(begin)).append(", ").append(std::to_string(end)).append(")");
 }
 
-/// Parses JSON, refusing duplicate keys in any object (a JSON parser would
-/// silently keep one of them).
+/// Parses the untrusted header (json_read.hpp: bounded depth, no NUL bytes,
+/// no duplicate keys).
 Json parse_json(const std::filesystem::path& path, std::string_view text) {
-  std::vector<std::set<std::string>> open_objects;
-  std::string duplicate;
-  bool has_duplicate = false;
-  const Json::parser_callback_t callback = [&](int, Json::parse_event_t event, Json& parsed) {
-    if (event == Json::parse_event_t::object_start) {
-      open_objects.emplace_back();
-    } else if (event == Json::parse_event_t::object_end) {
-      open_objects.pop_back();
-    } else if (event == Json::parse_event_t::key && !has_duplicate) {
-      const auto& key = parsed.get_ref<const std::string&>();
-      if (!open_objects.back().insert(key).second) {
-        has_duplicate = true;
-        duplicate = key;
-      }
-    }
-    return true;
-  };
-  Json root;
   try {
-    root = Json::parse(text.begin(), text.end(), callback);
-  } catch (const nlohmann::json::exception& e) {
-    load_error(path, std::string("header is not valid JSON (") + e.what() + ")");
+    return parse_untrusted_json(text);
+  } catch (const JsonReadError& e) {
+    load_error(path, std::string("header ") + e.what());
   }
-  if (has_duplicate) load_error(path, "header has the key '" + duplicate + "' twice");
-  return root;
 }
 
 Shape parse_shape(const std::filesystem::path& path, const std::string& name, const Json& shape) {
-  const std::string where = "tensor '" + name + "': ";
+  const std::string where = "tensor '" + quote(name) + "': ";
   if (!shape.is_array()) load_error(path, where + "\"shape\" is not an array");
   Shape result;
   for (const Json& d : shape) {
     if (d.is_number_integer() && !d.is_number_unsigned()) {
-      load_error(path, where + "shape " + shape.dump() + " has a negative dimension");
+      load_error(path, where + "shape " + quote_json(shape) + " has a negative dimension");
     }
-    if (!d.is_number_unsigned()) load_error(path, where + "shape " + shape.dump() + " has a non-integer dimension");
+    if (!d.is_number_unsigned()) load_error(path, where + "shape " + quote_json(shape) + " has a non-integer dimension");
     const auto value = d.get<std::uint64_t>();
-    if (value > kMaxInt64) load_error(path, where + "shape " + shape.dump() + " has a dimension that is too large");
+    if (value > kMaxInt64) load_error(path, where + "shape " + quote_json(shape) + " has a dimension that is too large");
     result.push_back(static_cast<std::int64_t>(value));
   }
   return result;
@@ -76,7 +56,7 @@ std::uint64_t shape_bytes(const std::filesystem::path& path, const std::string& 
 
 SafetensorsEntry parse_entry(const std::filesystem::path& path, const std::string& name, const Json& info,
                              std::uint64_t data_size) {
-  const std::string where = "tensor '" + name + "': ";
+  const std::string where = "tensor '" + quote(name) + "': ";
   if (!info.is_object()) load_error(path, where + "entry is not a JSON object");
   for (const char* field : {"dtype", "shape", "data_offsets"}) {
     if (!info.contains(field)) load_error(path, where + "missing \"" + field + "\"");
@@ -85,7 +65,7 @@ SafetensorsEntry parse_entry(const std::filesystem::path& path, const std::strin
   const Json& dtype = info.at("dtype");
   if (!dtype.is_string()) load_error(path, where + "\"dtype\" is not a string");
   if (dtype.get_ref<const std::string&>() != "F32") {
-    load_error(path, where + "dtype '" + dtype.get<std::string>() + "' is not supported (only F32)");
+    load_error(path, where + "dtype '" + quote(dtype.get_ref<const std::string&>()) + "' is not supported (only F32)");
   }
   SafetensorsEntry entry{name, parse_shape(path, name, info.at("shape")), 0, 0};
   const std::uint64_t expected = shape_bytes(path, name, entry.shape);
@@ -94,7 +74,7 @@ SafetensorsEntry parse_entry(const std::filesystem::path& path, const std::strin
   if (!offsets.is_array() || offsets.size() != 2 || !offsets[0].is_number_unsigned() ||
       !offsets[1].is_number_unsigned()) {
     load_error(path, where + "\"data_offsets\" must be [begin, end] with non-negative integers, got " +
-                         offsets.dump());
+                         quote_json(offsets));
   }
   entry.begin = offsets[0].get<std::uint64_t>();
   entry.end = offsets[1].get<std::uint64_t>();
@@ -115,7 +95,7 @@ std::map<std::string, std::string> parse_metadata(const std::filesystem::path& p
   if (!metadata.is_object()) load_error(path, "\"__metadata__\" is not a JSON object");
   std::map<std::string, std::string> result;
   for (const auto& [key, value] : metadata.items()) {
-    if (!value.is_string()) load_error(path, "\"__metadata__\" value of '" + key + "' is not a string: " + value.dump());
+    if (!value.is_string()) load_error(path, "\"__metadata__\" value of '" + quote(key) + "' is not a string: " + quote_json(value));
     result.emplace(key, value.get<std::string>());
   }
   return result;
@@ -147,7 +127,9 @@ void check_coverage(const std::filesystem::path& path, const std::vector<Safeten
 }  // namespace
 
 void load_error(const std::filesystem::path& path, const std::string& what) {
-  throw ModelStateError("[load] " + path.string() + ": " + what);
+  // Messages quote untrusted fields through quote(); this cap is the backstop
+  // for names and strings interpolated elsewhere.
+  throw ModelStateError("[load] " + path.string() + ": " + quote(what, 600));
 }
 
 void save_error(const std::filesystem::path& path, const std::string& what) {

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <numeric>
+#include <utility>
 
 #include "../backend/cpu/decode_attention.hpp"
 #include "riftco_transformer/ops.hpp"
@@ -96,7 +97,9 @@ GenerationResult generate(const DecoderOnlyTransformer& model, std::span<const s
                           const GenerationOptions& options) {
   if (prompt.empty()) throw ValueError("[generate] the prompt is empty: give at least one token");
   if (options.max_new_tokens < 0) throw ValueError("[generate] max_new_tokens must be >= 0");
-  if (!(options.temperature >= 0.0F)) throw ValueError("[generate] temperature must be >= 0");
+  if (!(options.temperature >= 0.0F) || !std::isfinite(options.temperature)) {
+    throw ValueError("[generate] temperature must be a finite number >= 0");
+  }
   if (options.top_k < 0) throw ValueError("[generate] top_k must be >= 0");
   const std::int64_t context = model.dimensions().context_length;
   if (static_cast<std::int64_t>(prompt.size()) > context) {
@@ -112,7 +115,14 @@ GenerationResult generate(const DecoderOnlyTransformer& model, std::span<const s
   std::vector<std::int32_t> order(static_cast<std::size_t>(vocab));
   std::vector<double> probs(static_cast<std::size_t>(vocab));
   for (std::int64_t n = 0; n < options.max_new_tokens; ++n) {
-    const float* l = logits.data();
+    const float* l = std::as_const(logits).data();
+    for (std::int64_t i = 0; i < vocab; ++i) {
+      if (!std::isfinite(l[i])) {
+        throw ValueError("[generate] the logits after " + std::to_string(session.position()) +
+                         " tokens are not finite (token " + std::to_string(i) + ": " + std::to_string(l[i]) +
+                         "): are the model's weights finite?");
+      }
+    }
     std::int32_t next = 0;
     if (options.temperature == 0.0F) {
       next = static_cast<std::int32_t>(std::max_element(l, l + vocab) - l);

@@ -111,9 +111,47 @@ void LoraConfig::validate() const {
   }
 }
 
+namespace {
+
+/// (out, in) of a target projection for `d`.
+std::pair<std::int64_t, std::int64_t> projection_shape(const TransformerDimensions& d, LoraTarget target) {
+  switch (target) {
+    case LoraTarget::Gate:
+    case LoraTarget::Up:
+      return {d.feed_forward_width, d.model_width};
+    case LoraTarget::Down:
+      return {d.model_width, d.feed_forward_width};
+    default:
+      return {d.model_width, d.model_width};
+  }
+}
+
+}  // namespace
+
+void LoraConfig::validate_for(const TransformerDimensions& dimensions, const char* op) const {
+  validate();
+  for (const LoraTarget target : targets) {
+    const auto [out, in] = projection_shape(dimensions, target);
+    if (rank > std::min(out, in)) {
+      throw ValueError(std::string("[") + op + "] LoRA rank " + std::to_string(rank) + " is larger than min(out, in) = " +
+                       std::to_string(std::min(out, in)) + " of the " + lora_target_name(target) +
+                       " projection; a full-rank update needs no more");
+    }
+  }
+}
+
+std::int64_t LoraConfig::parameter_count(const TransformerDimensions& dimensions) const {
+  std::int64_t per_block = 0;
+  for (const LoraTarget target : targets) {
+    const auto [out, in] = projection_shape(dimensions, target);
+    per_block += rank * (out + in);
+  }
+  return per_block * dimensions.layers;
+}
+
 std::vector<std::pair<std::string, Shape>> DecoderOnlyTransformer::lora_parameter_layout(
     const LoraConfig& config) const {
-  config.validate();
+  config.validate_for(core_->dims, "lora_parameter_layout");
   std::vector<std::pair<std::string, Shape>> out;
   for (std::size_t i = 0; i < core_->blocks.size(); ++i) {
     for (const LoraTarget target : config.targets) {
@@ -127,7 +165,7 @@ std::vector<std::pair<std::string, Shape>> DecoderOnlyTransformer::lora_paramete
 }
 
 void DecoderOnlyTransformer::add_lora(const LoraConfig& config, Random& random) {
-  config.validate();
+  config.validate_for(core_->dims, "add_lora");
   TransformerCore& m = *core_;
   m.check_parameters("add_lora");
   if (m.has_lora) throw ValueError("[add_lora] the model already has LoRA adapters; remove_lora() or merge_lora() first");

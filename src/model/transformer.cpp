@@ -77,8 +77,8 @@ DecoderOnlyTransformer::DecoderOnlyTransformer(const TransformerDimensions& dime
   TransformerCore& m = *core_;
   dimensions.validate();
   m.dims = dimensions;
-  if (!(norm_epsilon > 0.0F)) {
-    throw ValueError("[DecoderOnlyTransformer] norm_epsilon must be > 0, got " + std::to_string(norm_epsilon));
+  if (!(norm_epsilon > 0.0F) || !std::isfinite(norm_epsilon)) {
+    throw ValueError("[DecoderOnlyTransformer] norm_epsilon must be a finite number > 0, got " + std::to_string(norm_epsilon));
   }
   m.eps = norm_epsilon;
   set_attention_kind(attention);

@@ -13,7 +13,7 @@ void AdamOptions::validate() const {
   auto bad = [](const char* field, float value, const char* rule) {
     throw ValueError(std::string("[Adam] ") + field + " must be " + rule + ", got " + std::to_string(value));
   };
-  if (!(learning_rate >= 0.0F) || !std::isfinite(learning_rate)) bad("learning_rate", learning_rate, ">= 0");
+  if (!(learning_rate >= 0.0F) || !std::isfinite(learning_rate)) bad("learning_rate", learning_rate, "finite and >= 0");
   if (!(beta1 >= 0.0F && beta1 < 1.0F)) bad("beta1", beta1, "in [0, 1)");
   if (!(beta2 >= 0.0F && beta2 < 1.0F)) bad("beta2", beta2, "in [0, 1)");
   if (!(epsilon > 0.0F)) bad("epsilon", epsilon, "> 0");
@@ -63,7 +63,23 @@ float Adam::step() {
     with_grad.push_back(i);
     grads.emplace_back(g.data(), static_cast<std::size_t>(g.numel()));
   }
-  const auto norm = static_cast<float>(std::sqrt(cpu::sum_of_squares(grads)));
+  const double squares = cpu::sum_of_squares(grads);
+  if (!std::isfinite(static_cast<float>(std::sqrt(squares)))) {
+    // One pass to name the culprit; only on this failure path.
+    std::string culprit;
+    for (std::size_t k = 0; k < with_grad.size() && culprit.empty(); ++k) {
+      for (const float g : grads[k]) {
+        if (!std::isfinite(g)) {
+          culprit = params_[with_grad[k]].name();
+          break;
+        }
+      }
+    }
+    throw ValueError("[Adam] the gradient norm is not finite" +
+                     (culprit.empty() ? std::string(" (it overflowed)") : " ('" + culprit + "' has a non-finite gradient)") +
+                     ": no parameter was changed");
+  }
+  const auto norm = static_cast<float>(std::sqrt(squares));
   float clip = 1.0F;
   if (options_.max_grad_norm > 0.0F && norm > options_.max_grad_norm) clip = options_.max_grad_norm / (norm + 1e-6F);
 

@@ -1,9 +1,8 @@
 // ChatDataset: prompt/response pairs from JSON Lines, loss on response bytes.
 #include <algorithm>
-#include <fstream>
-#include <nlohmann/json.hpp>
-#include <sstream>
 
+#include "../io/json_read.hpp"
+#include "riftco_transformer/atomic_file.hpp"
 #include "riftco_transformer/data.hpp"
 #include "sampling.hpp"
 
@@ -14,26 +13,15 @@ namespace {
   throw DataError("[data] " + source + ": line " + std::to_string(line) + ": " + what);
 }
 
-std::string string_field(const nlohmann::json& object, const char* key, const std::string& source,
+std::string string_field(const detail::Json& object, const char* key, const std::string& source,
                          std::int64_t line) {
-  const auto it = object.find(key);
-  if (it == object.end()) fail_line(source, line, std::string("missing key \"") + key + "\"");
-  if (!it->is_string()) {
-    fail_line(source, line, std::string("\"") + key + "\" must be a string, got " + it->type_name());
+  try {
+    std::string value = detail::json_string(object, key);
+    if (value.empty()) fail_line(source, line, std::string("\"") + key + "\" is empty");
+    return value;
+  } catch (const detail::JsonReadError& e) {
+    fail_line(source, line, e.what());
   }
-  std::string value = it->get<std::string>();
-  if (value.empty()) fail_line(source, line, std::string("\"") + key + "\" is empty");
-  return value;
-}
-
-// "invalid JSON at column 12: syntax error ..." without nlohmann's prefix,
-// whose "line 1" would contradict our file line number.
-std::string json_error(const nlohmann::json::parse_error& e) {
-  std::string detail = e.what();
-  const std::size_t column = detail.find("column ");
-  const std::size_t colon = column == std::string::npos ? column : detail.find(": ", column);
-  if (colon != std::string::npos) detail = detail.substr(colon + 2);
-  return "invalid JSON at column " + std::to_string(e.byte) + ": " + detail;
 }
 
 // s = prompt + response; tokens = s[0, L-1); targets[i] = s[i+1] if i+1 >= P.
@@ -55,15 +43,9 @@ ChatExample make_example(const ByteTokenizer& tokenizer, const std::string& prom
 }  // namespace
 
 ChatDataset ChatDataset::load(const std::filesystem::path& path, const ByteTokenizer& tokenizer) {
-  std::error_code ec;
-  const auto st = std::filesystem::status(path, ec);
-  if (!std::filesystem::exists(st)) throw DataError("[data] " + path.string() + ": file does not exist");
-  if (!std::filesystem::is_regular_file(st)) throw DataError("[data] " + path.string() + ": not a regular file");
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw DataError("[data] " + path.string() + ": cannot be opened for reading");
-  std::ostringstream text;
-  text << in.rdbuf();
-  return parse(text.str(), path.string(), tokenizer);
+  std::string text;
+  if (const auto why = read_regular_file(path, text)) throw DataError("[data] " + path.string() + ": " + *why);
+  return parse(text, path.string(), tokenizer);
 }
 
 ChatDataset ChatDataset::parse(std::string_view jsonl, const std::string& source, const ByteTokenizer& tokenizer) {
@@ -77,11 +59,11 @@ ChatDataset ChatDataset::parse(std::string_view jsonl, const std::string& source
     pos = end + 1;
     ++line_number;
     if (line.find_first_not_of(" \t\r") == std::string_view::npos) continue;  // blank line
-    nlohmann::json object;
+    detail::Json object;
     try {
-      object = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::parse_error& e) {
-      fail_line(source, line_number, json_error(e));
+      object = detail::parse_untrusted_json(line);  // bounded depth, no NUL bytes, no 1e999
+    } catch (const detail::JsonReadError& e) {
+      fail_line(source, line_number, detail::line_error(e));
     }
     if (!object.is_object()) fail_line(source, line_number, std::string("expected an object, got ") + object.type_name());
     const std::string prompt = string_field(object, "prompt", source, line_number);

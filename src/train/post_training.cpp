@@ -1,6 +1,7 @@
 // run_post_training: LoRA or full fine-tuning of a saved model on chat data.
 #include "riftco_transformer/adapter_state.hpp"
 #include "riftco_transformer/model_state.hpp"
+#include "memory_budget.hpp"
 #include "stage_loop.hpp"
 
 namespace riftco_transformer {
@@ -25,6 +26,16 @@ void PostTrainingConfig::validate() const {
   if (fine_tuning_method == FineTuningMethod::Lora) lora.validate();
 }
 
+void PostTrainingConfig::validate_for(const TransformerDimensions& base) const {
+  validate();
+  stage::validate_settings(*this, base.context_length, "PostTrainingConfig");
+  if (base.vocab_size != ByteTokenizer::kVocabSize) {
+    throw ValueError("[PostTrainingConfig] the base model's vocabulary is " + std::to_string(base.vocab_size) +
+                     "; the byte tokenizer needs 256");
+  }
+  if (fine_tuning_method == FineTuningMethod::Lora) lora.validate_for(base, "PostTrainingConfig");
+}
+
 RunResult run_post_training(const PostTrainingConfig& config, const ProgressCallback& progress) {
   config.validate();
   const ChatDataset dataset = ChatDataset::load(config.data);
@@ -32,14 +43,20 @@ RunResult run_post_training(const PostTrainingConfig& config, const ProgressCall
     throw DataError("[data] " + config.data.string() + ": " + std::to_string(dataset.size(Split::Train)) +
                     " examples; at least 10 are needed so that every 10th can be held out for validation");
   }
-  std::unique_ptr<DecoderOnlyTransformer> model =
-      load_model(config.base_model, config.attention, config.activation_checkpointing);
-  stage::validate_settings(config, model->dimensions().context_length, "PostTrainingConfig");
-  if (model->dimensions().vocab_size != ByteTokenizer::kVocabSize) {
-    throw ValueError("[PostTrainingConfig] the base model's vocabulary is " +
-                     std::to_string(model->dimensions().vocab_size) + "; the byte tokenizer needs 256");
-  }
+  // From the base's header alone (no weights read yet): the settings against
+  // its dimensions, and whether the run fits this machine.
+  const TransformerDimensions dims = read_model_dimensions(config.base_model);
+  config.validate_for(dims);
   const bool lora = config.fine_tuning_method == FineTuningMethod::Lora;
+  const std::int64_t adapter_parameters = lora ? config.lora.parameter_count(dims) : 0;
+  stage::check_memory_budget(
+      stage::estimate_training_memory(dims, lora ? adapter_parameters : dims.parameter_count(), adapter_parameters,
+                                      config),
+      "post_training");
+  LoadOptions load;
+  load.allow_non_finite = config.allow_non_finite;
+  std::unique_ptr<DecoderOnlyTransformer> model =
+      load_model(config.base_model, config.attention, config.activation_checkpointing, load);
 
   stage::StageRun run;
   run.stage = "post_training";

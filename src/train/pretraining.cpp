@@ -1,4 +1,7 @@
 // run_pretraining: a fresh model on a text corpus.
+#include <cmath>
+
+#include "memory_budget.hpp"
 #include "riftco_transformer/model_state.hpp"
 #include "stage_loop.hpp"
 
@@ -10,7 +13,9 @@ void PretrainingConfig::validate() const {
     throw ValueError("[PretrainingConfig] vocab_size must be 256 (the byte tokenizer), got " +
                      std::to_string(dimensions.vocab_size));
   }
-  if (!(norm_epsilon > 0.0F)) throw ValueError("[PretrainingConfig] norm_epsilon must be > 0");
+  if (!(norm_epsilon > 0.0F) || !std::isfinite(norm_epsilon)) {
+    throw ValueError("[PretrainingConfig] norm_epsilon must be a finite number > 0, got " + std::to_string(norm_epsilon));
+  }
   if (!(validation_fraction > 0.0 && validation_fraction < 1.0)) {
     throw ValueError("[PretrainingConfig] validation_fraction must be in (0, 1)");
   }
@@ -20,7 +25,10 @@ void PretrainingConfig::validate() const {
 RunResult run_pretraining(const PretrainingConfig& config, const ProgressCallback& progress) {
   config.validate();
   // Everything that can fail on bad input happens before the output
-  // directory is touched.
+  // directory is touched, a run too large for this machine included.
+  stage::check_memory_budget(
+      stage::estimate_training_memory(config.dimensions, config.dimensions.parameter_count(), 0, config),
+      "pretraining");
   const std::string text = config.data.empty() ? load_default_corpus() : load_text_file(config.data);
   const TextDataset dataset(text, ByteTokenizer{}, config.validation_fraction);
   for (const Split split : {Split::Train, Split::Validation}) {

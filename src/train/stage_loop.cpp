@@ -3,10 +3,15 @@
 // training checkpoint stores every state the next step depends on.
 #include "stage_loop.hpp"
 
+#include <cerrno>
 #include <chrono>
+#include <cmath>
+#include <cstring>
 #include <fstream>
 #include <limits>
 
+#include "../io/json_read.hpp"
+#include "memory_budget.hpp"
 #include "riftco_transformer/adam.hpp"
 #include "riftco_transformer/atomic_file.hpp"
 #include "riftco_transformer/memory.hpp"
@@ -33,17 +38,38 @@ float evaluate(StageRun& r) {
   return static_cast<float>(total / static_cast<double>(s.eval_batches));
 }
 
-/// metrics.jsonl rows with step <= `keep` (a resumed run continues the log).
+/// Rows of a metrics file with step <= `keep` (a resumed run continues the
+/// log). Our own file, but read as untrusted: a damaged line is an error
+/// naming the file, the line and the field, never a raw JSON exception.
 std::vector<nlohmann::json> read_metrics(const std::filesystem::path& path, std::int64_t keep) {
   std::vector<nlohmann::json> rows;
-  std::ifstream in(path);
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.empty()) continue;
-    nlohmann::json row = nlohmann::json::parse(line, nullptr, false);
-    if (row.is_discarded() || !row.contains("step")) continue;
-    if (row["loss"].is_null()) row["loss"] = std::numeric_limits<double>::quiet_NaN();  // NaN is written as null
-    if (row["step"].get<std::int64_t>() <= keep) rows.push_back(std::move(row));
+  std::string text;
+  if (const auto why = read_regular_file(path, text)) {
+    if (!std::filesystem::exists(path)) return rows;
+    throw Error("[resume] " + path.string() + ": " + *why);
+  }
+  std::size_t pos = 0;
+  std::int64_t line_number = 0;
+  while (pos < text.size()) {
+    std::size_t end = text.find('\n', pos);
+    if (end == std::string::npos) end = text.size();
+    const std::string_view line(text.data() + pos, end - pos);
+    pos = end + 1;
+    ++line_number;
+    if (line.find_first_not_of(" \t\r") == std::string_view::npos) continue;
+    try {
+      const detail::Json row = detail::parse_untrusted_json(line);
+      const std::int64_t step = detail::json_integer(row, "step", 1, std::numeric_limits<std::int64_t>::max());
+      detail::json_number(row, "loss", true);  // NaN is written as null
+      if (row.contains("validation_loss")) detail::json_number(row, "validation_loss", true);
+      if (step > keep) continue;
+      nlohmann::json plain = nlohmann::json::parse(row.dump());  // bounded: checked above
+      if (plain["loss"].is_null()) plain["loss"] = std::numeric_limits<double>::quiet_NaN();
+      rows.push_back(std::move(plain));
+    } catch (const detail::JsonReadError& e) {
+      throw Error("[resume] " + path.string() + ": line " + std::to_string(line_number) + ": " + detail::line_error(e) +
+                  " (the metrics log is damaged: remove the line, or start the run over)");
+    }
   }
   return rows;
 }
@@ -73,7 +99,9 @@ RunResult run(StageRun& r, const ProgressCallback& progress) {
   const std::filesystem::path dir = s.output_dir;
   const std::filesystem::path checkpoint_path = dir / kTrainingCheckpointFile;
   const std::filesystem::path metrics_path = dir / "metrics.jsonl";
-  if (s.resume && !std::filesystem::exists(checkpoint_path) && std::filesystem::exists(dir / "metadata.json")) {
+  const std::filesystem::path partial_path = dir / kPartialMetricsFile;
+  const std::filesystem::path metadata_path = dir / "metadata.json";
+  if (s.resume && !std::filesystem::exists(checkpoint_path) && std::filesystem::exists(metadata_path)) {
     throw ValueError("[resume] " + dir.string() +
                      " holds a completed run and no training checkpoint: nothing to resume (use a new output "
                      "directory, or drop resume to train it again)");
@@ -81,6 +109,7 @@ RunResult run(StageRun& r, const ProgressCallback& progress) {
   std::filesystem::create_directories(dir);
   write_file_atomically(dir / ".write_probe", "");  // an unwritable directory fails now, not after training
   std::filesystem::remove(dir / ".write_probe");
+  remove_stale_temporaries(dir);  // left by a process killed inside a save
 
   model.set_attention_kind(s.attention);
   model.set_activation_checkpointing_kind(s.activation_checkpointing);
@@ -104,19 +133,32 @@ RunResult run(StageRun& r, const ProgressCallback& progress) {
   state.dropout_random = model.dropout_random().state();
   RunResult result;
   result.output_dir = dir;
+  std::vector<nlohmann::json> rows;
   if (s.resume && std::filesystem::exists(checkpoint_path)) {
     load_training_checkpoint(checkpoint_path, r.trainable, adam, state, r.config);
     data_random.set_state(state.data_random);
     model.dropout_random().set_state(state.dropout_random);
     result.resumed_from_step = state.step;
+    // The in-progress log; a directory written by an older build kept it in
+    // metrics.jsonl (and had no metadata.json while in progress).
+    if (std::filesystem::exists(partial_path)) {
+      rows = read_metrics(partial_path, state.step);
+    } else if (!std::filesystem::exists(metadata_path)) {
+      rows = read_metrics(metrics_path, state.step);
+    }
+  } else {
+    // A fresh start: an interrupted earlier run here is abandoned; a
+    // completed one stays whole until this run completes.
+    std::filesystem::remove(checkpoint_path);
+    std::filesystem::remove(partial_path);
   }
-  std::vector<nlohmann::json> rows = read_metrics(metrics_path, state.step);
   {
-    std::ofstream out(metrics_path, std::ios::trunc);
-    for (const nlohmann::json& row : rows) out << row.dump() << '\n';
+    std::string kept;
+    for (const nlohmann::json& row : rows) kept += row.dump() + '\n';
+    write_file_atomically(partial_path, kept);
   }
-  std::ofstream metrics(metrics_path, std::ios::app);
-  if (!metrics) throw Error("[pipeline] cannot write " + metrics_path.string());
+  std::ofstream metrics(partial_path, std::ios::app);
+  if (!metrics) throw Error("[pipeline] cannot open " + partial_path.string() + ": " + std::strerror(errno));
 
   reset_peak_memory();
   const auto start = std::chrono::steady_clock::now();
@@ -128,9 +170,21 @@ RunResult run(StageRun& r, const ProgressCallback& progress) {
     const TokenBatch batch = r.sample(data_random, Split::Train);
     Variable loss = model.loss(batch.tokens, batch.targets, batch.batch);
     last_loss = loss.value().item();
+    if (!std::isfinite(last_loss)) {
+      throw Error("[" + r.stage + "] step " + std::to_string(step + 1) + ": the training loss is " +
+                  std::to_string(last_loss) +
+                  "; stopped before updating the weights (no final model is written; the last training "
+                  "checkpoint, if any, is kept). Try a lower learning rate.");
+    }
     loss.backward();
     loss = Variable();  // release the graph before the update
-    const float grad_norm = adam.step();
+    float grad_norm = 0.0F;
+    try {
+      grad_norm = adam.step();  // refuses a non-finite gradient before changing anything
+    } catch (const ValueError& e) {
+      throw Error("[" + r.stage + "] step " + std::to_string(step + 1) + ": " + e.what() +
+                  " (no final model is written; the last training checkpoint, if any, is kept)");
+    }
     adam.zero_grad();
     tokens_seen += batch.batch * batch.seq_len;
 
@@ -159,7 +213,12 @@ RunResult run(StageRun& r, const ProgressCallback& progress) {
                           {"peak_bytes", report.peak_bytes}};
     if (report.validation_loss) row["validation_loss"] = *report.validation_loss;
     metrics << row.dump() << '\n' << std::flush;
-    if (!metrics) throw Error("[pipeline] cannot write " + metrics_path.string());
+    if (!metrics) {
+      const int error = errno;
+      throw Error("[pipeline] cannot append to " + partial_path.string() + ": " +
+                  (error != 0 ? std::strerror(error) : "write failed") +
+                  (error == ENOSPC ? " (the disk is full)" : "") + "; --resume continues from the last checkpoint");
+    }
     rows.push_back(std::move(row));
     if (s.checkpoint_interval > 0 && (step + 1) % s.checkpoint_interval == 0 && !last) {
       state.step = step + 1;
@@ -173,10 +232,22 @@ RunResult run(StageRun& r, const ProgressCallback& progress) {
     result.peak_bytes = report.peak_bytes;
     if (progress && !progress(report)) return result;  // interrupted: no final files
   }
+  metrics.close();
   result.steps = s.steps;
   result.completed = true;
   result.final_validation_loss = last_validation;
+  // Completion switches the directory to this run. metadata.json marks a
+  // complete run, so it goes first and comes back last: a failure in between
+  // leaves an interrupted run (resumable while its checkpoint is there),
+  // never a directory that claims to be complete with mixed files.
+  std::filesystem::remove(metadata_path);
   result.weights = r.save_weights(dir);
+  {
+    std::string all;
+    for (const nlohmann::json& row : rows) all += row.dump() + '\n';
+    write_file_atomically(metrics_path, all);
+  }
+  write_plots(dir, rows, r.stage + " loss");
   nlohmann::json metadata = {
       {"stage", r.stage},
       {"config", r.config},
@@ -192,9 +263,10 @@ RunResult run(StageRun& r, const ProgressCallback& progress) {
        {{"weights", result.weights.filename().string()},
         {"metrics", "metrics.jsonl"},
         {"loss_curve", "loss_curve.png"}}}};
-  write_file_atomically(dir / "metadata.json", metadata.dump(2) + "\n");
-  write_plots(dir, rows, r.stage + " loss");
+  write_file_atomically(metadata_path, metadata.dump(2) + "\n");
   std::filesystem::remove(checkpoint_path);  // the run is complete
+  std::filesystem::remove(partial_path);
+  remove_stale_temporaries(dir);
   return result;
 }
 

@@ -8,6 +8,7 @@
 #include <string>
 #include <cmath>
 
+#include "riftco_transformer/atomic_file.hpp"
 #include "riftco_transformer/pipelines.hpp"
 #include "stage_loop.hpp"
 
@@ -39,8 +40,9 @@ std::string fingerprint(std::string_view bytes) {
 }
 
 std::string read_bytes(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  std::string bytes;
+  if (const auto why = read_regular_file(path, bytes)) throw DataError("[data] " + path.string() + ": " + *why);
+  return bytes;
 }
 
 double json_number(float value) {
@@ -59,7 +61,9 @@ void validate_settings(const StageSettings& s, std::int64_t context_length, cons
     bad("sequence_length must be in [1, context_length " + std::to_string(context_length) + "], got " +
         std::to_string(s.sequence_length));
   }
-  if (!(s.learning_rate > 0.0F) || !std::isfinite(s.learning_rate)) bad("learning_rate must be > 0");
+  if (!(s.learning_rate > 0.0F) || !std::isfinite(s.learning_rate)) {
+    bad("learning_rate must be a finite number > 0, got " + std::to_string(s.learning_rate));
+  }
   if (s.warmup_steps < 0) bad("warmup_steps must be >= 0");
   if (!(s.min_learning_rate_ratio >= 0.0F && s.min_learning_rate_ratio <= 1.0F)) {
     bad("min_learning_rate_ratio must be in [0, 1]");

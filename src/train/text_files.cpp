@@ -1,9 +1,7 @@
 // Reading text files: user data (`--data PATH`) and the default corpus,
 // Debian's `fortunes` package.
 #include <algorithm>
-#include <fstream>
-#include <sstream>
-
+#include "riftco_transformer/atomic_file.hpp"
 #include "riftco_transformer/data.hpp"
 
 namespace riftco_transformer {
@@ -18,12 +16,9 @@ const char* const kInstallHint = "run scripts/setup.sh (Debian package 'fortunes
 }
 
 std::string read_all(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail(path, "cannot be opened for reading");
-  std::ostringstream out;
-  out << in.rdbuf();
-  if (in.bad()) fail(path, "read error");
-  return std::move(out).str();
+  std::string text;
+  if (const auto why = read_regular_file(path, text)) fail(path, *why);  // a FIFO never blocks
+  return text;
 }
 
 void require_utf8(const fs::path& path, std::string_view text) {

@@ -3,6 +3,8 @@
 #include <charconv>
 #include <cstring>
 
+#include "../io/hash.hpp"
+#include "../io/json_read.hpp"
 #include "riftco_transformer/model_state.hpp"
 
 namespace riftco_transformer::stage {
@@ -17,27 +19,61 @@ std::string encode(const Random::State& s) {
          std::to_string(spare_bits);
 }
 
+/// Strict: four colon-separated decimal fields, digits only (no sign, no
+/// blanks), the third 0 or 1.
 Random::State decode(const std::string& text, const std::filesystem::path& path) {
-  Random::State s;
+  auto bad = [&] {
+    throw ModelStateError("[load] " + path.string() + ": bad random state '" + detail::quote(text) +
+                          "' (expected four decimal fields a:b:0|1:d)");
+  };
   std::uint64_t parts[4] = {};
-  std::size_t start = 0;
+  const char* p = text.data();
+  const char* const end = text.data() + text.size();
   for (int i = 0; i < 4; ++i) {
-    const std::size_t colon = text.find(':', start);
-    if ((i < 3) == (colon == std::string::npos)) {
-      throw ModelStateError("[load] " + path.string() + ": bad random state '" + text + "'");
+    if (p == end || *p < '0' || *p > '9') bad();
+    const auto r = std::from_chars(p, end, parts[i]);
+    if (r.ec != std::errc()) bad();
+    p = r.ptr;
+    if (i < 3) {
+      if (p == end || *p != ':') bad();
+      ++p;
     }
-    try {
-      parts[i] = std::stoull(text.substr(start, colon - start));
-    } catch (const std::exception&) {
-      throw ModelStateError("[load] " + path.string() + ": bad random state '" + text + "'");
-    }
-    start = colon + 1;
   }
+  if (p != end || parts[2] > 1) bad();
+  Random::State s;
   s.state = parts[0];
   s.increment = parts[1];
   s.has_spare_normal = parts[2] != 0;
   std::memcpy(&s.spare_normal, &parts[3], sizeof parts[3]);
   return s;
+}
+
+/// Over every metadata entry but the checksum (in key order) and every
+/// tensor (name, shape, bytes, in file order).
+std::string checksum(const std::map<std::string, std::string>& metadata,
+                     const std::vector<std::pair<std::string, Tensor>>& tensors) {
+  detail::Hash64 hash;
+  for (const auto& [key, value] : metadata) {
+    if (key == "checksum") continue;
+    hash.update(key);
+    hash.update(std::string_view("\0", 1));
+    hash.update(value);
+    hash.update(std::string_view("\0", 1));
+  }
+  for (const auto& [name, tensor] : tensors) hash.update(name, tensor);
+  return hash.hex();
+}
+
+/// A step count: digits only, in [0, 2^62].
+std::int64_t parse_count(const std::string& text, const std::string& key, const std::filesystem::path& path) {
+  std::int64_t value = -1;
+  const bool digits = !text.empty() && text.find_first_not_of("0123456789") == std::string::npos;
+  const auto r = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (!digits || r.ec != std::errc() || r.ptr != text.data() + text.size() || value > (std::int64_t{1} << 62)) {
+    throw ModelStateError("[load] " + path.string() + ": metadata '" + key + "' is '" + detail::quote(text) +
+                          "', not a step count");
+  }
+  return value;
 }
 
 const std::string& meta(const TensorFile& f, const std::string& key, const std::filesystem::path& path) {
@@ -68,13 +104,14 @@ void save_training_checkpoint(const std::filesystem::path& path, const std::vect
     tensors.emplace_back("adam.m." + trainable[i].name, moments.first_moment[i]);
     tensors.emplace_back("adam.v." + trainable[i].name, moments.second_moment[i]);
   }
-  write_safetensors(path, tensors,
-                    {{"format", kFormat},
-                     {"step", std::to_string(state.step)},
-                     {"adam_steps", std::to_string(moments.steps)},
-                     {"data_random", encode(state.data_random)},
-                     {"dropout_random", encode(state.dropout_random)},
-                     {"config", config.dump()}});
+  std::map<std::string, std::string> metadata = {{"format", kFormat},
+                                                 {"step", std::to_string(state.step)},
+                                                 {"adam_steps", std::to_string(moments.steps)},
+                                                 {"data_random", encode(state.data_random)},
+                                                 {"dropout_random", encode(state.dropout_random)},
+                                                 {"config", config.dump()}};
+  metadata["checksum"] = checksum(metadata, tensors);
+  write_safetensors(path, tensors, metadata);
 }
 
 void load_training_checkpoint(const std::filesystem::path& path, const std::vector<NamedParameter>& trainable,
@@ -82,11 +119,16 @@ void load_training_checkpoint(const std::filesystem::path& path, const std::vect
   const TensorFile f = read_safetensors(path);
   const std::string where = "[load] " + path.string() + ": ";
   if (meta(f, "format", path) != kFormat) throw ModelStateError(where + "not a riftco training checkpoint");
+  // Before anything in it is believed: a flipped bit or an edited field.
+  if (meta(f, "checksum", path) != checksum(f.metadata, f.tensors)) {
+    throw ModelStateError(where + "checksum mismatch: the file was damaged or edited after it was written; "
+                                  "resume from a copy, or start the run over");
+  }
   nlohmann::json saved;
   try {
-    saved = nlohmann::json::parse(meta(f, "config", path));
-  } catch (const nlohmann::json::exception&) {
-    throw ModelStateError(where + "metadata 'config' is not valid JSON");
+    saved = nlohmann::json::parse(detail::parse_untrusted_json(meta(f, "config", path)).dump());
+  } catch (const detail::JsonReadError& e) {
+    throw ModelStateError(where + "metadata 'config': " + e.what());
   }
   nlohmann::json expected = config;
   // Execution policy and logistics may change on resume (e.g. switch to
@@ -130,15 +172,7 @@ void load_training_checkpoint(const std::filesystem::path& path, const std::vect
   }
   if (f.tensors.size() != 3 * trainable.size()) throw ModelStateError(where + "unexpected extra tensors");
   TrainingState loaded;
-  auto count = [&](const char* key) {
-    const std::string& text = meta(f, key, path);
-    std::int64_t value = -1;
-    const auto r = std::from_chars(text.data(), text.data() + text.size(), value);
-    if (r.ec != std::errc() || r.ptr != text.data() + text.size() || value < 0) {
-      throw ModelStateError(where + "metadata '" + key + "' is '" + text + "', not a step count");
-    }
-    return value;
-  };
+  auto count = [&](const char* key) { return parse_count(meta(f, key, path), key, path); };
   loaded.step = count("step");
   moments.steps = count("adam_steps");
   const std::int64_t total = config.value("steps", std::int64_t{0});

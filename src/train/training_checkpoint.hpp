@@ -16,6 +16,8 @@ struct TrainingState {
 };
 
 inline constexpr const char* kTrainingCheckpointFile = "training_checkpoint.safetensors";
+/// The metrics log of a run in progress (metrics.jsonl appears when it completes).
+inline constexpr const char* kPartialMetricsFile = "metrics.partial.jsonl";
 
 void save_training_checkpoint(const std::filesystem::path& path, const std::vector<NamedParameter>& trainable,
                               const Adam& adam, const TrainingState& state, const nlohmann::json& config);

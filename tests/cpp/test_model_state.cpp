@@ -172,7 +172,7 @@ std::vector<Corruption> corruptions() {
          d.erase("heads");
          f.metadata["dimensions"] = d.dump();
        },
-       "missing \"heads\""},
+       "missing key \"heads\""},
       {"DimensionsInvalid",
        [](TensorFile& f) {
          auto d = nlohmann::json::parse(f.metadata["dimensions"]);

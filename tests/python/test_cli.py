@@ -81,7 +81,7 @@ def test_help_reads_well(tools):
     (["pretrain", "--attention", "sparse"], 2, "sparse"),
     (["pretrain", "--steps", "many"], 2, "expects an integer"),
     (["pretrain", "--batch", "4611686018427387904"], 2, "batch must be in"),
-    (["pretrain", "--weight-decay", "inf"], 2, "weight_decay must be finite"),
+    (["pretrain", "--weight-decay", "inf"], 2, "'--weight-decay' expects a finite number"),
     (["post-train", "--base-model", "x", "--data", "x.jsonl", "--method", "full", "--lora-rank", "4"], 2,
      "apply to --method lora only"),
     (["frobnicate"], 2, "unknown command"),
@@ -106,7 +106,8 @@ def test_bad_files_fail_cleanly_and_leave_outputs_intact(tools, pretrained, corp
     cases = [
         ("pretrain", "--data", tmp_path / "missing.txt", "--output", pretrained, *TINY),
         ("pretrain", "--data", bad_text, "--output", pretrained, *TINY),
-        ("post-train", "--base-model", pretrained / "model.safetensors", "--data", bad_chat, "--output", pretrained),
+        ("post-train", "--base-model", pretrained / "model.safetensors", "--data", bad_chat, "--output", pretrained,
+         "--sequence-length", "32"),
         ("post-train", "--base-model", truncated, "--data", CHAT, "--output", pretrained),
     ]
     for args in cases:
