@@ -39,19 +39,42 @@ class Storage {
   /// Number of in-place writes so far (monotonic; thread-safe).
   std::uint64_t version() const { return version_.load(std::memory_order_acquire); }
   /// Records an in-place write; `why` must be a string literal (it is kept).
-  void bump_version(const char* why) {
-    last_change_.store(why, std::memory_order_relaxed);
-    version_.fetch_add(1, std::memory_order_acq_rel);
-  }
+  /// An OutsideWriteWatch on this thread notes it if this buffer is older.
+  void bump_version(const char* why);
   /// Why the version last moved ("" before the first write).
   const char* last_change() const { return last_change_.load(std::memory_order_relaxed); }
+  /// Creation order, process-wide (tells buffers made inside a checkpoint
+  /// callable from those it captured).
+  std::uint64_t serial() const { return serial_; }
 
  private:
   Backend backend_;
   std::int64_t numel_;
   float* data_;
+  std::uint64_t serial_;
   std::atomic<std::uint64_t> version_{0};
   std::atomic<const char*> last_change_{""};
+};
+
+/// While alive, notes the first in-place write on this thread into a buffer
+/// made before the watch started (checkpoint: a callable may write only into
+/// buffers it made itself). Watches nest; each sees the writes older than it.
+class OutsideWriteWatch {
+ public:
+  OutsideWriteWatch();
+  ~OutsideWriteWatch();
+  OutsideWriteWatch(const OutsideWriteWatch&) = delete;
+  OutsideWriteWatch& operator=(const OutsideWriteWatch&) = delete;
+  bool tripped() const { return why_ != nullptr; }
+  /// How the first such buffer was written ("filled in place", ...), and its shape in elements.
+  const char* why() const { return why_; }
+  std::int64_t numel() const { return numel_; }
+
+ private:
+  friend class Storage;
+  std::uint64_t first_serial_;
+  const char* why_ = nullptr;
+  std::int64_t numel_ = 0;
 };
 
 class Tensor {
@@ -114,6 +137,12 @@ class Tensor {
   /// A non-owning reference to the storage, for watching its version without
   /// keeping its bytes alive.
   std::weak_ptr<const Storage> weak_storage() const { return storage_; }
+
+ private:
+  /// The buffer for an in-place write: one version bump, with `why`.
+  float* data_for_write(const char* why);
+
+ public:
 
   /// True when both handles view the same buffer.
   bool shares_storage(const Tensor& other) const { return storage_ == other.storage_; }

@@ -47,22 +47,34 @@ struct TracedCall {
 /// buffer, recording every edge, and checks the boundary: what the output
 /// reached, and that the call changed neither the input nor a dependency.
 TracedCall traced_call(const std::function<Variable(const Variable&)>& recompute, const Tensor& input_value,
-                       std::span<const Variable> dependencies, const std::string& where) {
+                       bool input_requires_grad, std::span<const Variable> dependencies, const std::string& where) {
   TracedCall call;
-  call.fresh = Variable(input_value, true, where + " input");
+  // The callable sees its input as the caller's graph has it: requiring
+  // grad or not (a constant input gives constants, as outside).
+  call.fresh = Variable(input_value, input_requires_grad, where + " input");
   call.fresh.node()->read_only = kReadOnlyInput;
   const std::vector<checkpoint_contract::BoundaryVersion> before =
       checkpoint_contract::boundary_versions(call.fresh, dependencies);
   const std::uint64_t first_inside = next_node_id();
+  TraceGuard trace;  // its constants drop their traced inputs when this returns
   {
-    TraceGuard trace;
+    OutsideWriteWatch writes;
     call.out = recompute(call.fresh);
+    trace.stop();
+    // The input and the dependencies by name first, then any other buffer.
+    checkpoint_contract::check_boundary_unchanged(before, call.fresh, dependencies, where);
+    if (writes.tripped()) {
+      throw CheckpointContractError(
+          CheckpointContractError::Violation::BoundaryModified,
+          "[checkpoint] " + where + ": the callable wrote into a buffer of " + std::to_string(writes.numel()) +
+              " elements made outside it (" + writes.why() +
+              "); a checkpoint callable may write only into buffers it makes: its replay would run the write again");
+    }
   }
   if (!call.out.defined()) {
     throw CheckpointContractError(CheckpointContractError::Violation::OutputChanged,
                                   "[checkpoint] " + where + ": the callable returned an undefined variable");
   }
-  checkpoint_contract::check_boundary_unchanged(before, call.fresh, dependencies, where);
   call.scan = checkpoint_contract::check_boundary(call.out, call.fresh, dependencies, first_inside, where);
   return call;
 }
@@ -90,7 +102,7 @@ Variable checkpoint(const Variable& input, std::span<const Variable> dependencie
   {
     std::optional<RandomStreamRecorder> recorder;
     if (options.preserve_random_state) recorder.emplace();
-    TracedCall call = traced_call(recompute, saved_input, dependencies, where);
+    TracedCall call = traced_call(recompute, saved_input, input.requires_grad(), dependencies, where);
     if (recorder) streams = recorder->take();
     // 3. Keep the output value; the internal graph goes when `call` does.
     output_value = call.out.value();
@@ -117,9 +129,10 @@ Variable checkpoint(const Variable& input, std::span<const Variable> dependencie
   const std::size_t parent_count = parents.size();
   std::vector<Variable> deps(dependencies.begin(), dependencies.end());
   Random* random = options.random;
+  const bool input_requires_grad = input.requires_grad();
 
   BackwardFn backward = [recompute = std::move(recompute), saved_input, deps, where, out_shape, out_backend, random,
-                         forward_state, streams = std::move(streams),
+                         forward_state, streams = std::move(streams), input_requires_grad,
                          parent_count](const Tensor& grad_output, const std::vector<bool>& needs) {
     g_replays.fetch_add(1);
     // Fresh leaf from the saved input; the same callable again, with grad
@@ -131,7 +144,7 @@ Variable checkpoint(const Variable& input, std::span<const Variable> dependencie
       GradModeGuard grad_mode(true);
       RandomReplayScope scope(random, forward_state);
       RandomStreamReplay streams_replay(streams);
-      replay = traced_call(recompute, saved_input, deps, where + " replay");
+      replay = traced_call(recompute, saved_input, input_requires_grad, deps, where + " replay");
     }
     checkpoint_contract::check_replay_output(replay.out, out_shape, out_backend, where + " replay");
     std::vector<Tensor> grads(parent_count);  // constants' slots stay undefined

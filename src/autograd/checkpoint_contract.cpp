@@ -42,7 +42,6 @@ BoundaryScan check_boundary(const Variable& output, const Variable& input, std::
   for (const Variable& d : dependencies) boundary[d.node()] = false;
 
   BoundaryScan scan;
-  std::vector<std::shared_ptr<Node>> own_constants;  // traced inputs dropped after the walk
   std::unordered_set<const void*> watched_storages;
   std::unordered_set<const Node*> seen{output.node()};
   std::vector<std::shared_ptr<Node>> stack{output.node_ptr()};
@@ -79,15 +78,17 @@ BoundaryScan check_boundary(const Variable& output, const Variable& input, std::
                  ", a new leaf that requires grad; parameters must be made outside and declared");
       }
       if (watched_storages.insert(n->value.storage_id()).second) {
-        scan.watched.push_back({n->value.weak_storage(), n->value.version(), describe(*n)});
+        scan.watched.push_back(
+            {n->value.weak_storage(), n->value.version(), ptr, n->version(), n->structural_changes, describe(*n)});
       }
       for (const std::shared_ptr<Node>& t : n->trace_parents) visit(t);
-      if (!n->trace_parents.empty()) own_constants.push_back(ptr);
       continue;
     }
+    // An inner checkpoint made inside: what its callable made and read is
+    // read by this one too.
+    scan.watched.insert(scan.watched.end(), n->watched.begin(), n->watched.end());
     for (const Edge& e : n->parents) visit(e.node);
   }
-  for (const std::shared_ptr<Node>& c : own_constants) c->trace_parents.clear();
   if (!boundary[input.node()]) {
     fail(Violation::InputUnused, where, "the output does not depend on the input " + describe(*input.node()));
   }

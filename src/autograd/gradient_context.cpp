@@ -79,6 +79,12 @@ void validate_versions(const std::vector<Node*>& order, const char* op) {
       }
     }
     for (const WatchedStorage& w : node->watched) {
+      if (const std::shared_ptr<Node> constant = w.node.lock(); constant && constant->version() != w.node_version) {
+        throw StaleGraphError(std::string("[") + op + "] stale graph: " + w.what + ", a constant that " +
+                              node->label() + " read, changed (" + change_reason(*constant, w.node_structural) + ") from version " +
+                              std::to_string(w.node_version) + " to " + std::to_string(constant->version()) +
+                              " after the graph was built; run the forward pass again");
+      }
       const std::shared_ptr<const Storage> storage = w.storage.lock();
       if (storage && storage->version() != w.version) {
         throw StaleGraphError(std::string("[") + op + "] stale graph: " + w.what + ", a constant that " +

@@ -15,13 +15,17 @@ struct Edge {
   std::uint64_t structural = 0;  // parent's structural_changes then (to word the stale-graph message)
 };
 
-/// A buffer a graph read without keeping it alive (a constant the checkpoint
-/// callable made): if it is still alive at backward, its version must not
-/// have moved.
+/// A constant a checkpoint callable made itself and read, watched without
+/// being kept alive: if its node or its buffer still exists at backward,
+/// neither may have changed since (a cached constant replaced with
+/// set_value, frozen/unfrozen, or written in place through any handle).
 struct WatchedStorage {
   std::weak_ptr<const Storage> storage;
-  std::uint64_t version = 0;
-  std::string what;  // the constant it was read through, for messages
+  std::uint64_t version = 0;  // the buffer's
+  std::weak_ptr<Node> node;
+  std::uint64_t node_version = 0;
+  std::uint64_t node_structural = 0;  // its structural_changes then (for the message)
+  std::string what;  // the constant, for messages
 };
 
 struct Node {
@@ -95,8 +99,11 @@ inline std::string change_reason(const Node& node, std::uint64_t structural_then
 /// The id the next node will get.
 std::uint64_t next_node_id();
 
-/// While alive, ops on this thread record their parents even when none
-/// requires grad, so a checkpoint can walk everything its callable used.
+/// While alive, ops on this thread that make constants keep their inputs
+/// aside (Node::trace_parents), so a checkpoint can walk everything its
+/// callable used. The guard lists those constants; release_traces() drops
+/// their inputs once the walk is done (a constant the callable caches must
+/// not keep its first input alive).
 class TraceGuard {
  public:
   TraceGuard();
@@ -104,9 +111,18 @@ class TraceGuard {
   TraceGuard(const TraceGuard&) = delete;
   TraceGuard& operator=(const TraceGuard&) = delete;
   static bool active();
+  /// Ends tracing on this thread (ops no longer trace) but keeps the list
+  /// for release_traces(); the destructor does both.
+  void stop();
+  /// Called by Variable::from_op for every traced constant.
+  static void note(const std::shared_ptr<Node>& constant);
+  /// Clears trace_parents of every constant made under this guard.
+  void release_traces();
 
  private:
-  bool previous_;
+  TraceGuard* previous_;
+  bool stopped_ = false;
+  std::vector<std::weak_ptr<Node>> constants_;
 };
 
 /// While alive, sets this thread's grad mode (on: ops build graphs even under

@@ -13,7 +13,7 @@ namespace riftco_transformer {
 namespace {
 
 thread_local bool g_no_grad = false;
-thread_local bool g_trace = false;
+thread_local TraceGuard* g_trace = nullptr;
 std::atomic<std::uint64_t> g_next_node_id{1};
 /// Publishing gradients (commit, clear_grad) is serialised process-wide, so
 /// two threads whose graphs share leaves never race on a gradient handle;
@@ -58,9 +58,25 @@ Node::Node() : id(g_next_node_id.fetch_add(1)) {}
 
 std::uint64_t next_node_id() { return g_next_node_id.load(); }
 
-TraceGuard::TraceGuard() : previous_(g_trace) { g_trace = true; }
-TraceGuard::~TraceGuard() { g_trace = previous_; }
-bool TraceGuard::active() { return g_trace; }
+TraceGuard::TraceGuard() : previous_(g_trace) { g_trace = this; }
+TraceGuard::~TraceGuard() {
+  stop();
+  release_traces();
+}
+void TraceGuard::stop() {
+  if (!stopped_) g_trace = previous_;
+  stopped_ = true;
+}
+bool TraceGuard::active() { return g_trace != nullptr; }
+void TraceGuard::note(const std::shared_ptr<Node>& constant) {
+  if (g_trace != nullptr) g_trace->constants_.push_back(constant);
+}
+void TraceGuard::release_traces() {
+  for (const std::weak_ptr<Node>& weak : constants_) {
+    if (const std::shared_ptr<Node> node = weak.lock()) node->trace_parents.clear();
+  }
+  constants_.clear();
+}
 
 Node::~Node() {
   // Unlink parents iteratively: take ownership of every parent whose last
@@ -105,10 +121,11 @@ Variable Variable::from_op(std::string op, Tensor value, std::vector<Variable> p
   if (!any || g_no_grad) {
     // A constant: a leaf with no graph, as outside a checkpoint. Under
     // TraceGuard its inputs are kept aside for the contract walk only.
-    if (g_trace) {
+    if (g_trace != nullptr) {
       for (const Variable& p : parents) {
         if (p.defined()) node->trace_parents.push_back(p.node_);
       }
+      if (!node->trace_parents.empty()) TraceGuard::note(node);
     }
     return Variable(std::move(node));
   }

@@ -1,6 +1,7 @@
 #include "riftco_transformer/tensor.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -32,10 +33,30 @@ std::int64_t shape_numel(const Shape& shape, const char* op) {
   return n;
 }
 
+namespace {
+std::atomic<std::uint64_t> g_next_storage_serial{1};
+thread_local std::vector<OutsideWriteWatch*> t_write_watches;
+}  // namespace
+
 Storage::Storage(Backend backend, std::int64_t numel)
     : backend_(backend),
       numel_(numel),
-      data_(static_cast<float*>(detail::allocate_bytes(backend, static_cast<std::size_t>(numel) * sizeof(float)))) {}
+      data_(static_cast<float*>(detail::allocate_bytes(backend, static_cast<std::size_t>(numel) * sizeof(float)))),
+      serial_(g_next_storage_serial.fetch_add(1)) {}
+
+void Storage::bump_version(const char* why) {
+  last_change_.store(why, std::memory_order_relaxed);
+  version_.fetch_add(1, std::memory_order_acq_rel);
+  for (OutsideWriteWatch* watch : t_write_watches) {
+    if (watch->why_ == nullptr && serial_ < watch->first_serial_) {
+      watch->why_ = why;
+      watch->numel_ = numel_;
+    }
+  }
+}
+
+OutsideWriteWatch::OutsideWriteWatch() : first_serial_(g_next_storage_serial.load()) { t_write_watches.push_back(this); }
+OutsideWriteWatch::~OutsideWriteWatch() { std::erase(t_write_watches, this); }
 
 Storage::~Storage() { detail::free_bytes(backend_, data_, static_cast<std::size_t>(numel_) * sizeof(float)); }
 
@@ -106,10 +127,12 @@ Backend Tensor::backend() const {
   return storage_->backend();
 }
 
-float* Tensor::data() {
+float* Tensor::data() { return data_for_write("written through a data() pointer"); }
+
+float* Tensor::data_for_write(const char* why) {
   if (!storage_) throw ValueError("[tensor] data() of an undefined tensor");
   if (storage_->backend() != Backend::Cpu) throw BackendError("[tensor] data() needs a cpu tensor");
-  storage_->bump_version("written through a data() pointer");
+  storage_->bump_version(why);
   return storage_->data();
 }
 
@@ -194,8 +217,7 @@ float Tensor::item() const {
 }
 
 void Tensor::fill(float value) {
-  float* p = data();
-  storage_->bump_version("filled in place");
+  float* p = data_for_write("filled in place");
   std::fill(p, p + numel_, value);
 }
 
@@ -205,8 +227,8 @@ void Tensor::copy_from(const Tensor& other) {
                      shape_string(other.shape_) + " differ");
   }
   if (storage_ == other.storage_) return;
-  std::memcpy(data(), other.data(), static_cast<std::size_t>(nbytes()));
-  storage_->bump_version("overwritten by copy_from");
+  const float* source = other.data();
+  std::memcpy(data_for_write("overwritten by copy_from"), source, static_cast<std::size_t>(nbytes()));
 }
 
 bool bit_equal(const Tensor& a, const Tensor& b) {

@@ -10,6 +10,7 @@
 
 #include "model_fixtures.hpp"
 #include "riftco_transformer/checkpoint.hpp"
+#include "riftco_transformer/memory.hpp"
 #include "riftco_transformer/ops.hpp"
 #include "riftco_transformer/transformer.hpp"
 
@@ -456,4 +457,25 @@ TEST(CheckpointRandom, TheModelsDropoutNeedsNoExplicitGenerator) {
       for (std::size_t i = 0; i < grads.size(); ++i) EXPECT_TRUE(bit_equal(grads[i], reference[i]));
     }
   }
+}
+
+TEST(CheckpointTracing, ACachedTracedConstantDoesNotKeepTheInputAlive) {
+  const std::int64_t baseline = memory_stats().live_bytes;
+  std::optional<Variable> cached;  // outlives everything below
+  {
+    Variable x(Tensor::full({256, 256}, 1.0F), true, "x");  // 256 KiB
+    Variable w(Tensor::full({256, 256}, 0.5F), true, "w");
+    const std::vector<Variable> deps{w};
+    const Variable loss = sum(checkpoint(x, deps, [&](const Variable& h) {
+      if (!cached) {
+        NoGradGuard g;
+        cached = scale(h, 2.0F);  // a constant traced from the input, cached, never used
+      }
+      return matmul(h, w);
+    }));
+    loss.backward();
+  }
+  // Only the cached constant's own buffer is left, not the input it was
+  // computed from (nor the input's fresh leaf).
+  EXPECT_EQ(memory_stats().live_bytes - baseline, 256 * 256 * 4);
 }
