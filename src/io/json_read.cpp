@@ -47,6 +47,7 @@ std::string quote_json(const Json& value) {
 
 std::string line_error(const JsonReadError& error) {
   if (error.column() > 0) return "invalid JSON at column " + std::to_string(error.column()) + ": " + error.detail();
+  if (!error.detail().empty()) return "invalid JSON: " + error.detail();
   const std::string what = error.what();
   const bool about_text = what.rfind("is ", 0) == 0 || what.rfind("has ", 0) == 0 || what.rfind("holds ", 0) == 0;
   return about_text ? "the line " + what : what;
@@ -79,7 +80,7 @@ Json parse_untrusted_json(std::string_view text) {
     throw JsonReadError("is not valid JSON (at column " + std::to_string(e.byte) + ": " + clean(e) + ")", e.byte,
                         clean(e));
   } catch (const nlohmann::json::exception& e) {
-    throw JsonReadError("is not valid JSON (" + clean(e) + ")");
+    throw JsonReadError("is not valid JSON (" + clean(e) + ")", 0, clean(e));
   }
 }
 

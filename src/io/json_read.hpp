@@ -25,7 +25,8 @@ class JsonReadError : public std::runtime_error {
  public:
   explicit JsonReadError(const std::string& what, std::size_t column = 0, std::string detail = "")
       : std::runtime_error(what), column_(column), detail_(std::move(detail)) {}
-  /// For a syntax error: the 1-based byte column and the parser's words.
+  /// For a text that is not JSON: the parser's words, and for a syntax
+  /// error the 1-based byte column (0 otherwise).
   std::size_t column() const { return column_; }
   const std::string& detail() const { return detail_; }
 

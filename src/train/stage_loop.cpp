@@ -170,20 +170,20 @@ RunResult run(StageRun& r, const ProgressCallback& progress) {
     const TokenBatch batch = r.sample(data_random, Split::Train);
     Variable loss = model.loss(batch.tokens, batch.targets, batch.batch);
     last_loss = loss.value().item();
-    if (!std::isfinite(last_loss)) {
-      throw Error("[" + r.stage + "] step " + std::to_string(step + 1) + ": the training loss is " +
-                  std::to_string(last_loss) +
-                  "; stopped before updating the weights (no final model is written; the last training "
-                  "checkpoint, if any, is kept). Try a lower learning rate.");
-    }
+    // A non-finite loss or gradient ends the run before the weights change.
+    const auto diverged = [&](const std::string& what) {
+      return Error("[" + r.stage + "] step " + std::to_string(step + 1) + ": " + what +
+                   "; stopped before updating the weights (no final model is written; the last training "
+                   "checkpoint, if any, is kept). Try a lower learning rate or gradient clipping.");
+    };
+    if (!std::isfinite(last_loss)) throw diverged("the training loss is " + std::to_string(last_loss));
     loss.backward();
     loss = Variable();  // release the graph before the update
     float grad_norm = 0.0F;
     try {
       grad_norm = adam.step();  // refuses a non-finite gradient before changing anything
     } catch (const ValueError& e) {
-      throw Error("[" + r.stage + "] step " + std::to_string(step + 1) + ": " + e.what() +
-                  " (no final model is written; the last training checkpoint, if any, is kept)");
+      throw diverged(e.what());
     }
     adam.zero_grad();
     tokens_seen += batch.batch * batch.seq_len;

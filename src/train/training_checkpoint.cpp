@@ -48,9 +48,9 @@ Random::State decode(const std::string& text, const std::filesystem::path& path)
   return s;
 }
 
-/// Over every metadata entry but the checksum (in key order) and every
-/// tensor (name, shape, bytes, in file order).
-std::string checksum(const std::map<std::string, std::string>& metadata,
+}  // namespace
+
+std::string checkpoint_checksum(const std::map<std::string, std::string>& metadata,
                      const std::vector<std::pair<std::string, Tensor>>& tensors) {
   detail::Hash64 hash;
   for (const auto& [key, value] : metadata) {
@@ -63,6 +63,8 @@ std::string checksum(const std::map<std::string, std::string>& metadata,
   for (const auto& [name, tensor] : tensors) hash.update(name, tensor);
   return hash.hex();
 }
+
+namespace {
 
 /// A step count: digits only, in [0, 2^62].
 std::int64_t parse_count(const std::string& text, const std::string& key, const std::filesystem::path& path) {
@@ -110,7 +112,7 @@ void save_training_checkpoint(const std::filesystem::path& path, const std::vect
                                                  {"data_random", encode(state.data_random)},
                                                  {"dropout_random", encode(state.dropout_random)},
                                                  {"config", config.dump()}};
-  metadata["checksum"] = checksum(metadata, tensors);
+  metadata["checksum"] = checkpoint_checksum(metadata, tensors);
   write_safetensors(path, tensors, metadata);
 }
 
@@ -120,7 +122,7 @@ void load_training_checkpoint(const std::filesystem::path& path, const std::vect
   const std::string where = "[load] " + path.string() + ": ";
   if (meta(f, "format", path) != kFormat) throw ModelStateError(where + "not a riftco training checkpoint");
   // Before anything in it is believed: a flipped bit or an edited field.
-  if (meta(f, "checksum", path) != checksum(f.metadata, f.tensors)) {
+  if (meta(f, "checksum", path) != checkpoint_checksum(f.metadata, f.tensors)) {
     throw ModelStateError(where + "checksum mismatch: the file was damaged or edited after it was written; "
                                   "resume from a copy, or start the run over");
   }

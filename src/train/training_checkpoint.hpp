@@ -1,8 +1,13 @@
 #pragma once
 // Training checkpoints: trainable parameters, Adam moments, step and RNG
-// states in one safetensors file, written atomically.
+// states in one safetensors file, written atomically, with a checksum over
+// everything in it (metadata "checksum") verified before anything is read.
 #include <filesystem>
+#include <map>
 #include <nlohmann/json.hpp>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "riftco_transformer/adam.hpp"
 #include "riftco_transformer/transformer.hpp"
@@ -19,10 +24,15 @@ inline constexpr const char* kTrainingCheckpointFile = "training_checkpoint.safe
 /// The metrics log of a run in progress (metrics.jsonl appears when it completes).
 inline constexpr const char* kPartialMetricsFile = "metrics.partial.jsonl";
 
+/// Hash64 over every metadata entry but "checksum" (in key order) and every
+/// tensor (name, shape, bytes, in file order), as 16 hex digits.
+std::string checkpoint_checksum(const std::map<std::string, std::string>& metadata,
+                                const std::vector<std::pair<std::string, Tensor>>& tensors);
+
 void save_training_checkpoint(const std::filesystem::path& path, const std::vector<NamedParameter>& trainable,
                               const Adam& adam, const TrainingState& state, const nlohmann::json& config);
 
-/// Validates everything (format, the configuration it was made with, every
+/// Validates everything (format, checksum, the configuration it was made with, every
 /// parameter and moment with its shape) before changing the parameters, the
 /// optimizer or `state`. Throws ModelStateError.
 void load_training_checkpoint(const std::filesystem::path& path, const std::vector<NamedParameter>& trainable,

@@ -121,3 +121,86 @@ def test_bad_files_fail_cleanly_and_leave_outputs_intact(tools, pretrained, corp
     assert g.returncode == 1 and "[load]" in g.stderr
     after = {p.name: p.read_bytes() for p in pretrained.iterdir() if p.is_file()}
     assert after == before
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--top-k", "-1"], "'--top-k' must be >= 0"),
+    (["--temperature", "nan"], "'--temperature' expects a finite number"),
+    (["--temperature", "-0.5"], "'--temperature' must be >= 0"),
+    (["--max-new-tokens", "-1"], "'--max-new-tokens' must be >= 0"),
+    (["--seed", "-1"], "'--seed' must be >= 0"),
+])
+def test_generate_bad_arguments_exit_2_with_a_hint(tools, pretrained, args, needle):
+    r = run(tools[1], "--model", pretrained / "model.safetensors", *args)
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    assert needle in r.stderr and "Try 'rt-generate --help'." in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--norm-epsilon", "inf"], "'--norm-epsilon' expects a finite number"),
+    (["--norm-epsilon", "1e39"], "'--norm-epsilon' expects a finite number"),
+    (["--learning-rate", "1e39"], "'--learning-rate' expects a finite number"),
+    (["--learning-rate", "nan"], "'--learning-rate' expects a finite number"),
+    (["--norm-epsilon", "0"], "norm_epsilon must be a finite number > 0"),
+])
+def test_non_finite_settings_exit_2_naming_the_option(tools, tmp_path, args, needle):
+    r = run(tools[0], "pretrain", "--output", tmp_path / "out", *args)
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    assert needle in r.stderr and "Try 'rt-train pretrain --help'." in r.stderr, r.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_post_train_sequence_longer_than_the_base_context_is_a_usage_error(tools, pretrained, tmp_path):
+    r = run(tools[0], "post-train", "--base-model", pretrained / "model.safetensors", "--data", CHAT,
+            "--sequence-length", 65, "--output", tmp_path / "out")
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    assert "sequence_length must be in [1, context_length 64], got 65" in r.stderr
+    assert "Try 'rt-train post-train --help'." in r.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_fifos_are_refused_at_once(tools, pretrained, tmp_path):
+    import os
+    fifo = tmp_path / "pipe.safetensors"
+    os.mkfifo(fifo)
+    cases = [
+        (tools[1], "--model", fifo),
+        (tools[1], "--model", pretrained / "model.safetensors", "--adapter", fifo),
+        (tools[0], "post-train", "--base-model", fifo, "--data", CHAT, "--output", tmp_path / "o"),
+        (tools[0], "pretrain", "--data", fifo, "--output", tmp_path / "o2", *TINY),
+    ]
+    for tool, *args in cases:
+        r = subprocess.run([str(tool), *map(str, args)], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 1, (args, r.stderr)
+        assert "not a regular file" in r.stderr, r.stderr
+
+
+def test_non_finite_weights_are_refused_unless_allowed(tools, pretrained, tmp_path):
+    import struct
+    data = bytearray((pretrained / "model.safetensors").read_bytes())
+    header_len = struct.unpack("<Q", data[:8])[0]
+    start = 8 + header_len
+    for offset in range(start, len(data) - 3, 4):  # every weight NaN
+        struct.pack_into("<f", data, offset, float("nan"))
+    bad = tmp_path / "nan.safetensors"
+    bad.write_bytes(bytes(data))
+    r = run(tools[1], "--model", bad, "--max-new-tokens", 3)
+    assert r.returncode == 1 and "not finite" in r.stderr and "--allow-non-finite" in r.stderr, r.stderr
+    r = run(tools[1], "--model", bad, "--max-new-tokens", 3, "--allow-non-finite")
+    assert "\x00" not in r.stdout
+    assert r.returncode == 1 and "logits" in r.stderr and "not finite" in r.stderr, r.stderr
+
+
+def test_an_adapter_for_another_base_is_refused_unless_allowed(tools, corpus, pretrained, tmp_path):
+    other = tmp_path / "other"
+    assert run(tools[0], "pretrain", "--data", corpus, "--steps", 2, "--seed", 7, "--output", other,
+               *TINY).returncode == 0
+    lora = tmp_path / "lora"
+    assert run(tools[0], "post-train", "--base-model", pretrained / "model.safetensors", "--data", CHAT,
+               "--steps", 1, "--batch", 2, "--sequence-length", 32, "--eval-batches", 1, "--lora-rank", 2,
+               "--output", lora, "--quiet").returncode == 0
+    r = run(tools[1], "--model", other / "model.safetensors", "--adapter", lora / "adapter.safetensors")
+    assert r.returncode == 1 and "fingerprint" in r.stderr and "--allow-base-mismatch" in r.stderr, r.stderr
+    r = run(tools[1], "--model", other / "model.safetensors", "--adapter", lora / "adapter.safetensors",
+            "--allow-base-mismatch", "--max-new-tokens", 2)
+    assert r.returncode == 0, r.stderr
