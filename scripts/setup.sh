@@ -15,6 +15,7 @@ packages=(
   python3-torch              # PyTorch parity tests and the reference benchmark
   python3-matplotlib         # the benchmark suite's chart (bench/run_benchmarks.py)
   fortunes                   # the default training corpus (/usr/share/games/fortunes)
+  clang libclang-rt-dev libomp-dev  # libFuzzer harnesses in fuzz/ (clang's fuzzer and OpenMP runtimes)
 )
 
 missing=()

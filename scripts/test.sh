@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Sets up a fresh machine and runs every test: the C++ suite (GoogleTest via
-# CTest) in a release build and again under AddressSanitizer + UBSan.
+# CTest) in a release build, the Python tests (with the kill -9 crash-safety
+# trials), the C++ suite again under AddressSanitizer + UBSan, and a bounded
+# run of every libFuzzer harness (RIFTCO_FUZZ_SECONDS each, default 60).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -23,3 +25,8 @@ cmake --build build-asan -j "$jobs"
 # LeakSanitizer is on: a leak around backward or checkpoint fails the suite.
 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
   ctest --test-dir build-asan --output-on-failure -j "$jobs"
+
+echo "== fuzzers (libFuzzer + ASan + UBSan, ${RIFTCO_FUZZ_SECONDS:-60} s each) =="
+CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DRIFTCO_FUZZ=ON >/dev/null
+cmake --build build-fuzz -j "$jobs"
+bash fuzz/run.sh build-fuzz build "${RIFTCO_FUZZ_SECONDS:-60}"
