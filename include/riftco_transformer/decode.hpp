@@ -26,6 +26,8 @@ class DecodeSession {
   Tensor decode_token(std::int32_t token);
   std::int64_t position() const { return position_; }
   std::int64_t capacity() const;
+  /// Logits per decode_token() call.
+  std::int64_t vocab_size() const;
   /// Empties the cache and accepts the model's current parameter values.
   void reset();
 

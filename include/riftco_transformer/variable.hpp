@@ -115,6 +115,12 @@ class Variable {
   void backward() const;
   void backward(const Tensor& seed) const;
 
+  /// The leaves of this graph that require grad (its parameters and
+  /// inputs), each once, in depth-first discovery order from this node. They
+  /// stay reachable (and their gradients readable) for as long as this
+  /// Variable lives, whatever made them.
+  std::vector<Variable> leaves() const;
+
   GraphStatistics graph_statistics() const;
   std::vector<RetainedNode> retained_nodes() const;
   /// A table of retained_nodes() for a person to read.

@@ -1,5 +1,6 @@
 #include "riftco_transformer/variable.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <iomanip>
 #include <mutex>
@@ -246,6 +247,34 @@ void Variable::backward(const Tensor& seed) const {
     std::lock_guard<std::mutex> lock(g_commit_mutex);  // graphs on other threads may share these leaves
     for (auto& [node, g] : commits) std::swap(node->grad, g);
   }  // the previous gradients (now in `commits`) are freed outside the lock
+}
+
+std::vector<Variable> Variable::leaves() const {
+  std::vector<Variable> out;
+  std::unordered_set<Node*> seen;
+  std::vector<Node*> stack{&require(node_, "leaves")};
+  std::vector<std::shared_ptr<Node>> found;
+  while (!stack.empty()) {  // iterative: deep graphs must not recurse
+    Node* n = stack.back();
+    stack.pop_back();
+    if (!seen.insert(n).second) continue;
+    const std::size_t first_pushed = stack.size();
+    for (const Edge& e : n->parents) {
+      Node* p = e.node.get();
+      if (!p->requires_grad || seen.contains(p)) continue;
+      if (p->is_leaf) {
+        seen.insert(p);
+        found.push_back(e.node);
+      } else {
+        stack.push_back(p);
+      }
+    }
+    std::reverse(stack.begin() + static_cast<std::ptrdiff_t>(first_pushed), stack.end());  // first parent first
+  }
+  if (node_->is_leaf && node_->requires_grad) found.insert(found.begin(), node_);
+  out.reserve(found.size());
+  for (std::shared_ptr<Node>& n : found) out.push_back(Variable(std::move(n)));
+  return out;
 }
 
 GraphStatistics Variable::graph_statistics() const {

@@ -28,6 +28,7 @@ void write_cache(Tensor& cache, const Tensor& rows, std::int64_t position) {
 DecodeSession::DecodeSession(const DecoderOnlyTransformer& model) : core_(model.core()) { reset(); }
 
 std::int64_t DecodeSession::capacity() const { return core_->dims.context_length; }
+std::int64_t DecodeSession::vocab_size() const { return core_->dims.vocab_size; }
 
 void DecodeSession::reset() {
   core_->check_parameters("DecodeSession");  // before anything changes

@@ -1,0 +1,358 @@
+/* riftco C ABI 2.0: a stable C interface over the C++ library.
+ *
+ * Plain C11 (also valid C++). Every function returns an rt_status; on failure
+ * rt_last_error_message() gives the calling thread's message. Exceptions never
+ * cross this boundary. Handles are opaque; each *_create / producing call
+ * gives the caller one handle to release with the matching *_destroy (NULL is
+ * accepted there and does nothing). Ownership, threading and the versioning
+ * promise: docs/c-abi.md.
+ */
+#ifndef RIFTCO_TRANSFORMER_RT_H
+#define RIFTCO_TRANSFORMER_RT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__) || defined(__clang__)
+#define RT_API __attribute__((visibility("default")))
+#else
+#define RT_API
+#endif
+
+#define RT_ABI_VERSION_MAJOR 2
+#define RT_ABI_VERSION_MINOR 0
+
+/* ---- status and errors ---------------------------------------------------- */
+
+typedef enum rt_status {
+  RT_OK = 0,
+  RT_ERROR_INVALID_ARGUMENT = 1,   /* a NULL pointer, an out-of-range enum, a wrong buffer size, a bad struct_size */
+  RT_ERROR_VALUE = 2,              /* a value the library refuses (riftco ValueError) */
+  RT_ERROR_SHAPE = 3,              /* shapes that do not fit (ShapeError) */
+  RT_ERROR_BACKEND = 4,            /* a backend that is not built or not usable (BackendError) */
+  RT_ERROR_STALE_GRAPH = 5,        /* a graph built before a change it cannot survive (StaleGraphError) */
+  RT_ERROR_CHECKPOINT_CONTRACT = 6,/* the replay contract of checkpoint() (CheckpointContractError) */
+  RT_ERROR_BACKWARD = 7,           /* a backward pass that cannot run (BackwardError) */
+  RT_ERROR_MODEL_STATE = 8,        /* a model, adapter or checkpoint file that cannot be read or written */
+  RT_ERROR_DATA = 9,               /* a data file that is missing or malformed (DataError) */
+  RT_ERROR_RUNTIME = 10,           /* a failure of no narrower class: a diverged run, a full disk (riftco Error) */
+  RT_ERROR_OUT_OF_MEMORY = 11,     /* an allocation failed */
+  RT_ERROR_INTERNAL = 12           /* anything else: a bug; the message says what */
+} rt_status;
+
+/* The message of the calling thread's last failed call ("" if none). Valid
+ * until the next rt_* call on this thread. */
+RT_API const char* rt_last_error_message(void);
+/* "RT_OK", "RT_ERROR_SHAPE", ...; "unknown" for other values. */
+RT_API const char* rt_status_name(rt_status status);
+/* (RT_ABI_VERSION_MAJOR << 16) | RT_ABI_VERSION_MINOR of the loaded library. */
+RT_API uint32_t rt_abi_version(void);
+
+/* ---- enums ------------------------------------------------------------------ */
+
+typedef enum rt_activation_checkpointing {
+  RT_ACTIVATION_CHECKPOINTING_DISABLED = 0,
+  RT_ACTIVATION_CHECKPOINTING_TRANSFORMER_BLOCK = 1,
+  RT_ACTIVATION_CHECKPOINTING_BLOCK_SEGMENTS = 2
+} rt_activation_checkpointing;
+
+typedef enum rt_attention {
+  RT_ATTENTION_MATERIALIZED = 0,
+  RT_ATTENTION_FLASH = 1
+} rt_attention;
+
+typedef enum rt_backend {
+  RT_BACKEND_CPU = 0,
+  RT_BACKEND_CUDA = 1
+} rt_backend;
+
+typedef enum rt_fine_tuning_method {
+  RT_FINE_TUNING_LORA = 0,
+  RT_FINE_TUNING_FULL = 1
+} rt_fine_tuning_method;
+
+/* LoRA targets, a bit set. */
+#define RT_LORA_QUERY 0x01u
+#define RT_LORA_KEY 0x02u
+#define RT_LORA_VALUE 0x04u
+#define RT_LORA_OUTPUT 0x08u
+#define RT_LORA_GATE 0x10u
+#define RT_LORA_UP 0x20u
+#define RT_LORA_DOWN 0x40u
+
+/* Loader flags, a bit set. */
+#define RT_LOAD_ALLOW_NON_FINITE 0x01u     /* accept NaN or infinite weights */
+#define RT_LOAD_ALLOW_BASE_MISMATCH 0x02u  /* adapters: accept another base model's fingerprint */
+
+/* ---- configuration structs ------------------------------------------------------
+ * Each begins with struct_size = sizeof(the struct as the caller compiled it):
+ * a later 2.x may append fields, and a library reads only the fields the
+ * caller's size covers (missing ones take their defaults). Fill one with its
+ * *_default function, then change what you need. */
+
+/* The architecture only: the checkpointing policy is not in it (nor in the
+ * model-state file). */
+typedef struct rt_transformer_config {
+  size_t struct_size;
+  int64_t vocab_size;
+  int64_t context_length;
+  int64_t model_width;
+  int64_t heads;
+  int64_t layers;
+  int64_t feed_forward_width;
+  float norm_epsilon;
+} rt_transformer_config;
+RT_API rt_status rt_transformer_config_default(rt_transformer_config* config);
+
+typedef struct rt_lora_config {
+  size_t struct_size;
+  int64_t rank;
+  float alpha;
+  uint32_t targets; /* RT_LORA_* bits */
+} rt_lora_config;
+RT_API rt_status rt_lora_config_default(rt_lora_config* config);
+
+typedef struct rt_adam_options {
+  size_t struct_size;
+  float learning_rate;
+  float beta1;
+  float beta2;
+  float epsilon;
+  float weight_decay;
+  float max_grad_norm; /* 0 disables clipping */
+} rt_adam_options;
+RT_API rt_status rt_adam_options_default(rt_adam_options* options);
+
+typedef struct rt_generation_options {
+  size_t struct_size;
+  int64_t max_new_tokens;
+  float temperature; /* 0 = greedy */
+  int64_t top_k;     /* 0 = all */
+  uint64_t seed;
+} rt_generation_options;
+RT_API rt_status rt_generation_options_default(rt_generation_options* options);
+
+typedef struct rt_memory_stats {
+  size_t struct_size;
+  int64_t live_bytes;
+  int64_t peak_bytes;
+  int64_t allocation_count;
+  int64_t free_count;
+  int64_t reserved_bytes; /* held by the allocator: live blocks plus freed blocks kept for reuse */
+} rt_memory_stats;
+
+/* ---- handles ------------------------------------------------------------------------ */
+
+typedef struct rt_model rt_model;                   /* a DecoderOnlyTransformer */
+typedef struct rt_variable rt_variable;             /* a graph node: a loss, logits, a parameter */
+typedef struct rt_adam rt_adam;                     /* an optimizer over some parameters */
+typedef struct rt_decode_session rt_decode_session; /* incremental decoding with a K/V cache */
+
+/* ---- model ---------------------------------------------------------------------------- */
+
+RT_API rt_status rt_model_create(const rt_transformer_config* config, uint64_t seed, rt_attention attention,
+                                 rt_activation_checkpointing activation_checkpointing, rt_model** out);
+/* Graphs (variables) and decode sessions made from the model stay usable. */
+RT_API rt_status rt_model_destroy(rt_model* model);
+/* Fills the fields `config->struct_size` covers. */
+RT_API rt_status rt_model_config(const rt_model* model, rt_transformer_config* config);
+
+RT_API rt_status rt_model_set_activation_checkpointing(rt_model* model, rt_activation_checkpointing kind);
+RT_API rt_status rt_model_activation_checkpointing(const rt_model* model, rt_activation_checkpointing* kind);
+/* Blocks per segment for RT_ACTIVATION_CHECKPOINTING_BLOCK_SEGMENTS; 0 = round(sqrt(layers)). */
+RT_API rt_status rt_model_set_checkpoint_segment_blocks(rt_model* model, int64_t blocks);
+RT_API rt_status rt_model_set_attention(rt_model* model, rt_attention attention);
+RT_API rt_status rt_model_attention(const rt_model* model, rt_attention* attention);
+RT_API rt_status rt_model_set_dropout(rt_model* model, float probability, uint64_t seed);
+RT_API rt_status rt_model_set_training(rt_model* model, int training);
+
+/* Parameters in the model's fixed order (base weights; not LoRA adapters). */
+RT_API rt_status rt_model_parameter_count(const rt_model* model, size_t* count);
+/* Total number of parameter elements (base weights). */
+RT_API rt_status rt_model_parameter_elements(const rt_model* model, int64_t* elements);
+/* Copies parameter `index`'s name into `buffer` (NUL-terminated). `*needed`
+ * (may be NULL) receives the size it needs, NUL included; a buffer that is
+ * too small gives RT_ERROR_INVALID_ARGUMENT and writes nothing. */
+RT_API rt_status rt_model_parameter_name(const rt_model* model, size_t index, char* buffer, size_t buffer_size,
+                                         size_t* needed);
+/* A handle to the named parameter (base or adapter), for its value and gradient. */
+RT_API rt_status rt_model_parameter(const rt_model* model, const char* name, rt_variable** out);
+
+/* tokens: batch * sequence_length ids, row-major. Logits (B, T, V). */
+RT_API rt_status rt_model_forward(const rt_model* model, const int32_t* tokens, int64_t batch,
+                                  int64_t sequence_length, rt_variable** logits);
+/* Mean cross-entropy of the next-token targets (same layout; -100 is skipped). */
+RT_API rt_status rt_model_loss(const rt_model* model, const int32_t* tokens, const int32_t* targets, int64_t batch,
+                               int64_t sequence_length, rt_variable** loss);
+
+/* LoRA adapters (docs/model-state.md). */
+RT_API rt_status rt_model_add_lora(rt_model* model, const rt_lora_config* config, uint64_t seed);
+RT_API rt_status rt_model_remove_lora(rt_model* model);
+RT_API rt_status rt_model_set_lora_active(rt_model* model, int active);
+RT_API rt_status rt_model_merge_lora(rt_model* model);
+RT_API rt_status rt_model_set_base_trainable(rt_model* model, int trainable);
+RT_API rt_status rt_model_has_lora(const rt_model* model, int* has_lora);
+
+/* State files (safetensors). flags: RT_LOAD_* bits. */
+RT_API rt_status rt_model_save(const rt_model* model, const char* path);
+RT_API rt_status rt_model_load(rt_model* model, const char* path, uint32_t flags);
+/* A new model of the file's dimensions with its weights. */
+RT_API rt_status rt_model_load_new(const char* path, rt_attention attention,
+                                   rt_activation_checkpointing activation_checkpointing, uint32_t flags,
+                                   rt_model** out);
+RT_API rt_status rt_model_save_adapter(const rt_model* model, const char* path);
+RT_API rt_status rt_model_load_adapter(rt_model* model, const char* path, uint32_t flags);
+/* 16 hex digits and a NUL into buffer[17] (or larger). */
+RT_API rt_status rt_model_fingerprint(const rt_model* model, char* buffer, size_t buffer_size);
+
+/* ---- variables -------------------------------------------------------------------------- */
+
+RT_API rt_status rt_variable_destroy(rt_variable* variable);
+RT_API rt_status rt_variable_backward(const rt_variable* variable);
+RT_API rt_status rt_variable_ndim(const rt_variable* variable, size_t* ndim);
+/* Copies the shape into dims[0..ndim); max_dims must be >= ndim. */
+RT_API rt_status rt_variable_shape(const rt_variable* variable, int64_t* dims, size_t max_dims);
+RT_API rt_status rt_variable_numel(const rt_variable* variable, int64_t* numel);
+/* count must equal numel. */
+RT_API rt_status rt_variable_value(const rt_variable* variable, float* values, size_t count);
+/* *has_grad = 0 (values untouched) before the first backward that reached it. */
+RT_API rt_status rt_variable_grad(const rt_variable* variable, float* values, size_t count, int* has_grad);
+/* Leaves only; count must equal numel. Bumps the version (graphs built before become stale). */
+RT_API rt_status rt_variable_set_value(rt_variable* variable, const float* values, size_t count);
+RT_API rt_status rt_variable_item(const rt_variable* variable, float* value);
+RT_API rt_status rt_variable_name(const rt_variable* variable, char* buffer, size_t buffer_size, size_t* needed);
+RT_API rt_status rt_variable_graph_statistics(const rt_variable* variable, int64_t* node_count,
+                                              int64_t* element_count);
+/* The leaves of the variable's graph that require grad (its parameters), in
+ * a fixed order: their gradients stay readable after the model is destroyed. */
+RT_API rt_status rt_variable_leaf_count(const rt_variable* variable, size_t* count);
+RT_API rt_status rt_variable_leaf(const rt_variable* variable, size_t index, rt_variable** out);
+
+/* ---- Adam ----------------------------------------------------------------------------------- */
+
+/* Over every parameter of the model that requires grad now (base weights and
+ * active adapters; frozen ones are left out). */
+RT_API rt_status rt_adam_create(rt_model* model, const rt_adam_options* options, rt_adam** out);
+RT_API rt_status rt_adam_destroy(rt_adam* adam);
+/* *grad_norm (may be NULL): the global gradient norm before clipping. */
+RT_API rt_status rt_adam_step(rt_adam* adam, float* grad_norm);
+RT_API rt_status rt_adam_zero_grad(rt_adam* adam);
+RT_API rt_status rt_adam_set_learning_rate(rt_adam* adam, float learning_rate);
+
+/* ---- decoding --------------------------------------------------------------------------------- */
+
+RT_API rt_status rt_decode_session_create(const rt_model* model, rt_decode_session** out);
+RT_API rt_status rt_decode_session_destroy(rt_decode_session* session);
+/* Appends `token`; writes the next-token logits (count must equal the vocabulary). */
+RT_API rt_status rt_decode_session_decode(rt_decode_session* session, int32_t token, float* logits, size_t count);
+RT_API rt_status rt_decode_session_reset(rt_decode_session* session);
+RT_API rt_status rt_decode_session_position(const rt_decode_session* session, int64_t* position);
+
+/* Feeds the prompt, then samples up to options->max_new_tokens into
+ * tokens[0..capacity); *count receives how many were written; *reached_context
+ * (may be NULL) is 1 when the context filled up first. capacity must be at
+ * least max_new_tokens. */
+RT_API rt_status rt_generate(const rt_model* model, const int32_t* prompt, size_t prompt_length,
+                             const rt_generation_options* options, int32_t* tokens, size_t capacity, size_t* count,
+                             int* reached_context);
+
+/* ---- memory ------------------------------------------------------------------------------------- */
+
+RT_API rt_status rt_memory_stats_get(rt_backend backend, rt_memory_stats* stats);
+RT_API rt_status rt_reset_peak_memory(void);
+
+/* ---- stage pipelines ------------------------------------------------------------------------------ */
+
+#define RT_PATH_CAPACITY 4096
+
+/* Settings both stages share; see docs/pipelines.md. Strings are paths
+ * (NUL-terminated, UTF-8); NULL or "" means the default. */
+typedef struct rt_stage_settings {
+  rt_attention attention;
+  rt_activation_checkpointing activation_checkpointing;
+  int64_t checkpoint_segment_blocks;
+  float dropout;
+  const char* data;
+  int64_t steps;
+  int64_t batch;
+  int64_t sequence_length;
+  float learning_rate;
+  int64_t warmup_steps;
+  float min_learning_rate_ratio;
+  float weight_decay;
+  float max_grad_norm;
+  float beta1;
+  float beta2;
+  uint64_t seed;
+  int64_t eval_interval;
+  int64_t eval_batches;
+  int64_t checkpoint_interval;
+  const char* output_dir;
+  int resume;
+} rt_stage_settings;
+
+typedef struct rt_pretraining_config {
+  size_t struct_size;
+  rt_stage_settings stage;
+  rt_transformer_config model; /* its own struct_size must be set too */
+  double validation_fraction;
+} rt_pretraining_config;
+RT_API rt_status rt_pretraining_config_default(rt_pretraining_config* config);
+
+typedef struct rt_post_training_config {
+  size_t struct_size;
+  rt_stage_settings stage;
+  const char* base_model;
+  int allow_non_finite;
+  rt_fine_tuning_method fine_tuning_method;
+  rt_lora_config lora; /* its own struct_size must be set too */
+} rt_post_training_config;
+RT_API rt_status rt_post_training_config_default(rt_post_training_config* config);
+
+typedef struct rt_step_report {
+  size_t struct_size;
+  int64_t step; /* 1-based: steps completed */
+  int64_t total_steps;
+  float loss;
+  int has_validation_loss;
+  float validation_loss;
+  float learning_rate;
+  float grad_norm;
+  double tokens_per_second;
+  double elapsed_seconds;
+  double eta_seconds;
+  int64_t peak_bytes;
+} rt_step_report;
+
+/* Called after every step; return non-zero to stop the run (as an
+ * interruption: no final files; a resume continues from the last checkpoint). */
+typedef int (*rt_progress_fn)(const rt_step_report* report, void* user_data);
+
+typedef struct rt_run_result {
+  size_t struct_size;
+  int completed;
+  int64_t steps;
+  int64_t resumed_from_step;
+  float final_train_loss;
+  float final_validation_loss;
+  double tokens_per_second;
+  int64_t peak_bytes;
+  char output_dir[RT_PATH_CAPACITY];
+  char weights[RT_PATH_CAPACITY]; /* model.safetensors or adapter.safetensors ("" when not completed) */
+} rt_run_result;
+
+/* progress may be NULL. result->struct_size must be set. */
+RT_API rt_status rt_run_pretraining(const rt_pretraining_config* config, rt_progress_fn progress, void* user_data,
+                                    rt_run_result* result);
+RT_API rt_status rt_run_post_training(const rt_post_training_config* config, rt_progress_fn progress,
+                                      void* user_data, rt_run_result* result);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* RIFTCO_TRANSFORMER_RT_H */

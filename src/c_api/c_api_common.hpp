@@ -1,0 +1,91 @@
+#pragma once
+// The C ABI's plumbing (private): handle structs, argument checks, and the
+// one place where C++ exceptions become rt_status codes. The rt_* functions
+// are thin: check arguments, call the C++ API, copy results out.
+#include <cstring>
+#include <memory>
+#include <stdexcept>
+#include <string>
+
+#include "riftco_transformer/adam.hpp"
+#include "riftco_transformer/decode.hpp"
+#include "riftco_transformer/rt.h"
+#include "riftco_transformer/transformer.hpp"
+
+struct rt_model {
+  std::unique_ptr<riftco_transformer::DecoderOnlyTransformer> model;
+};
+struct rt_variable {
+  riftco_transformer::Variable variable;
+};
+struct rt_adam {
+  riftco_transformer::Adam adam;
+};
+struct rt_decode_session {
+  riftco_transformer::DecodeSession session;
+};
+
+namespace rt_c {
+
+/// A bad C argument (NULL, enum out of range, buffer size, struct_size).
+struct ArgumentError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+/// Records the message for rt_last_error_message() and returns `status`.
+rt_status fail(rt_status status, const char* message) noexcept;
+const char* last_error() noexcept;
+
+/// Runs `body`, mapping every exception to a status and a message (prefixed
+/// with `function`). Exceptions never leave.
+template <typename Body>
+rt_status guard(const char* function, Body&& body) noexcept;
+
+[[noreturn]] inline void bad_argument(const char* function, const std::string& what) {
+  throw ArgumentError(std::string("[") + function + "] " + what);
+}
+
+template <typename T>
+T& require(T* pointer, const char* function, const char* name) {
+  if (pointer == nullptr) bad_argument(function, std::string(name) + " is NULL");
+  return *pointer;
+}
+
+/// A caller's input struct: non-NULL and at least as large as ABI 2.0's.
+template <typename T>
+const T& require_struct(const T* pointer, const char* function, const char* name) {
+  const T& value = require(pointer, function, name);
+  if (value.struct_size < sizeof(T)) {
+    bad_argument(function, std::string(name) + "->struct_size is " + std::to_string(value.struct_size) +
+                               ", smaller than ABI 2.0's " + std::to_string(sizeof(T)) +
+                               " (fill the struct with its *_default function)");
+  }
+  return value;
+}
+
+/// Writes `value` into a caller's output struct, as much as its struct_size covers.
+template <typename T>
+void write_struct(T* out, T value, const char* function, const char* name) {
+  T& target = require(out, function, name);
+  if (target.struct_size < sizeof(std::size_t)) {
+    bad_argument(function, std::string(name) + "->struct_size is " + std::to_string(target.struct_size) +
+                               "; set it to sizeof the struct");
+  }
+  const std::size_t size = target.struct_size < sizeof(T) ? target.struct_size : sizeof(T);
+  value.struct_size = target.struct_size;
+  std::memcpy(static_cast<void*>(&target), &value, size);
+}
+
+riftco_transformer::ActivationCheckpointingKind policy(rt_activation_checkpointing kind, const char* function);
+riftco_transformer::FullSequenceAttentionKind attention(rt_attention kind, const char* function);
+rt_activation_checkpointing to_c(riftco_transformer::ActivationCheckpointingKind kind);
+rt_attention to_c(riftco_transformer::FullSequenceAttentionKind kind);
+riftco_transformer::TransformerDimensions dimensions(const rt_transformer_config& config);
+riftco_transformer::LoraConfig lora(const rt_lora_config& config, const char* function);
+/// Copies `text` and a NUL into buffer[0..size); `*needed` gets the size it needs.
+void copy_string(const std::string& text, char* buffer, std::size_t size, std::size_t* needed, const char* function);
+rt_variable* wrap(riftco_transformer::Variable variable);
+
+}  // namespace rt_c
+
+#include "c_api_guard.inl"

@@ -1,0 +1,173 @@
+// rt_* errors, version, defaults, enum and struct conversions.
+#include "c_api_common.hpp"
+#include "riftco_transformer/memory.hpp"
+
+namespace rt_c {
+namespace {
+thread_local std::string t_last_error;
+}  // namespace
+
+rt_status fail(rt_status status, const char* message) noexcept {
+  try {
+    t_last_error = message;
+  } catch (...) {
+    t_last_error.clear();  // no memory for the message: the status still says what happened
+  }
+  return status;
+}
+
+riftco_transformer::ActivationCheckpointingKind policy(rt_activation_checkpointing kind, const char* function) {
+  using riftco_transformer::ActivationCheckpointingKind;
+  switch (kind) {
+    case RT_ACTIVATION_CHECKPOINTING_DISABLED:
+      return ActivationCheckpointingKind::Disabled;
+    case RT_ACTIVATION_CHECKPOINTING_TRANSFORMER_BLOCK:
+      return ActivationCheckpointingKind::TransformerBlock;
+    case RT_ACTIVATION_CHECKPOINTING_BLOCK_SEGMENTS:
+      return ActivationCheckpointingKind::BlockSegments;
+  }
+  bad_argument(function, "activation checkpointing " + std::to_string(static_cast<int>(kind)) +
+                             " is not an rt_activation_checkpointing value (0 disabled, 1 transformer block, "
+                             "2 block segments)");
+}
+
+riftco_transformer::FullSequenceAttentionKind attention(rt_attention kind, const char* function) {
+  using riftco_transformer::FullSequenceAttentionKind;
+  switch (kind) {
+    case RT_ATTENTION_MATERIALIZED:
+      return FullSequenceAttentionKind::Materialized;
+    case RT_ATTENTION_FLASH:
+      return FullSequenceAttentionKind::Flash;
+  }
+  bad_argument(function, "attention " + std::to_string(static_cast<int>(kind)) +
+                             " is not an rt_attention value (0 materialized, 1 flash)");
+}
+
+rt_activation_checkpointing to_c(riftco_transformer::ActivationCheckpointingKind kind) {
+  return static_cast<rt_activation_checkpointing>(static_cast<int>(kind));
+}
+
+rt_attention to_c(riftco_transformer::FullSequenceAttentionKind kind) {
+  return kind == riftco_transformer::FullSequenceAttentionKind::Flash ? RT_ATTENTION_FLASH
+                                                                       : RT_ATTENTION_MATERIALIZED;
+}
+
+riftco_transformer::TransformerDimensions dimensions(const rt_transformer_config& c) {
+  return {c.vocab_size, c.context_length, c.model_width, c.heads, c.layers, c.feed_forward_width};
+}
+
+riftco_transformer::LoraConfig lora(const rt_lora_config& c, const char* function) {
+  using riftco_transformer::LoraTarget;
+  constexpr std::uint32_t kAll = RT_LORA_QUERY | RT_LORA_KEY | RT_LORA_VALUE | RT_LORA_OUTPUT | RT_LORA_GATE |
+                                 RT_LORA_UP | RT_LORA_DOWN;
+  if ((c.targets & ~kAll) != 0) {
+    bad_argument(function, "LoRA targets 0x" + std::to_string(c.targets) + " has bits that are not RT_LORA_* values");
+  }
+  riftco_transformer::LoraConfig out;
+  out.rank = c.rank;
+  out.alpha = c.alpha;
+  out.targets.clear();
+  const std::pair<std::uint32_t, LoraTarget> bits[] = {
+      {RT_LORA_QUERY, LoraTarget::Query}, {RT_LORA_KEY, LoraTarget::Key},   {RT_LORA_VALUE, LoraTarget::Value},
+      {RT_LORA_OUTPUT, LoraTarget::Output}, {RT_LORA_GATE, LoraTarget::Gate}, {RT_LORA_UP, LoraTarget::Up},
+      {RT_LORA_DOWN, LoraTarget::Down}};
+  for (const auto& [bit, target] : bits) {
+    if ((c.targets & bit) != 0) out.targets.push_back(target);
+  }
+  return out;  // validated (rank, alpha, targets non-empty) by the C++ side
+}
+
+void copy_string(const std::string& text, char* buffer, std::size_t size, std::size_t* needed, const char* function) {
+  if (needed != nullptr) *needed = text.size() + 1;
+  if (buffer == nullptr) bad_argument(function, "buffer is NULL");
+  if (size < text.size() + 1) {
+    bad_argument(function, "buffer of " + std::to_string(size) + " bytes is too small: " +
+                               std::to_string(text.size() + 1) + " needed");
+  }
+  std::memcpy(buffer, text.c_str(), text.size() + 1);
+}
+
+rt_variable* wrap(riftco_transformer::Variable variable) { return new rt_variable{std::move(variable)}; }
+
+const char* last_error() noexcept { return t_last_error.c_str(); }
+
+}  // namespace rt_c
+
+using namespace rt_c;
+namespace rt = riftco_transformer;
+
+extern "C" {
+
+const char* rt_last_error_message(void) { return last_error(); }
+
+const char* rt_status_name(rt_status status) {
+  switch (status) {
+    case RT_OK: return "RT_OK";
+    case RT_ERROR_INVALID_ARGUMENT: return "RT_ERROR_INVALID_ARGUMENT";
+    case RT_ERROR_VALUE: return "RT_ERROR_VALUE";
+    case RT_ERROR_SHAPE: return "RT_ERROR_SHAPE";
+    case RT_ERROR_BACKEND: return "RT_ERROR_BACKEND";
+    case RT_ERROR_STALE_GRAPH: return "RT_ERROR_STALE_GRAPH";
+    case RT_ERROR_CHECKPOINT_CONTRACT: return "RT_ERROR_CHECKPOINT_CONTRACT";
+    case RT_ERROR_BACKWARD: return "RT_ERROR_BACKWARD";
+    case RT_ERROR_MODEL_STATE: return "RT_ERROR_MODEL_STATE";
+    case RT_ERROR_DATA: return "RT_ERROR_DATA";
+    case RT_ERROR_RUNTIME: return "RT_ERROR_RUNTIME";
+    case RT_ERROR_OUT_OF_MEMORY: return "RT_ERROR_OUT_OF_MEMORY";
+    case RT_ERROR_INTERNAL: return "RT_ERROR_INTERNAL";
+  }
+  return "unknown";
+}
+
+uint32_t rt_abi_version(void) { return (RT_ABI_VERSION_MAJOR << 16) | RT_ABI_VERSION_MINOR; }
+
+rt_status rt_transformer_config_default(rt_transformer_config* config) {
+  return guard("rt_transformer_config_default", [&] {
+    require(config, "rt_transformer_config_default", "config");
+    const rt::TransformerDimensions d;
+    *config = {sizeof(rt_transformer_config), d.vocab_size, d.context_length, d.model_width, d.heads, d.layers,
+               d.feed_forward_width, 1.0e-5F};
+  });
+}
+
+rt_status rt_lora_config_default(rt_lora_config* config) {
+  return guard("rt_lora_config_default", [&] {
+    require(config, "rt_lora_config_default", "config");
+    const rt::LoraConfig d;
+    *config = {sizeof(rt_lora_config), d.rank, d.alpha, RT_LORA_QUERY | RT_LORA_VALUE};
+  });
+}
+
+rt_status rt_adam_options_default(rt_adam_options* options) {
+  return guard("rt_adam_options_default", [&] {
+    require(options, "rt_adam_options_default", "options");
+    const rt::AdamOptions d;
+    *options = {sizeof(rt_adam_options), d.learning_rate, d.beta1, d.beta2, d.epsilon, d.weight_decay, d.max_grad_norm};
+  });
+}
+
+rt_status rt_generation_options_default(rt_generation_options* options) {
+  return guard("rt_generation_options_default", [&] {
+    require(options, "rt_generation_options_default", "options");
+    const rt::GenerationOptions d;
+    *options = {sizeof(rt_generation_options), d.max_new_tokens, d.temperature, d.top_k, d.seed};
+  });
+}
+
+rt_status rt_memory_stats_get(rt_backend backend, rt_memory_stats* stats) {
+  return guard("rt_memory_stats_get", [&] {
+    if (backend != RT_BACKEND_CPU && backend != RT_BACKEND_CUDA) {
+      bad_argument("rt_memory_stats_get", "backend " + std::to_string(static_cast<int>(backend)) +
+                                              " is not an rt_backend value (0 cpu, 1 cuda)");
+    }
+    const rt::MemoryStats m = rt::memory_stats(backend == RT_BACKEND_CPU ? rt::Backend::Cpu : rt::Backend::Cuda);
+    write_struct(stats, rt_memory_stats{0, m.live_bytes, m.peak_bytes, m.allocation_count, m.free_count, m.reserved_bytes},
+                 "rt_memory_stats_get", "stats");
+  });
+}
+
+rt_status rt_reset_peak_memory(void) {
+  return guard("rt_reset_peak_memory", [] { rt::reset_peak_memory(); });
+}
+
+}  // extern "C"

@@ -1,0 +1,286 @@
+// rt_adam_*, rt_decode_session_*, rt_generate, rt_run_*: training and decoding.
+#include <cmath>
+#include <utility>
+
+#include "c_api_common.hpp"
+#include "riftco_transformer/pipelines.hpp"
+
+using namespace rt_c;
+namespace rt = riftco_transformer;
+
+namespace {
+
+const rt::DecoderOnlyTransformer& model_of(const rt_model* model, const char* function) {
+  const rt_model& m = require(model, function, "model");
+  if (!m.model) bad_argument(function, "model handle holds no model");
+  return *m.model;
+}
+
+rt::StageSettings stage_settings(const rt_stage_settings& c, const char* function) {
+  rt::StageSettings s;
+  s.attention = rt_c::attention(c.attention, function);
+  s.activation_checkpointing = policy(c.activation_checkpointing, function);
+  s.checkpoint_segment_blocks = c.checkpoint_segment_blocks;
+  s.dropout = c.dropout;
+  if (c.data != nullptr) s.data = c.data;
+  s.steps = c.steps;
+  s.batch = c.batch;
+  s.sequence_length = c.sequence_length;
+  s.learning_rate = c.learning_rate;
+  s.warmup_steps = c.warmup_steps;
+  s.min_learning_rate_ratio = c.min_learning_rate_ratio;
+  s.weight_decay = c.weight_decay;
+  s.max_grad_norm = c.max_grad_norm;
+  s.beta1 = c.beta1;
+  s.beta2 = c.beta2;
+  s.seed = c.seed;
+  s.eval_interval = c.eval_interval;
+  s.eval_batches = c.eval_batches;
+  s.checkpoint_interval = c.checkpoint_interval;
+  if (c.output_dir != nullptr && c.output_dir[0] != '\0') s.output_dir = c.output_dir;
+  s.resume = c.resume != 0;
+  return s;
+}
+
+rt_stage_settings stage_defaults(const rt::StageSettings& s) {
+  rt_stage_settings c{};
+  c.attention = to_c(s.attention);
+  c.activation_checkpointing = to_c(s.activation_checkpointing);
+  c.checkpoint_segment_blocks = s.checkpoint_segment_blocks;
+  c.dropout = s.dropout;
+  c.data = nullptr;
+  c.steps = s.steps;
+  c.batch = s.batch;
+  c.sequence_length = s.sequence_length;
+  c.learning_rate = s.learning_rate;
+  c.warmup_steps = s.warmup_steps;
+  c.min_learning_rate_ratio = s.min_learning_rate_ratio;
+  c.weight_decay = s.weight_decay;
+  c.max_grad_norm = s.max_grad_norm;
+  c.beta1 = s.beta1;
+  c.beta2 = s.beta2;
+  c.seed = s.seed;
+  c.eval_interval = s.eval_interval;
+  c.eval_batches = s.eval_batches;
+  c.checkpoint_interval = s.checkpoint_interval;
+  c.output_dir = nullptr;  // the C++ default, runs/run
+  c.resume = s.resume ? 1 : 0;
+  return c;
+}
+
+rt::ProgressCallback progress_of(rt_progress_fn progress, void* user_data) {
+  if (progress == nullptr) return {};
+  return [progress, user_data](const rt::StepReport& r) {
+    rt_step_report c{sizeof(rt_step_report), r.step, r.total_steps, r.loss, r.validation_loss ? 1 : 0,
+                     r.validation_loss.value_or(0.0F), r.learning_rate, r.grad_norm, r.tokens_per_second,
+                     r.elapsed_seconds, r.eta_seconds, r.peak_bytes};
+    return progress(&c, user_data) == 0;
+  };
+}
+
+void write_result(const rt::RunResult& r, rt_run_result* out, const char* function) {
+  rt_run_result c{};
+  c.completed = r.completed ? 1 : 0;
+  c.steps = r.steps;
+  c.resumed_from_step = r.resumed_from_step;
+  c.final_train_loss = r.final_train_loss;
+  c.final_validation_loss = r.final_validation_loss;
+  c.tokens_per_second = r.tokens_per_second;
+  c.peak_bytes = r.peak_bytes;
+  const std::string dir = r.output_dir.string();
+  const std::string weights = r.weights.string();
+  if (dir.size() >= RT_PATH_CAPACITY || weights.size() >= RT_PATH_CAPACITY) {
+    bad_argument(function, "an output path is longer than RT_PATH_CAPACITY - 1 bytes");
+  }
+  std::memcpy(c.output_dir, dir.c_str(), dir.size() + 1);
+  std::memcpy(c.weights, weights.c_str(), weights.size() + 1);
+  write_struct(out, c, function, "result");
+}
+
+}  // namespace
+
+extern "C" {
+
+rt_status rt_adam_create(rt_model* model, const rt_adam_options* options, rt_adam** out) {
+  constexpr const char* f = "rt_adam_create";
+  return guard(f, [&] {
+    const rt::DecoderOnlyTransformer& m = model_of(model, f);
+    const rt_adam_options& o = require_struct(options, f, "options");
+    require(out, f, "out");
+    std::vector<rt::Variable> params;
+    for (const auto& list : {m.parameters(), m.lora_parameters()}) {
+      for (const rt::NamedParameter& p : list) {
+        if (p.variable.requires_grad()) params.push_back(p.variable);
+      }
+    }
+    rt::AdamOptions a;
+    a.learning_rate = o.learning_rate;
+    a.beta1 = o.beta1;
+    a.beta2 = o.beta2;
+    a.epsilon = o.epsilon;
+    a.weight_decay = o.weight_decay;
+    a.max_grad_norm = o.max_grad_norm;
+    *out = new rt_adam{rt::Adam(std::move(params), a)};
+  });
+}
+
+rt_status rt_adam_destroy(rt_adam* adam) {
+  delete adam;
+  return RT_OK;
+}
+
+rt_status rt_adam_step(rt_adam* adam, float* grad_norm) {
+  constexpr const char* f = "rt_adam_step";
+  return guard(f, [&] {
+    const float norm = require(adam, f, "adam").adam.step();
+    if (grad_norm != nullptr) *grad_norm = norm;
+  });
+}
+
+rt_status rt_adam_zero_grad(rt_adam* adam) {
+  constexpr const char* f = "rt_adam_zero_grad";
+  return guard(f, [&] { require(adam, f, "adam").adam.zero_grad(); });
+}
+
+rt_status rt_adam_set_learning_rate(rt_adam* adam, float learning_rate) {
+  constexpr const char* f = "rt_adam_set_learning_rate";
+  return guard(f, [&] { require(adam, f, "adam").adam.set_learning_rate(learning_rate); });
+}
+
+rt_status rt_decode_session_create(const rt_model* model, rt_decode_session** out) {
+  constexpr const char* f = "rt_decode_session_create";
+  return guard(f, [&] {
+    const rt::DecoderOnlyTransformer& m = model_of(model, f);
+    require(out, f, "out");
+    *out = new rt_decode_session{rt::DecodeSession(m)};
+  });
+}
+
+rt_status rt_decode_session_destroy(rt_decode_session* session) {
+  delete session;
+  return RT_OK;
+}
+
+rt_status rt_decode_session_decode(rt_decode_session* session, int32_t token, float* logits, size_t count) {
+  constexpr const char* f = "rt_decode_session_decode";
+  return guard(f, [&] {
+    rt::DecodeSession& s = require(session, f, "session").session;
+    require(logits, f, "logits");
+    const std::int64_t vocab = s.vocab_size();
+    if (static_cast<std::int64_t>(count) != vocab) {
+      bad_argument(f, "count is " + std::to_string(count) + " but the vocabulary is " + std::to_string(vocab));
+    }
+    const rt::Tensor out = s.decode_token(token);
+    std::memcpy(logits, out.data(), count * sizeof(float));
+  });
+}
+
+rt_status rt_decode_session_reset(rt_decode_session* session) {
+  constexpr const char* f = "rt_decode_session_reset";
+  return guard(f, [&] { require(session, f, "session").session.reset(); });
+}
+
+rt_status rt_decode_session_position(const rt_decode_session* session, int64_t* position) {
+  constexpr const char* f = "rt_decode_session_position";
+  return guard(f, [&] {
+    const rt::DecodeSession& s = require(session, f, "session").session;
+    require(position, f, "position") = s.position();
+  });
+}
+
+rt_status rt_generate(const rt_model* model, const int32_t* prompt, size_t prompt_length,
+                      const rt_generation_options* options, int32_t* tokens, size_t capacity, size_t* count,
+                      int* reached_context) {
+  constexpr const char* f = "rt_generate";
+  return guard(f, [&] {
+    const rt::DecoderOnlyTransformer& m = model_of(model, f);
+    const rt_generation_options& o = require_struct(options, f, "options");
+    if (prompt_length > 0) require(prompt, f, "prompt");
+    require(tokens, f, "tokens");
+    require(count, f, "count");
+    if (o.max_new_tokens < 0 || capacity < static_cast<std::uint64_t>(o.max_new_tokens)) {
+      bad_argument(f, "capacity " + std::to_string(capacity) + " is smaller than max_new_tokens " +
+                          std::to_string(o.max_new_tokens));
+    }
+    rt::GenerationOptions g;
+    g.max_new_tokens = o.max_new_tokens;
+    g.temperature = o.temperature;
+    g.top_k = o.top_k;
+    g.seed = o.seed;
+    const rt::GenerationResult r = rt::generate(m, std::span<const std::int32_t>(prompt, prompt_length), g);
+    std::copy(r.tokens.begin(), r.tokens.end(), tokens);
+    *count = r.tokens.size();
+    if (reached_context != nullptr) *reached_context = r.reached_context ? 1 : 0;
+  });
+}
+
+rt_status rt_pretraining_config_default(rt_pretraining_config* config) {
+  constexpr const char* f = "rt_pretraining_config_default";
+  return guard(f, [&] {
+    require(config, f, "config");
+    const rt::PretrainingConfig d;
+    rt_pretraining_config c{};
+    c.struct_size = sizeof(rt_pretraining_config);
+    c.stage = stage_defaults(d);
+    c.model = {sizeof(rt_transformer_config), d.dimensions.vocab_size, d.dimensions.context_length,
+               d.dimensions.model_width, d.dimensions.heads, d.dimensions.layers, d.dimensions.feed_forward_width,
+               d.norm_epsilon};
+    c.validation_fraction = d.validation_fraction;
+    *config = c;
+  });
+}
+
+rt_status rt_post_training_config_default(rt_post_training_config* config) {
+  constexpr const char* f = "rt_post_training_config_default";
+  return guard(f, [&] {
+    require(config, f, "config");
+    const rt::PostTrainingConfig d;
+    rt_post_training_config c{};
+    c.struct_size = sizeof(rt_post_training_config);
+    c.stage = stage_defaults(d);
+    c.base_model = nullptr;
+    c.allow_non_finite = 0;
+    c.fine_tuning_method = RT_FINE_TUNING_LORA;
+    rt_lora_config_default(&c.lora);
+    *config = c;
+  });
+}
+
+rt_status rt_run_pretraining(const rt_pretraining_config* config, rt_progress_fn progress, void* user_data,
+                             rt_run_result* result) {
+  constexpr const char* f = "rt_run_pretraining";
+  return guard(f, [&] {
+    const rt_pretraining_config& c = require_struct(config, f, "config");
+    const rt_transformer_config& m = require_struct(&c.model, f, "config->model");
+    require(result, f, "result");
+    rt::PretrainingConfig p;
+    static_cast<rt::StageSettings&>(p) = stage_settings(c.stage, f);
+    p.dimensions = dimensions(m);
+    p.norm_epsilon = m.norm_epsilon;
+    p.validation_fraction = c.validation_fraction;
+    write_result(rt::run_pretraining(p, progress_of(progress, user_data)), result, f);
+  });
+}
+
+rt_status rt_run_post_training(const rt_post_training_config* config, rt_progress_fn progress, void* user_data,
+                               rt_run_result* result) {
+  constexpr const char* f = "rt_run_post_training";
+  return guard(f, [&] {
+    const rt_post_training_config& c = require_struct(config, f, "config");
+    require(result, f, "result");
+    if (c.fine_tuning_method != RT_FINE_TUNING_LORA && c.fine_tuning_method != RT_FINE_TUNING_FULL) {
+      bad_argument(f, "fine_tuning_method " + std::to_string(static_cast<int>(c.fine_tuning_method)) +
+                          " is not an rt_fine_tuning_method value (0 lora, 1 full)");
+    }
+    rt::PostTrainingConfig p;
+    static_cast<rt::StageSettings&>(p) = stage_settings(c.stage, f);
+    if (c.base_model != nullptr) p.base_model = c.base_model;
+    p.allow_non_finite = c.allow_non_finite != 0;
+    p.fine_tuning_method =
+        c.fine_tuning_method == RT_FINE_TUNING_FULL ? rt::FineTuningMethod::Full : rt::FineTuningMethod::Lora;
+    if (p.fine_tuning_method == rt::FineTuningMethod::Lora) p.lora = lora(require_struct(&c.lora, f, "config->lora"), f);
+    write_result(rt::run_post_training(p, progress_of(progress, user_data)), result, f);
+  });
+}
+
+}  // extern "C"

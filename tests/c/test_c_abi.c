@@ -1,0 +1,545 @@
+/* The C ABI 2.0 from C11: every function, the policy parity through the ABI,
+ * graph lifetime after rt_model_destroy, decode independence of the policy,
+ * and every documented error status (NULL handles, bad enums, wrong buffer
+ * sizes, stale graphs, corrupt files), each leaving the handles usable.
+ * Prints "N passed, N failed" and exits non-zero on any failure. */
+#define _POSIX_C_SOURCE 200809L
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "riftco_transformer/rt.h"
+
+static int g_passed = 0;
+static int g_failed = 0;
+
+#define CHECK(cond)                                                                  \
+  do {                                                                               \
+    if (cond) {                                                                      \
+      ++g_passed;                                                                    \
+    } else {                                                                         \
+      ++g_failed;                                                                    \
+      fprintf(stderr, "%s:%d: CHECK(%s) failed; last error: %s\n", __FILE__, __LINE__, #cond, \
+              rt_last_error_message());                                              \
+    }                                                                                \
+  } while (0)
+
+/* A call that must succeed. */
+#define OK(call) CHECK((call) == RT_OK)
+/* A call that must fail with `status` and a message containing `needle`. */
+#define FAILS(call, status, needle)                                                    \
+  do {                                                                                 \
+    rt_status s_ = (call);                                                             \
+    CHECK(s_ == (status));                                                             \
+    if (s_ != (status)) fprintf(stderr, "  got %s\n", rt_status_name(s_));             \
+    CHECK(strstr(rt_last_error_message(), (needle)) != NULL);                          \
+  } while (0)
+
+static char g_dir[256];
+
+static const char* path_in(const char* name) {
+  static char buffer[4][512];
+  static int next = 0;
+  char* out = buffer[next++ % 4];
+  snprintf(out, 512, "%s/%s", g_dir, name);
+  return out;
+}
+
+static rt_transformer_config tiny_config(void) {
+  rt_transformer_config c;
+  rt_transformer_config_default(&c);
+  c.vocab_size = 256;
+  c.context_length = 16;
+  c.model_width = 16;
+  c.heads = 2;
+  c.layers = 3;
+  c.feed_forward_width = 24;
+  return c;
+}
+
+enum { B = 2, T = 8 };
+static int32_t g_tokens[B * T];
+static int32_t g_targets[B * T];
+
+static void make_batch(void) {
+  for (int i = 0; i < B * T; ++i) {
+    g_tokens[i] = (int32_t)((i * 37 + 11) % 256);
+    g_targets[i] = (int32_t)((i * 53 + 7) % 256);
+  }
+}
+
+/* Loss and every parameter gradient, concatenated, for one policy. */
+static float* loss_and_gradients(rt_activation_checkpointing policy, rt_attention attention, float* loss_out,
+                                 size_t* total_out) {
+  rt_transformer_config c = tiny_config();
+  rt_model* model = NULL;
+  OK(rt_model_create(&c, 42, attention, policy, &model));
+  rt_variable* loss = NULL;
+  OK(rt_model_loss(model, g_tokens, g_targets, B, T, &loss));
+  OK(rt_variable_item(loss, loss_out));
+  OK(rt_variable_backward(loss));
+  size_t count = 0;
+  OK(rt_model_parameter_count(model, &count));
+  int64_t elements = 0;
+  OK(rt_model_parameter_elements(model, &elements));
+  float* all = malloc(sizeof(float) * (size_t)elements);
+  size_t offset = 0;
+  for (size_t i = 0; i < count; ++i) {
+    char name[128];
+    OK(rt_model_parameter_name(model, i, name, sizeof name, NULL));
+    rt_variable* p = NULL;
+    OK(rt_model_parameter(model, name, &p));
+    int64_t n = 0;
+    OK(rt_variable_numel(p, &n));
+    int has = 0;
+    OK(rt_variable_grad(p, all + offset, (size_t)n, &has));
+    CHECK(has == 1);
+    offset += (size_t)n;
+    rt_variable_destroy(p);
+  }
+  CHECK((int64_t)offset == elements);
+  *total_out = offset;
+  rt_variable_destroy(loss);
+  rt_model_destroy(model);
+  return all;
+}
+
+static void test_version_and_names(void) {
+  CHECK(rt_abi_version() == ((2u << 16) | 0u));
+  CHECK(RT_ABI_VERSION_MAJOR == 2 && RT_ABI_VERSION_MINOR == 0);
+  CHECK(strcmp(rt_status_name(RT_ERROR_STALE_GRAPH), "RT_ERROR_STALE_GRAPH") == 0);
+  CHECK(strcmp(rt_status_name((rt_status)99), "unknown") == 0);
+}
+
+static void test_policy_and_parity(void) {
+  rt_transformer_config c = tiny_config();
+  rt_model* model = NULL;
+  OK(rt_model_create(&c, 1, RT_ATTENTION_FLASH, RT_ACTIVATION_CHECKPOINTING_TRANSFORMER_BLOCK, &model));
+  rt_activation_checkpointing kind = RT_ACTIVATION_CHECKPOINTING_DISABLED;
+  OK(rt_model_activation_checkpointing(model, &kind));
+  CHECK(kind == RT_ACTIVATION_CHECKPOINTING_TRANSFORMER_BLOCK);
+  OK(rt_model_set_activation_checkpointing(model, RT_ACTIVATION_CHECKPOINTING_DISABLED));
+  OK(rt_model_activation_checkpointing(model, &kind));
+  CHECK(kind == RT_ACTIVATION_CHECKPOINTING_DISABLED);
+  OK(rt_model_set_activation_checkpointing(model, RT_ACTIVATION_CHECKPOINTING_BLOCK_SEGMENTS));
+  OK(rt_model_set_checkpoint_segment_blocks(model, 2));
+  rt_attention attention = RT_ATTENTION_MATERIALIZED;
+  OK(rt_model_attention(model, &attention));
+  CHECK(attention == RT_ATTENTION_FLASH);
+  OK(rt_model_set_attention(model, RT_ATTENTION_MATERIALIZED));
+  OK(rt_model_attention(model, &attention));
+  CHECK(attention == RT_ATTENTION_MATERIALIZED);
+  /* Bad enums: refused by name, the model unchanged and usable. */
+  FAILS(rt_model_set_activation_checkpointing(model, (rt_activation_checkpointing)7), RT_ERROR_INVALID_ARGUMENT,
+        "activation checkpointing 7");
+  FAILS(rt_model_set_attention(model, (rt_attention)-1), RT_ERROR_INVALID_ARGUMENT, "attention -1");
+  OK(rt_model_activation_checkpointing(model, &kind));
+  CHECK(kind == RT_ACTIVATION_CHECKPOINTING_BLOCK_SEGMENTS);
+  rt_transformer_config back;
+  back.struct_size = sizeof back;
+  OK(rt_model_config(model, &back));
+  CHECK(back.layers == 3 && back.model_width == 16 && back.norm_epsilon == c.norm_epsilon);
+  OK(rt_model_set_dropout(model, 0.0f, 3));
+  OK(rt_model_set_training(model, 1));
+  FAILS(rt_model_set_dropout(model, 1.5f, 3), RT_ERROR_VALUE, "set_dropout");
+  rt_model_destroy(model);
+
+  /* Loss and every gradient bit-identical between the three policies. */
+  for (int a = 0; a < 2; ++a) {
+    rt_attention att = a == 0 ? RT_ATTENTION_MATERIALIZED : RT_ATTENTION_FLASH;
+    float loss[3];
+    size_t n[3];
+    float* grads[3];
+    grads[0] = loss_and_gradients(RT_ACTIVATION_CHECKPOINTING_DISABLED, att, &loss[0], &n[0]);
+    grads[1] = loss_and_gradients(RT_ACTIVATION_CHECKPOINTING_TRANSFORMER_BLOCK, att, &loss[1], &n[1]);
+    grads[2] = loss_and_gradients(RT_ACTIVATION_CHECKPOINTING_BLOCK_SEGMENTS, att, &loss[2], &n[2]);
+    for (int k = 1; k < 3; ++k) {
+      CHECK(memcmp(&loss[0], &loss[k], sizeof(float)) == 0);
+      CHECK(n[0] == n[k] && memcmp(grads[0], grads[k], n[0] * sizeof(float)) == 0);
+    }
+    for (int k = 0; k < 3; ++k) free(grads[k]);
+  }
+}
+
+static void test_graph_lifetime(void) {
+  rt_transformer_config c = tiny_config();
+  rt_model* model = NULL;
+  OK(rt_model_create(&c, 5, RT_ATTENTION_FLASH, RT_ACTIVATION_CHECKPOINTING_TRANSFORMER_BLOCK, &model));
+  rt_variable* loss = NULL;
+  OK(rt_model_loss(model, g_tokens, g_targets, B, T, &loss));
+  rt_decode_session* session = NULL;
+  OK(rt_decode_session_create(model, &session));
+  OK(rt_model_destroy(model)); /* the loss and the session keep what they need */
+  OK(rt_variable_backward(loss));
+  size_t leaves = 0;
+  OK(rt_variable_leaf_count(loss, &leaves));
+  CHECK(leaves == 3 + 9 * 3); /* embedding, final norm, head + nine per block */
+  for (size_t i = 0; i < leaves; ++i) {
+    rt_variable* leaf = NULL;
+    OK(rt_variable_leaf(loss, i, &leaf));
+    int64_t numel = 0;
+    OK(rt_variable_numel(leaf, &numel));
+    float* g = malloc(sizeof(float) * (size_t)numel);
+    int has = 0;
+    OK(rt_variable_grad(leaf, g, (size_t)numel, &has));
+    CHECK(has == 1);
+    if (i == 0) {
+      char name[128];
+      size_t needed = 0;
+      OK(rt_variable_name(leaf, name, sizeof name, &needed));
+      CHECK(needed == strlen(name) + 1 && strlen(name) > 0);
+    }
+    free(g);
+    rt_variable_destroy(leaf);
+  }
+  rt_variable* out_of_range = NULL;
+  FAILS(rt_variable_leaf(loss, leaves, &out_of_range), RT_ERROR_INVALID_ARGUMENT, "out of range");
+  float logits[256];
+  OK(rt_decode_session_decode(session, 1, logits, 256));
+  rt_decode_session_destroy(session);
+  rt_variable_destroy(loss);
+}
+
+static void test_decode_ignores_the_policy(void) {
+  rt_transformer_config c = tiny_config();
+  rt_model* model = NULL;
+  OK(rt_model_create(&c, 9, RT_ATTENTION_FLASH, RT_ACTIVATION_CHECKPOINTING_DISABLED, &model));
+  rt_decode_session* a = NULL;
+  rt_decode_session* b = NULL;
+  OK(rt_decode_session_create(model, &a));
+  OK(rt_decode_session_create(model, &b));
+  float la[256], lb[256];
+  OK(rt_decode_session_decode(a, 3, la, 256));
+  OK(rt_decode_session_decode(b, 3, lb, 256));
+  OK(rt_model_set_activation_checkpointing(model, RT_ACTIVATION_CHECKPOINTING_TRANSFORMER_BLOCK));
+  OK(rt_decode_session_decode(b, 4, lb, 256));
+  OK(rt_model_set_activation_checkpointing(model, RT_ACTIVATION_CHECKPOINTING_DISABLED));
+  OK(rt_decode_session_decode(a, 4, la, 256));
+  CHECK(memcmp(la, lb, sizeof la) == 0);
+  int64_t position = 0;
+  OK(rt_decode_session_position(a, &position));
+  CHECK(position == 2);
+  FAILS(rt_decode_session_decode(a, 5, la, 255), RT_ERROR_INVALID_ARGUMENT, "vocabulary is 256");
+  FAILS(rt_decode_session_decode(a, 300, la, 256), RT_ERROR_VALUE, "outside the vocabulary");
+  OK(rt_decode_session_reset(a));
+  OK(rt_decode_session_position(a, &position));
+  CHECK(position == 0);
+  /* A changed weight makes the cache stale; reset accepts it. */
+  rt_variable* w = NULL;
+  OK(rt_model_parameter(model, "lm_head.weight", &w));
+  int64_t n = 0;
+  OK(rt_variable_numel(w, &n));
+  float* values = malloc(sizeof(float) * (size_t)n);
+  OK(rt_variable_value(w, values, (size_t)n));
+  values[0] += 1.0f;
+  OK(rt_variable_set_value(w, values, (size_t)n));
+  FAILS(rt_decode_session_decode(b, 1, lb, 256), RT_ERROR_STALE_GRAPH, "reset()");
+  OK(rt_decode_session_reset(b));
+  OK(rt_decode_session_decode(b, 1, lb, 256));
+  free(values);
+  rt_variable_destroy(w);
+  rt_decode_session_destroy(a);
+  rt_decode_session_destroy(b);
+  rt_model_destroy(model);
+}
+
+static void test_errors_leave_handles_usable(void) {
+  rt_transformer_config c = tiny_config();
+  rt_model* model = NULL;
+  /* NULL pointers and bad struct sizes. */
+  FAILS(rt_model_create(NULL, 1, RT_ATTENTION_FLASH, RT_ACTIVATION_CHECKPOINTING_DISABLED, &model),
+        RT_ERROR_INVALID_ARGUMENT, "config is NULL");
+  FAILS(rt_model_create(&c, 1, RT_ATTENTION_FLASH, RT_ACTIVATION_CHECKPOINTING_DISABLED, NULL),
+        RT_ERROR_INVALID_ARGUMENT, "out is NULL");
+  rt_transformer_config small = c;
+  small.struct_size = 8;
+  FAILS(rt_model_create(&small, 1, RT_ATTENTION_FLASH, RT_ACTIVATION_CHECKPOINTING_DISABLED, &model),
+        RT_ERROR_INVALID_ARGUMENT, "struct_size");
+  FAILS(rt_model_create(&c, 1, (rt_attention)9, RT_ACTIVATION_CHECKPOINTING_DISABLED, &model),
+        RT_ERROR_INVALID_ARGUMENT, "attention 9");
+  rt_transformer_config odd = c;
+  odd.heads = 3;
+  FAILS(rt_model_create(&odd, 1, RT_ATTENTION_FLASH, RT_ACTIVATION_CHECKPOINTING_DISABLED, &model), RT_ERROR_VALUE,
+        "divisible by heads");
+  CHECK(model == NULL);
+  FAILS(rt_model_set_activation_checkpointing(NULL, RT_ACTIVATION_CHECKPOINTING_DISABLED), RT_ERROR_INVALID_ARGUMENT,
+        "model is NULL");
+  FAILS(rt_variable_backward(NULL), RT_ERROR_INVALID_ARGUMENT, "variable is NULL");
+  FAILS(rt_adam_step(NULL, NULL), RT_ERROR_INVALID_ARGUMENT, "adam is NULL");
+  FAILS(rt_decode_session_reset(NULL), RT_ERROR_INVALID_ARGUMENT, "session is NULL");
+  CHECK(rt_model_destroy(NULL) == RT_OK && rt_variable_destroy(NULL) == RT_OK && rt_adam_destroy(NULL) == RT_OK &&
+        rt_decode_session_destroy(NULL) == RT_OK);
+
+  OK(rt_model_create(&c, 1, RT_ATTENTION_FLASH, RT_ACTIVATION_CHECKPOINTING_TRANSFORMER_BLOCK, &model));
+  /* Buffers of the wrong size. */
+  char tiny_name[4];
+  size_t needed = 0;
+  FAILS(rt_model_parameter_name(model, 0, tiny_name, sizeof tiny_name, &needed), RT_ERROR_INVALID_ARGUMENT,
+        "too small");
+  CHECK(needed == strlen("token_embedding.weight") + 1);
+  FAILS(rt_model_parameter_name(model, 999, tiny_name, sizeof tiny_name, NULL), RT_ERROR_INVALID_ARGUMENT,
+        "out of range");
+  rt_variable* loss = NULL;
+  FAILS(rt_model_loss(model, g_tokens, NULL, B, T, &loss), RT_ERROR_INVALID_ARGUMENT, "targets is NULL");
+  FAILS(rt_model_loss(model, g_tokens, g_targets, 0, T, &loss), RT_ERROR_INVALID_ARGUMENT, "must be > 0");
+  FAILS(rt_model_loss(model, g_tokens, g_targets, 1, 17, &loss), RT_ERROR_SHAPE, "context length");
+  OK(rt_model_loss(model, g_tokens, g_targets, B, T, &loss));
+  float value[4];
+  FAILS(rt_variable_value(loss, value, 4), RT_ERROR_INVALID_ARGUMENT, "has 1 elements");
+  int64_t dims[1];
+  size_t ndim = 9;
+  OK(rt_variable_ndim(loss, &ndim));
+  CHECK(ndim == 0);
+  OK(rt_variable_shape(loss, dims, 0));
+  FAILS(rt_variable_set_value(loss, value, 1), RT_ERROR_VALUE, "not a leaf");
+  rt_variable* logits = NULL;
+  OK(rt_model_forward(model, g_tokens, B, T, &logits));
+  OK(rt_variable_ndim(logits, &ndim));
+  CHECK(ndim == 3);
+  FAILS(rt_variable_shape(logits, dims, 1), RT_ERROR_INVALID_ARGUMENT, "max_dims is 1");
+  int64_t shape3[3];
+  OK(rt_variable_shape(logits, shape3, 3));
+  CHECK(shape3[0] == B && shape3[1] == T && shape3[2] == 256);
+  int64_t nodes = 0, elements = 0;
+  OK(rt_variable_graph_statistics(logits, &nodes, &elements));
+  CHECK(nodes > 0 && elements > 0);
+  rt_variable_destroy(logits);
+
+  /* A stale graph: a weight changed after the forward. */
+  rt_variable* w = NULL;
+  OK(rt_model_parameter(model, "blocks.1.mlp.up.weight", &w));
+  int64_t n = 0;
+  OK(rt_variable_numel(w, &n));
+  float* values = malloc(sizeof(float) * (size_t)n);
+  OK(rt_variable_value(w, values, (size_t)n));
+  OK(rt_variable_set_value(w, values, (size_t)n));
+  FAILS(rt_variable_backward(loss), RT_ERROR_STALE_GRAPH, "stale graph");
+  int has = 1;
+  OK(rt_variable_grad(w, values, (size_t)n, &has));
+  CHECK(has == 0); /* nothing was committed */
+  rt_variable* fresh = NULL;
+  OK(rt_model_loss(model, g_tokens, g_targets, B, T, &fresh));
+  OK(rt_variable_backward(fresh));
+  OK(rt_variable_grad(w, values, (size_t)n, &has));
+  CHECK(has == 1);
+  rt_variable* missing = NULL;
+  FAILS(rt_model_parameter(model, "no.such.weight", &missing), RT_ERROR_VALUE, "no.such.weight");
+  free(values);
+  rt_variable_destroy(w);
+  rt_variable_destroy(fresh);
+  rt_variable_destroy(loss);
+
+  /* Corrupt and missing files. */
+  FILE* f = fopen(path_in("corrupt.safetensors"), "wb");
+  fputs("\x10\x00\x00\x00\x00\x00\x00\x00{\"a\": [[[[[[[[", f);
+  fclose(f);
+  rt_model* loaded = NULL;
+  FAILS(rt_model_load_new(path_in("corrupt.safetensors"), RT_ATTENTION_FLASH, RT_ACTIVATION_CHECKPOINTING_DISABLED,
+                          0, &loaded),
+        RT_ERROR_MODEL_STATE, "corrupt.safetensors");
+  FAILS(rt_model_load(model, path_in("missing.safetensors"), 0), RT_ERROR_MODEL_STATE, "cannot open");
+  FAILS(rt_model_load(model, path_in("corrupt.safetensors"), 0x80), RT_ERROR_INVALID_ARGUMENT, "RT_LOAD_");
+  FAILS(rt_model_load(model, NULL, 0), RT_ERROR_INVALID_ARGUMENT, "path is NULL");
+  rt_activation_checkpointing kind;
+  OK(rt_model_activation_checkpointing(model, &kind));
+  CHECK(kind == RT_ACTIVATION_CHECKPOINTING_TRANSFORMER_BLOCK);
+  rt_model_destroy(model);
+}
+
+static void test_training_lora_and_files(void) {
+  rt_transformer_config c = tiny_config();
+  rt_model* model = NULL;
+  OK(rt_model_create(&c, 11, RT_ATTENTION_FLASH, RT_ACTIVATION_CHECKPOINTING_TRANSFORMER_BLOCK, &model));
+  rt_adam_options options;
+  OK(rt_adam_options_default(&options));
+  options.learning_rate = 1e-2f;
+  rt_adam* adam = NULL;
+  OK(rt_adam_create(model, &options, &adam));
+  float first = 0.0f, last = 0.0f;
+  for (int step = 0; step < 5; ++step) {
+    rt_variable* loss = NULL;
+    OK(rt_model_loss(model, g_tokens, g_targets, B, T, &loss));
+    OK(rt_variable_item(loss, step == 0 ? &first : &last));
+    OK(rt_variable_backward(loss));
+    float norm = 0.0f;
+    OK(rt_adam_step(adam, &norm));
+    CHECK(norm > 0.0f);
+    OK(rt_adam_zero_grad(adam));
+    rt_variable_destroy(loss);
+  }
+  CHECK(last < first);
+  OK(rt_adam_set_learning_rate(adam, 5e-3f));
+  FAILS(rt_adam_set_learning_rate(adam, -1.0f), RT_ERROR_VALUE, "learning_rate");
+  rt_adam_destroy(adam);
+
+  OK(rt_model_save(model, path_in("model.safetensors")));
+  rt_model* copy = NULL;
+  OK(rt_model_load_new(path_in("model.safetensors"), RT_ATTENTION_MATERIALIZED, RT_ACTIVATION_CHECKPOINTING_DISABLED,
+                       0, &copy));
+  char fa[17], fb[17];
+  OK(rt_model_fingerprint(model, fa, sizeof fa));
+  OK(rt_model_fingerprint(copy, fb, sizeof fb));
+  CHECK(strlen(fa) == 16 && strcmp(fa, fb) == 0);
+  FAILS(rt_model_fingerprint(model, fa, 16), RT_ERROR_INVALID_ARGUMENT, "too small");
+  OK(rt_model_load(copy, path_in("model.safetensors"), RT_LOAD_ALLOW_NON_FINITE));
+
+  /* LoRA: add, train the adapters only, save, load into the copy, deactivate, merge. */
+  rt_lora_config lora;
+  OK(rt_lora_config_default(&lora));
+  lora.rank = 2;
+  lora.targets = RT_LORA_QUERY | RT_LORA_DOWN;
+  int has_lora = 1;
+  OK(rt_model_has_lora(model, &has_lora));
+  CHECK(has_lora == 0);
+  lora.targets = 0x100;
+  FAILS(rt_model_add_lora(model, &lora, 3), RT_ERROR_INVALID_ARGUMENT, "RT_LORA_");
+  lora.targets = RT_LORA_QUERY | RT_LORA_DOWN;
+  OK(rt_model_add_lora(model, &lora, 3));
+  OK(rt_model_set_base_trainable(model, 0));
+  OK(rt_adam_create(model, &options, &adam));
+  rt_variable* loss = NULL;
+  OK(rt_model_loss(model, g_tokens, g_targets, B, T, &loss));
+  OK(rt_variable_backward(loss));
+  OK(rt_adam_step(adam, NULL));
+  rt_variable_destroy(loss);
+  rt_adam_destroy(adam);
+  OK(rt_model_save_adapter(model, path_in("adapter.safetensors")));
+  OK(rt_model_load_adapter(copy, path_in("adapter.safetensors"), 0));
+  OK(rt_model_has_lora(copy, &has_lora));
+  CHECK(has_lora == 1);
+  rt_variable *la = NULL, *lb = NULL;
+  OK(rt_model_loss(model, g_tokens, g_targets, B, T, &la));
+  OK(rt_model_loss(copy, g_tokens, g_targets, B, T, &lb));
+  float va = 0.0f, vb = 0.0f;
+  OK(rt_variable_item(la, &va));
+  OK(rt_variable_item(lb, &vb));
+  CHECK(fabsf(va - vb) < 1e-5f);
+  rt_variable_destroy(la);
+  rt_variable_destroy(lb);
+  OK(rt_model_set_lora_active(copy, 0));
+  FAILS(rt_model_merge_lora(copy), RT_ERROR_VALUE, "inactive");
+  OK(rt_model_set_lora_active(copy, 1));
+  OK(rt_model_merge_lora(copy));
+  OK(rt_model_has_lora(copy, &has_lora));
+  CHECK(has_lora == 0);
+  OK(rt_model_loss(copy, g_tokens, g_targets, B, T, &lb));
+  OK(rt_variable_item(lb, &vb));
+  CHECK(fabsf(va - vb) < 1e-4f);
+  rt_variable_destroy(lb);
+  /* The adapter knows its base: refused on another, accepted with the flag. */
+  rt_model* other = NULL;
+  OK(rt_model_create(&c, 12, RT_ATTENTION_FLASH, RT_ACTIVATION_CHECKPOINTING_DISABLED, &other));
+  FAILS(rt_model_load_adapter(other, path_in("adapter.safetensors"), 0), RT_ERROR_MODEL_STATE, "fingerprint");
+  OK(rt_model_load_adapter(other, path_in("adapter.safetensors"), RT_LOAD_ALLOW_BASE_MISMATCH));
+  OK(rt_model_remove_lora(other));
+  rt_model_destroy(other);
+
+  /* generate */
+  rt_generation_options g;
+  OK(rt_generation_options_default(&g));
+  g.max_new_tokens = 5;
+  g.seed = 4;
+  int32_t prompt[2] = {72, 105};
+  int32_t out[5];
+  size_t count = 0;
+  int reached = 7;
+  OK(rt_generate(model, prompt, 2, &g, out, 5, &count, &reached));
+  CHECK(count == 5 && reached == 0);
+  int32_t again[5];
+  OK(rt_generate(model, prompt, 2, &g, again, 5, &count, NULL));
+  CHECK(memcmp(out, again, sizeof out) == 0);
+  FAILS(rt_generate(model, prompt, 2, &g, out, 4, &count, NULL), RT_ERROR_INVALID_ARGUMENT, "capacity 4");
+  rt_model_destroy(copy);
+  rt_model_destroy(model);
+
+  /* memory */
+  rt_memory_stats m;
+  m.struct_size = sizeof m;
+  OK(rt_reset_peak_memory());
+  OK(rt_memory_stats_get(RT_BACKEND_CPU, &m));
+  CHECK(m.peak_bytes == m.live_bytes && m.allocation_count >= m.free_count);
+  FAILS(rt_memory_stats_get((rt_backend)5, &m), RT_ERROR_INVALID_ARGUMENT, "rt_backend");
+}
+
+static int stop_after_two(const rt_step_report* report, void* user_data) {
+  int* calls = (int*)user_data;
+  ++*calls;
+  return report->step >= 2;
+}
+
+static void test_pipelines(void) {
+  FILE* f = fopen(path_in("corpus.txt"), "w");
+  for (int i = 0; i < 300; ++i) fprintf(f, "the quick brown fox %d jumps over the lazy dog.\n", i % 7);
+  fclose(f);
+  rt_pretraining_config c;
+  OK(rt_pretraining_config_default(&c));
+  c.model.context_length = 32;
+  c.model.model_width = 16;
+  c.model.heads = 2;
+  c.model.layers = 2;
+  c.model.feed_forward_width = 32;
+  c.stage.data = path_in("corpus.txt");
+  c.stage.output_dir = path_in("pretrain");
+  c.stage.steps = 4;
+  c.stage.batch = 2;
+  c.stage.sequence_length = 16;
+  c.stage.eval_batches = 1;
+  c.stage.checkpoint_interval = 1;
+  c.stage.activation_checkpointing = RT_ACTIVATION_CHECKPOINTING_TRANSFORMER_BLOCK;
+  rt_run_result r;
+  r.struct_size = sizeof r;
+  int calls = 0;
+  OK(rt_run_pretraining(&c, stop_after_two, &calls, &r));
+  CHECK(r.completed == 0 && r.steps == 2 && calls == 2);
+  c.stage.resume = 1;
+  OK(rt_run_pretraining(&c, NULL, NULL, &r));
+  CHECK(r.completed == 1 && r.steps == 4 && r.resumed_from_step == 2);
+  CHECK(strstr(r.weights, "model.safetensors") != NULL && access(r.weights, R_OK) == 0);
+  c.stage.activation_checkpointing = (rt_activation_checkpointing)3;
+  FAILS(rt_run_pretraining(&c, NULL, NULL, &r), RT_ERROR_INVALID_ARGUMENT, "activation checkpointing 3");
+  c.stage.activation_checkpointing = RT_ACTIVATION_CHECKPOINTING_DISABLED;
+  c.stage.learning_rate = -1.0f;
+  c.stage.resume = 0;
+  FAILS(rt_run_pretraining(&c, NULL, NULL, &r), RT_ERROR_VALUE, "learning_rate");
+
+  rt_post_training_config p;
+  OK(rt_post_training_config_default(&p));
+  char base[RT_PATH_CAPACITY];
+  snprintf(base, sizeof base, "%s", r.weights);
+  p.base_model = base;
+  p.stage.data = RIFTCO_SOURCE_DIR "/data/chat_example.jsonl";
+  p.stage.output_dir = path_in("post");
+  p.stage.steps = 2;
+  p.stage.batch = 2;
+  p.stage.sequence_length = 32;
+  p.stage.eval_batches = 1;
+  p.lora.rank = 2;
+  p.stage.activation_checkpointing = RT_ACTIVATION_CHECKPOINTING_TRANSFORMER_BLOCK;
+  OK(rt_run_post_training(&p, NULL, NULL, &r));
+  CHECK(r.completed == 1 && strstr(r.weights, "adapter.safetensors") != NULL);
+  p.fine_tuning_method = (rt_fine_tuning_method)4;
+  FAILS(rt_run_post_training(&p, NULL, NULL, &r), RT_ERROR_INVALID_ARGUMENT, "rt_fine_tuning_method");
+  p.fine_tuning_method = RT_FINE_TUNING_LORA;
+  p.stage.data = path_in("missing.jsonl");
+  FAILS(rt_run_post_training(&p, NULL, NULL, &r), RT_ERROR_DATA, "missing.jsonl");
+}
+
+int main(void) {
+  snprintf(g_dir, sizeof g_dir, "/tmp/rt_c_abi_XXXXXX");
+  if (mkdtemp(g_dir) == NULL) return 2;
+  make_batch();
+  test_version_and_names();
+  test_policy_and_parity();
+  test_graph_lifetime();
+  test_decode_ignores_the_policy();
+  test_errors_leave_handles_usable();
+  test_training_lora_and_files();
+  test_pipelines();
+  char command[600];
+  snprintf(command, sizeof command, "rm -rf '%s'", g_dir);
+  if (system(command) != 0) fprintf(stderr, "could not remove %s\n", g_dir);
+  printf("%d passed, %d failed\n", g_passed, g_failed);
+  return g_failed == 0 ? 0 : 1;
+}

@@ -1,0 +1,80 @@
+// The C ABI from C++: the RAII header (rt.hpp) over rt.h, and the one map
+// from C++ exception classes to rt_status codes (every class, message kept).
+#include <gtest/gtest.h>
+
+#include "../../src/c_api/c_api_common.hpp"
+#include "riftco_transformer/rt.hpp"
+
+namespace {
+
+rt_transformer_config tiny() {
+  rt_transformer_config c;
+  rt::check(rt_transformer_config_default(&c));
+  c.context_length = 16;
+  c.model_width = 16;
+  c.heads = 2;
+  c.layers = 2;
+  c.feed_forward_width = 24;
+  return c;
+}
+
+}  // namespace
+
+TEST(CAbiRaii, TrainsOneStepAndDecodesThroughHandles) {
+  std::vector<int32_t> tokens(16), targets(16);
+  for (int i = 0; i < 16; ++i) {
+    tokens[static_cast<std::size_t>(i)] = (i * 7) % 256;
+    targets[static_cast<std::size_t>(i)] = (i * 11 + 3) % 256;
+  }
+  rt::Model model(tiny(), 3, RT_ATTENTION_FLASH, RT_ACTIVATION_CHECKPOINTING_TRANSFORMER_BLOCK);
+  EXPECT_EQ(model.activation_checkpointing(), RT_ACTIVATION_CHECKPOINTING_TRANSFORMER_BLOCK);
+  rt::Adam adam(model);
+  rt::Variable loss = model.loss(tokens, targets, 2);
+  const float before = loss.item();
+  loss.backward();
+  EXPECT_GT(adam.step(), 0.0F);
+  adam.zero_grad();
+  EXPECT_LT(model.loss(tokens, targets, 2).item(), before);
+  const std::vector<rt::Variable> leaves = loss.leaves();
+  EXPECT_EQ(leaves.size(), 3U + 2U * 9U);
+  EXPECT_EQ(leaves[0].name(), "lm_head.weight");  // discovery order from the loss: the head first
+  EXPECT_EQ(model.parameter("lm_head.weight").shape(), (std::vector<int64_t>{256, 16}));
+  rt::DecodeSession session(model);
+  EXPECT_EQ(session.decode(5).size(), 256U);
+  try {
+    model.set_activation_checkpointing(static_cast<rt_activation_checkpointing>(9));
+    ADD_FAILURE() << "expected rt::Error";
+  } catch (const rt::Error& e) {
+    EXPECT_EQ(e.status(), RT_ERROR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(e.what()).find("RT_ERROR_INVALID_ARGUMENT: [rt_model_set_activation_checkpointing]"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(loss.backward(), rt::Error);  // stale: Adam stepped since
+}
+
+TEST(CAbiStatus, EveryExceptionClassHasItsStatusAndKeepsItsMessage) {
+  namespace r = riftco_transformer;
+  using V = r::CheckpointContractError::Violation;
+  const auto status_of = [](auto thrower) {
+    return rt_c::guard("test", [&] { thrower(); });
+  };
+  EXPECT_EQ(status_of([] { throw rt_c::ArgumentError("[f] x is NULL"); }), RT_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(status_of([] { throw r::ValueError("[v] bad"); }), RT_ERROR_VALUE);
+  EXPECT_EQ(status_of([] { throw r::ShapeError("[s] bad"); }), RT_ERROR_SHAPE);
+  EXPECT_EQ(status_of([] { throw r::BackendError("[b] bad"); }), RT_ERROR_BACKEND);
+  EXPECT_EQ(status_of([] { throw r::StaleGraphError("[g] bad"); }), RT_ERROR_STALE_GRAPH);
+  EXPECT_EQ(status_of([] { throw r::CheckpointContractError(V::CapturedExternalNode, "[checkpoint] c"); }),
+            RT_ERROR_CHECKPOINT_CONTRACT);
+  EXPECT_STREQ(rt_last_error_message(), "[checkpoint] c");
+  EXPECT_EQ(status_of([] { throw r::BackwardError("[w] bad"); }), RT_ERROR_BACKWARD);
+  EXPECT_EQ(status_of([] { throw r::ModelStateError("[load] p: bad"); }), RT_ERROR_MODEL_STATE);
+  EXPECT_EQ(status_of([] { throw r::DataError("[data] p: bad"); }), RT_ERROR_DATA);
+  EXPECT_EQ(status_of([] { throw r::Error("[pipeline] disk full"); }), RT_ERROR_RUNTIME);
+  EXPECT_EQ(status_of([] { throw std::bad_alloc(); }), RT_ERROR_OUT_OF_MEMORY);
+  EXPECT_STREQ(rt_last_error_message(), "[test] out of memory");
+  EXPECT_EQ(status_of([] { throw std::logic_error("oops"); }), RT_ERROR_INTERNAL);
+  EXPECT_EQ(status_of([] { throw 42; }), RT_ERROR_INTERNAL);
+  EXPECT_EQ(status_of([] {}), RT_OK);
+  EXPECT_STREQ(rt_last_error_message(), "[test] internal error: unknown exception");  // success keeps the last failure
+}
