@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Sets up a fresh machine and runs every test: the C++ suite (GoogleTest via
-# CTest) in a release build, the Python tests (with the kill -9 crash-safety
+# CTest, with the C ABI's C11 test program) in a release build, the
+# installed-package consumers, the Python tests (with the kill -9 crash-safety
 # trials), the C++ suite again under AddressSanitizer + UBSan, and a bounded
 # run of every libFuzzer harness (RIFTCO_FUZZ_SECONDS each, default 60).
 set -euo pipefail
@@ -15,6 +16,9 @@ echo "== release build =="
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j "$jobs"
 ctest --test-dir build --output-on-failure -j "$jobs"
+
+echo "== installed package: cmake --install, then out-of-tree C (find_package, pkg-config) and C++ consumers =="
+bash tests/install/run.sh build
 
 echo "== Python tests (pytest, Debian's /usr/bin/python3 with numpy and torch) =="
 RIFTCO_BUILD_DIR="$PWD/build" /usr/bin/python3 -m pytest tests/python -q
