@@ -41,7 +41,8 @@ typedef enum rt_status {
   RT_ERROR_DATA = 9,               /* a data file that is missing or malformed (DataError) */
   RT_ERROR_RUNTIME = 10,           /* a failure of no narrower class: a diverged run, a full disk (riftco Error) */
   RT_ERROR_OUT_OF_MEMORY = 11,     /* an allocation failed */
-  RT_ERROR_INTERNAL = 12           /* anything else: a bug; the message says what */
+  RT_ERROR_INTERNAL = 12,          /* anything else: a bug; the message says what */
+  RT_STATUS_MAX_ENUM = 0x7FFFFFFF  /* keeps every enum of this header 32 bits wide (ABI) */
 } rt_status;
 
 /* The message of the calling thread's last failed call ("" if none). Valid
@@ -57,22 +58,26 @@ RT_API uint32_t rt_abi_version(void);
 typedef enum rt_activation_checkpointing {
   RT_ACTIVATION_CHECKPOINTING_DISABLED = 0,
   RT_ACTIVATION_CHECKPOINTING_TRANSFORMER_BLOCK = 1,
-  RT_ACTIVATION_CHECKPOINTING_BLOCK_SEGMENTS = 2
+  RT_ACTIVATION_CHECKPOINTING_BLOCK_SEGMENTS = 2,
+  RT_ACTIVATION_CHECKPOINTING_MAX_ENUM = 0x7FFFFFFF
 } rt_activation_checkpointing;
 
 typedef enum rt_attention {
   RT_ATTENTION_MATERIALIZED = 0,
-  RT_ATTENTION_FLASH = 1
+  RT_ATTENTION_FLASH = 1,
+  RT_ATTENTION_MAX_ENUM = 0x7FFFFFFF
 } rt_attention;
 
 typedef enum rt_backend {
   RT_BACKEND_CPU = 0,
-  RT_BACKEND_CUDA = 1
+  RT_BACKEND_CUDA = 1,
+  RT_BACKEND_MAX_ENUM = 0x7FFFFFFF
 } rt_backend;
 
 typedef enum rt_fine_tuning_method {
   RT_FINE_TUNING_LORA = 0,
-  RT_FINE_TUNING_FULL = 1
+  RT_FINE_TUNING_FULL = 1,
+  RT_FINE_TUNING_MAX_ENUM = 0x7FFFFFFF
 } rt_fine_tuning_method;
 
 /* LoRA targets, a bit set. */

@@ -45,6 +45,17 @@ rt_status guard(const char* function, Body&& body) noexcept;
   throw ArgumentError(std::string("[") + function + "] " + what);
 }
 
+/// An enum argument's value as the caller passed it. Read through its bytes:
+/// a C caller may pass any int, and loading an out-of-range value through the
+/// C++ enum type would be undefined behaviour.
+template <typename E>
+int enum_value(const E& value) {
+  static_assert(sizeof(E) == sizeof(int), "rt.h enums are 32 bits (the *_MAX_ENUM values)");
+  int out = 0;
+  std::memcpy(&out, &value, sizeof out);
+  return out;
+}
+
 template <typename T>
 T& require(T* pointer, const char* function, const char* name) {
   if (pointer == nullptr) bad_argument(function, std::string(name) + " is NULL");
@@ -76,8 +87,8 @@ void write_struct(T* out, T value, const char* function, const char* name) {
   std::memcpy(static_cast<void*>(&target), &value, size);
 }
 
-riftco_transformer::ActivationCheckpointingKind policy(rt_activation_checkpointing kind, const char* function);
-riftco_transformer::FullSequenceAttentionKind attention(rt_attention kind, const char* function);
+riftco_transformer::ActivationCheckpointingKind policy(const rt_activation_checkpointing& kind, const char* function);
+riftco_transformer::FullSequenceAttentionKind attention(const rt_attention& kind, const char* function);
 rt_activation_checkpointing to_c(riftco_transformer::ActivationCheckpointingKind kind);
 rt_attention to_c(riftco_transformer::FullSequenceAttentionKind kind);
 riftco_transformer::TransformerDimensions dimensions(const rt_transformer_config& config);

@@ -16,31 +16,23 @@ rt_status fail(rt_status status, const char* message) noexcept {
   return status;
 }
 
-riftco_transformer::ActivationCheckpointingKind policy(rt_activation_checkpointing kind, const char* function) {
+riftco_transformer::ActivationCheckpointingKind policy(const rt_activation_checkpointing& kind, const char* function) {
   using riftco_transformer::ActivationCheckpointingKind;
-  switch (kind) {
-    case RT_ACTIVATION_CHECKPOINTING_DISABLED:
-      return ActivationCheckpointingKind::Disabled;
-    case RT_ACTIVATION_CHECKPOINTING_TRANSFORMER_BLOCK:
-      return ActivationCheckpointingKind::TransformerBlock;
-    case RT_ACTIVATION_CHECKPOINTING_BLOCK_SEGMENTS:
-      return ActivationCheckpointingKind::BlockSegments;
-  }
-  bad_argument(function, "activation checkpointing " + std::to_string(static_cast<int>(kind)) +
+  const int value = enum_value(kind);
+  if (value == RT_ACTIVATION_CHECKPOINTING_DISABLED) return ActivationCheckpointingKind::Disabled;
+  if (value == RT_ACTIVATION_CHECKPOINTING_TRANSFORMER_BLOCK) return ActivationCheckpointingKind::TransformerBlock;
+  if (value == RT_ACTIVATION_CHECKPOINTING_BLOCK_SEGMENTS) return ActivationCheckpointingKind::BlockSegments;
+  bad_argument(function, "activation checkpointing " + std::to_string(value) +
                              " is not an rt_activation_checkpointing value (0 disabled, 1 transformer block, "
                              "2 block segments)");
 }
 
-riftco_transformer::FullSequenceAttentionKind attention(rt_attention kind, const char* function) {
+riftco_transformer::FullSequenceAttentionKind attention(const rt_attention& kind, const char* function) {
   using riftco_transformer::FullSequenceAttentionKind;
-  switch (kind) {
-    case RT_ATTENTION_MATERIALIZED:
-      return FullSequenceAttentionKind::Materialized;
-    case RT_ATTENTION_FLASH:
-      return FullSequenceAttentionKind::Flash;
-  }
-  bad_argument(function, "attention " + std::to_string(static_cast<int>(kind)) +
-                             " is not an rt_attention value (0 materialized, 1 flash)");
+  const int value = enum_value(kind);
+  if (value == RT_ATTENTION_MATERIALIZED) return FullSequenceAttentionKind::Materialized;
+  if (value == RT_ATTENTION_FLASH) return FullSequenceAttentionKind::Flash;
+  bad_argument(function, "attention " + std::to_string(value) + " is not an rt_attention value (0 materialized, 1 flash)");
 }
 
 rt_activation_checkpointing to_c(riftco_transformer::ActivationCheckpointingKind kind) {
@@ -100,8 +92,8 @@ extern "C" {
 
 const char* rt_last_error_message(void) { return last_error(); }
 
-const char* rt_status_name(rt_status status) {
-  switch (status) {
+const char* rt_status_name(rt_status status) {  // by value: read through its bytes below
+  switch (enum_value(status)) {
     case RT_OK: return "RT_OK";
     case RT_ERROR_INVALID_ARGUMENT: return "RT_ERROR_INVALID_ARGUMENT";
     case RT_ERROR_VALUE: return "RT_ERROR_VALUE";
@@ -115,6 +107,7 @@ const char* rt_status_name(rt_status status) {
     case RT_ERROR_RUNTIME: return "RT_ERROR_RUNTIME";
     case RT_ERROR_OUT_OF_MEMORY: return "RT_ERROR_OUT_OF_MEMORY";
     case RT_ERROR_INTERNAL: return "RT_ERROR_INTERNAL";
+    default: break;
   }
   return "unknown";
 }
@@ -156,11 +149,12 @@ rt_status rt_generation_options_default(rt_generation_options* options) {
 
 rt_status rt_memory_stats_get(rt_backend backend, rt_memory_stats* stats) {
   return guard("rt_memory_stats_get", [&] {
-    if (backend != RT_BACKEND_CPU && backend != RT_BACKEND_CUDA) {
-      bad_argument("rt_memory_stats_get", "backend " + std::to_string(static_cast<int>(backend)) +
-                                              " is not an rt_backend value (0 cpu, 1 cuda)");
+    const int value = enum_value(backend);
+    if (value != RT_BACKEND_CPU && value != RT_BACKEND_CUDA) {
+      bad_argument("rt_memory_stats_get",
+                   "backend " + std::to_string(value) + " is not an rt_backend value (0 cpu, 1 cuda)");
     }
-    const rt::MemoryStats m = rt::memory_stats(backend == RT_BACKEND_CPU ? rt::Backend::Cpu : rt::Backend::Cuda);
+    const rt::MemoryStats m = rt::memory_stats(value == RT_BACKEND_CPU ? rt::Backend::Cpu : rt::Backend::Cuda);
     write_struct(stats, rt_memory_stats{0, m.live_bytes, m.peak_bytes, m.allocation_count, m.free_count, m.reserved_bytes},
                  "rt_memory_stats_get", "stats");
   });

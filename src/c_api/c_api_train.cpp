@@ -268,16 +268,16 @@ rt_status rt_run_post_training(const rt_post_training_config* config, rt_progres
   return guard(f, [&] {
     const rt_post_training_config& c = require_struct(config, f, "config");
     require(result, f, "result");
-    if (c.fine_tuning_method != RT_FINE_TUNING_LORA && c.fine_tuning_method != RT_FINE_TUNING_FULL) {
-      bad_argument(f, "fine_tuning_method " + std::to_string(static_cast<int>(c.fine_tuning_method)) +
+    const int method = enum_value(c.fine_tuning_method);
+    if (method != RT_FINE_TUNING_LORA && method != RT_FINE_TUNING_FULL) {
+      bad_argument(f, "fine_tuning_method " + std::to_string(method) +
                           " is not an rt_fine_tuning_method value (0 lora, 1 full)");
     }
     rt::PostTrainingConfig p;
     static_cast<rt::StageSettings&>(p) = stage_settings(c.stage, f);
     if (c.base_model != nullptr) p.base_model = c.base_model;
     p.allow_non_finite = c.allow_non_finite != 0;
-    p.fine_tuning_method =
-        c.fine_tuning_method == RT_FINE_TUNING_FULL ? rt::FineTuningMethod::Full : rt::FineTuningMethod::Lora;
+    p.fine_tuning_method = method == RT_FINE_TUNING_FULL ? rt::FineTuningMethod::Full : rt::FineTuningMethod::Lora;
     if (p.fine_tuning_method == rt::FineTuningMethod::Lora) p.lora = lora(require_struct(&c.lora, f, "config->lora"), f);
     write_result(rt::run_post_training(p, progress_of(progress, user_data)), result, f);
   });
