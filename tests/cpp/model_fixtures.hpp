@@ -6,6 +6,12 @@
 
 namespace rt_test {
 
+/// A seeded standard-normal tensor.
+inline riftco_transformer::Tensor randn(const riftco_transformer::Shape& shape, std::uint64_t seed) {
+  riftco_transformer::Random r(seed);
+  return riftco_transformer::Tensor::normal(shape, r);
+}
+
 inline riftco_transformer::TransformerDimensions tiny_dims(std::int64_t layers = 2) {
   riftco_transformer::TransformerDimensions d;
   d.vocab_size = 32;

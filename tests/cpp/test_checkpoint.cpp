@@ -1,18 +1,16 @@
 // checkpoint(): mechanics, the replay contract, exception atomicity, nesting.
 #include <gtest/gtest.h>
 
+#include "model_fixtures.hpp"
 #include "riftco_transformer/checkpoint.hpp"
 #include "riftco_transformer/ops.hpp"
 
 using namespace riftco_transformer;
+using rt_test::randn;
 using Violation = CheckpointContractError::Violation;
 
 namespace {
 
-Tensor randn(const Shape& shape, std::uint64_t seed) {
-  Random r(seed);
-  return Tensor::normal(shape, r);
-}
 
 /// A small "block": h + silu(h W1) W2 with two parameters.
 Variable block(const Variable& h, const Variable& w1, const Variable& w2) {

@@ -18,15 +18,12 @@
 #include "riftco_transformer/transformer.hpp"
 
 using namespace riftco_transformer;
+using rt_test::randn;
 using Violation = CheckpointContractError::Violation;
 using rt_test::random_batch;
 using rt_test::tiny_dims;
 
 namespace {
-Tensor randn(const Shape& shape, std::uint64_t seed) {
-  Random r(seed);
-  return Tensor::normal(shape, r);
-}
 using Fn = std::function<Variable(const Variable&)>;
 }  // namespace
 
