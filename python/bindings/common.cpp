@@ -34,10 +34,12 @@ rt::Tensor tensor_from_python(nb::handle values) {
 TokenArray tokens_from_python(nb::handle values, const char* op) {
   nb::module_ np = nb::module_::import_("numpy");
   nb::object array = np.attr("asarray")(values);
-  const std::string kind = nb::cast<std::string>(array.attr("dtype").attr("kind"));
-  if (kind != "i" && kind != "u" && nb::cast<std::size_t>(array.attr("size")) != 0) {
+  nb::object dtype = array.attr("dtype");
+  const std::string kind = nb::cast<std::string>(nb::str(dtype.attr("kind")));
+  const bool empty = nb::len(array) == 0;
+  if (kind != "i" && kind != "u" && !empty) {
     throw rt::ValueError(std::string("[") + op + "] token ids must be integers, got dtype " +
-                         nb::cast<std::string>(nb::str(array.attr("dtype"))));
+                         nb::cast<std::string>(nb::str(dtype)));
   }
   array = np.attr("ascontiguousarray")(array, "dtype"_a = np.attr("int64"));
   auto view = nb::cast<nb::ndarray<const std::int64_t, nb::c_contig, nb::device::cpu>>(array);

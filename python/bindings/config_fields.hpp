@@ -32,11 +32,11 @@ class ConfigClass {
       if ((c.*member).empty()) return nb::none();
       return nb::cast(c.*member);
     };
-    auto set = [member](C& c, nb::handle v) {
-      c.*member = v.is_none() ? std::filesystem::path() : nb::cast<std::filesystem::path>(v);
-    };
+    auto set = [member](C& c, std::optional<std::filesystem::path> v) { c.*member = v.value_or(""); };
     cls_.def_prop_rw(name, get, set, doc);
-    add(name, "str | os.PathLike[str] | None", set, get);
+    add(name, "str | os.PathLike[str] | None", [set](C& c, nb::handle v) {
+      set(c, v.is_none() ? std::nullopt : std::optional(nb::cast<std::filesystem::path>(v)));
+    }, get);
     return *this;
   }
   /// float32 fields: read back as the shortest decimal (0.003).

@@ -1,4 +1,6 @@
 // Model-state and adapter files (model_state.hpp, adapter_state.hpp).
+#include <nanobind/stl/unique_ptr.h>
+
 #include "common.hpp"
 #include "riftco_transformer/adapter_state.hpp"
 #include "riftco_transformer/model_state.hpp"
