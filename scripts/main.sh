@@ -19,4 +19,4 @@ echo
 echo "== sample (rt-generate --model $out/model.safetensors --prompt 'The ') =="
 ./build/rt-generate --model "$out/model.safetensors" --prompt "The " --max-new-tokens 120 --temperature 0.8 --top-k 40 --seed 7
 echo
-echo "loss curve: $out/loss_curve.png   metrics: $out/metrics.jsonl   run metadata: $out/metadata.json"
+echo "loss curve: $out/loss_curve.svg   metrics: $out/metrics.jsonl   run metadata: $out/metadata.json"

@@ -12,6 +12,7 @@ packages=(
   libgtest-dev               # C++ tests
   libbenchmark-dev           # kernel micro-benchmarks
   python3 python3-numpy python3-pytest  # independent file readers, Python tests
+  python3-venv python3-dev  # the riftco package: .venv (scripts/python_env.sh), extension headers
   python3-torch              # PyTorch parity tests and the reference benchmark
   python3-matplotlib         # the benchmark suite's chart (bench/run_benchmarks.py)
   fortunes                   # the default training corpus (/usr/share/games/fortunes)

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Sets up a fresh machine and runs every test: the C++ suite (GoogleTest via
 # CTest, with the C ABI's C11 test program) in a release build, the
-# installed-package consumers, the Python tests (with the kill -9 crash-safety
-# trials), the C++ suite again under AddressSanitizer + UBSan, and a bounded
+# installed-package consumers (C and C++, find_package and pkg-config), the
+# Python package (a wheel installed into .venv) and the Python tests (with the
+# kill -9 crash-safety trials), the installed-wheel test, the C++ suite again
+# under AddressSanitizer + UBSan, and a bounded
 # run of every libFuzzer harness (RIFTCO_FUZZ_SECONDS each, default 60).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,8 +22,18 @@ ctest --test-dir build --output-on-failure -j "$jobs"
 echo "== installed package: cmake --install, then out-of-tree C (find_package, pkg-config) and C++ consumers =="
 bash tests/install/run.sh build
 
-echo "== Python tests (pytest, Debian's /usr/bin/python3 with numpy and torch) =="
-RIFTCO_BUILD_DIR="$PWD/build" /usr/bin/python3 -m pytest tests/python -q
+echo "== Python package (riftco wheel: scikit-build-core + nanobind, installed into .venv) =="
+python=$(bash scripts/python_env.sh)  # one cached virtual environment (Debian's site packages visible)
+rm -rf dist
+CMAKE_BUILD_PARALLEL_LEVEL="$jobs" "$python" -m pip wheel . --no-deps --no-build-isolation -q -w dist \
+  --config-settings=build-dir="build-python/{wheel_tag}"
+"$python" -m pip install -q --disable-pip-version-check --force-reinstall --no-deps dist/riftco-*.whl
+
+echo "== Python tests (pytest in .venv: riftco, and Debian's numpy, torch and matplotlib) =="
+RIFTCO_REQUIRE_PYTHON=1 RIFTCO_BUILD_DIR="$PWD/build" "$python" -m pytest tests/python -q
+
+echo "== installed-wheel test (a fresh virtual environment, outside the source tree) =="
+RIFTCO_WHEEL="$(ls "$PWD"/dist/riftco-*.whl)" "$python" -m pytest tests/install -q
 
 echo "== sanitizer build (ASan + UBSan) =="
 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DRIFTCO_SANITIZE=ON >/dev/null

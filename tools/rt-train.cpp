@@ -107,7 +107,7 @@ void print_result(const RunResult& r) {
   std::cout << ", final train loss " << r.final_train_loss << ", validation loss " << r.final_validation_loss
             << ", " << static_cast<long long>(r.tokens_per_second) << " tok/s, peak " << rt_cli::mib(r.peak_bytes)
             << "\nwrote " << r.weights.string() << ", " << (r.output_dir / "metadata.json").string() << ", "
-            << (r.output_dir / "metrics.jsonl").string() << ", " << (r.output_dir / "loss_curve.png").string()
+            << (r.output_dir / "metrics.jsonl").string() << ", " << (r.output_dir / "loss_curve.svg").string()
             << "\n";
 }
 

@@ -7,7 +7,8 @@
 //   metadata.json        the whole configuration (including the activation-
 //                        checkpointing policy), final losses, tokens/s, peak bytes
 //   metrics.jsonl        one JSON row per logged step
-//   loss_curve.png/.svg  train and validation loss against step
+//   loss_curve.svg       train and validation loss against step (a PNG:
+//                        `python -m riftco.plot RUN_DIR`, matplotlib)
 //   training_checkpoint.safetensors  model, Adam state, step and RNG states,
 //                        written atomically every checkpoint_interval steps;
 //                        `resume` continues from it bit for bit.

@@ -1,7 +1,10 @@
 #pragma once
-// Loss curves as files a person can open: PNG (own encoder, no dependency)
-// and SVG. Both draw the same 640x400 layout: title, axes with "nice" ticks,
-// light grid lines, one line per series, a legend in the top-right corner.
+// Loss curves as files a person can open: SVG (any browser shows it, text in
+// the viewer's fonts, scales without blurring). The 640x400 layout: title,
+// axes with "nice" ticks, light grid lines, one line per series, a legend in
+// the top-right corner. PNGs are drawn by matplotlib from metrics.jsonl
+// (`python -m riftco.plot RUN_DIR`, docs/python.md): no hand-written image
+// encoder or bitmap font here.
 #include <cstdint>
 #include <filesystem>
 #include <string>
@@ -19,16 +22,11 @@ struct CurveSeries {
   std::uint32_t rgb = 0x1F77B4;
 };
 
-/// 640x400 8-bit RGB PNG (stored deflate blocks). The text uses a built-in
-/// 5x7 bitmap font (ASCII letters, digits and common punctuation; any other
-/// character is drawn as '?'). Written to a temporary file in the same
-/// folder, then renamed over `path`. ValueError for an rgb above 0xFFFFFF;
-/// ModelStateError "[save] <path>: ..." (atomic_file.hpp) when the file cannot be written.
-void write_loss_curve_png(const std::filesystem::path& path, const std::vector<CurveSeries>& series,
-                          const std::string& title);
-
-/// The same plot as SVG text: one <polyline> per run of finite points of
-/// each series (one per series when every point is finite). Same errors.
+/// The plot as SVG text: one <polyline> per run of finite points of each
+/// series (one per series when every point is finite). Written to a
+/// temporary file in the same folder, then renamed over `path`. ValueError
+/// for an rgb above 0xFFFFFF; ModelStateError "[save] <path>: ..."
+/// (atomic_file.hpp) when the file cannot be written.
 void write_loss_curve_svg(const std::filesystem::path& path, const std::vector<CurveSeries>& series,
                           const std::string& title);
 

@@ -1,5 +1,5 @@
 #pragma once
-// Geometry shared by the PNG and SVG loss-curve writers.
+// Geometry of the SVG loss-curve writer: axes with nice ticks, pixel mapping.
 #include <string>
 #include <vector>
 

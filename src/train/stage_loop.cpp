@@ -87,7 +87,6 @@ void write_plots(const std::filesystem::path& dir, const std::vector<nlohmann::j
   }
   std::vector<CurveSeries> series{train};
   if (!validation.points.empty()) series.push_back(validation);
-  write_loss_curve_png(dir / "loss_curve.png", series, title);
   write_loss_curve_svg(dir / "loss_curve.svg", series, title);
 }
 
@@ -262,7 +261,7 @@ RunResult run(StageRun& r, const ProgressCallback& progress) {
       {"files",
        {{"weights", result.weights.filename().string()},
         {"metrics", "metrics.jsonl"},
-        {"loss_curve", "loss_curve.png"}}}};
+        {"loss_curve", "loss_curve.svg"}}}};
   write_file_atomically(metadata_path, metadata.dump(2) + "\n");
   std::filesystem::remove(checkpoint_path);  // the run is complete
   std::filesystem::remove(partial_path);

@@ -354,78 +354,6 @@ TEST(ChatDataset, ShippedExampleFileLoads) {
 
 namespace {
 
-std::uint32_t be32(const std::string& s, std::size_t at) {
-  std::uint32_t v = 0;
-  for (std::size_t i = 0; i < 4; ++i) v = (v << 8) | static_cast<unsigned char>(s[at + i]);
-  return v;
-}
-
-std::uint32_t test_crc32(const std::string& bytes) {  // bitwise, independent of the encoder's table
-  std::uint32_t crc = 0xFFFFFFFFU;
-  for (const char ch : bytes) {
-    crc ^= static_cast<unsigned char>(ch);
-    for (int k = 0; k < 8; ++k) crc = (crc >> 1) ^ (0xEDB88320U & (0U - (crc & 1U)));
-  }
-  return ~crc;
-}
-
-struct Image {
-  std::uint32_t width = 0, height = 0;
-  std::vector<std::uint8_t> rgb;
-  std::uint32_t at(std::uint32_t x, std::uint32_t y) const {
-    const std::size_t i = (static_cast<std::size_t>(y) * width + x) * 3;
-    return (std::uint32_t{rgb[i]} << 16) | (std::uint32_t{rgb[i + 1]} << 8) | rgb[i + 2];
-  }
-};
-
-// Checks the chunk CRCs, inflates stored deflate blocks, checks Adler-32 and
-// removes the (filter 0) row bytes.
-Image decode_png(const std::string& png) {
-  Image img;
-  EXPECT_EQ(png.substr(0, 8), std::string("\x89PNG\r\n\x1a\n", 8));
-  std::string idat;
-  for (std::size_t pos = 8; pos + 12 <= png.size();) {
-    const std::uint32_t len = be32(png, pos);
-    const std::string type = png.substr(pos + 4, 4);
-    EXPECT_EQ(be32(png, pos + 8 + len), test_crc32(png.substr(pos + 4, 4 + len))) << type;
-    if (type == "IHDR") {
-      img.width = be32(png, pos + 8);
-      img.height = be32(png, pos + 12);
-      EXPECT_EQ(png[pos + 16], 8);  // bit depth
-      EXPECT_EQ(png[pos + 17], 2);  // RGB
-    }
-    if (type == "IDAT") idat += png.substr(pos + 8, len);
-    pos += 12 + len;
-  }
-  EXPECT_EQ((static_cast<unsigned char>(idat[0]) * 256 + static_cast<unsigned char>(idat[1])) % 31, 0);
-  std::string raw;
-  std::size_t pos = 2;
-  for (bool final_block = false; !final_block;) {
-    const auto header = static_cast<unsigned char>(idat[pos]);
-    final_block = header & 1U;
-    EXPECT_EQ(header >> 1, 0) << "only stored blocks expected";
-    const std::size_t len = static_cast<unsigned char>(idat[pos + 1]) | (static_cast<unsigned char>(idat[pos + 2]) << 8);
-    const std::size_t nlen = static_cast<unsigned char>(idat[pos + 3]) | (static_cast<unsigned char>(idat[pos + 4]) << 8);
-    EXPECT_EQ(len ^ 0xFFFFU, nlen);
-    raw += idat.substr(pos + 5, len);
-    pos += 5 + len;
-  }
-  std::uint32_t a = 1, b = 0;
-  for (const char ch : raw) {
-    a = (a + static_cast<unsigned char>(ch)) % 65521U;
-    b = (b + a) % 65521U;
-  }
-  EXPECT_EQ(be32(idat, pos), (b << 16) | a);
-  const std::size_t stride = 1 + static_cast<std::size_t>(img.width) * 3;
-  EXPECT_EQ(raw.size(), stride * img.height);
-  for (std::uint32_t y = 0; y < img.height && raw.size() == stride * img.height; ++y) {
-    EXPECT_EQ(raw[y * stride], 0);
-    img.rgb.insert(img.rgb.end(), raw.begin() + static_cast<std::ptrdiff_t>(y * stride + 1),
-                   raw.begin() + static_cast<std::ptrdiff_t>((y + 1) * stride));
-  }
-  return img;
-}
-
 std::vector<CurveSeries> two_curves() {
   CurveSeries train{"train", {}, 0xD62728};
   CurveSeries val{"validation", {}, 0x1F77B4};
@@ -436,44 +364,20 @@ std::vector<CurveSeries> two_curves() {
 
 }  // namespace
 
-TEST(Plot, PngHasTheCurvesDrawnWhereTheyBelong) {
-  TempDir dir;
-  const fs::path p = dir.path() / "loss.png";
-  write_loss_curve_png(p, two_curves(), "pretraining loss: steps 0-200");
-  const Image img = decode_png(read_bytes(p));
-  ASSERT_EQ(img.width, 640U);
-  ASSERT_EQ(img.height, 400U);
-  ASSERT_EQ(img.rgb.size(), 640U * 400U * 3U);
-  for (const std::uint32_t colour : {0xD62728U, 0x1F77B4U}) {
-    // Columns holding the colour, and the lowest such pixel in each column.
-    std::vector<int> lowest(img.width, -1);
-    for (std::uint32_t y = 0; y < img.height; ++y)
-      for (std::uint32_t x = 0; x < img.width; ++x)
-        if (img.at(x, y) == colour) lowest[x] = static_cast<int>(y);
-    const auto columns = std::count_if(lowest.begin(), lowest.end(), [](int y) { return y >= 0; });
-    EXPECT_GT(columns, 400) << std::hex << colour << ": a curve spans the plot, not just the legend swatch";
-    // A falling loss: near the bottom on the right, near the top on the left.
-    const auto first = std::find_if(lowest.begin(), lowest.end(), [](int y) { return y >= 0; });
-    const auto last = std::find_if(lowest.rbegin(), lowest.rend(), [](int y) { return y >= 0; });
-    EXPECT_LT(*first + 150, *last) << std::hex << colour;
-  }
-  // Ink for text and axes, a light grid, and a white background.
-  std::set<std::uint32_t> colours;
-  for (std::size_t i = 0; i < img.rgb.size(); i += 3)
-    colours.insert((std::uint32_t{img.rgb[i]} << 16) | (std::uint32_t{img.rgb[i + 1]} << 8) | img.rgb[i + 2]);
-  EXPECT_TRUE(colours.count(0xFFFFFF) && colours.count(0x303030) && colours.count(0xE4E4E4));
-  EXPECT_EQ(std::distance(fs::directory_iterator(dir.path()), fs::directory_iterator{}), 1) << "temporary left";
-}
-
-TEST(Plot, PngHandlesEmptyFlatAndNonFiniteSeries) {
+TEST(Plot, SvgHandlesEmptyFlatAndNonFiniteSeries) {
   TempDir dir;
   const double nan = std::nan("");
   const std::vector<CurveSeries> odd = {{"empty", {}, 0x00AA00},
                                         {"flat", {{0, 2.0}, {10, 2.0}, {20, nan}, {30, 2.0}}, 0x9467BD}};
-  write_loss_curve_png(dir.path() / "odd.png", odd, "odd");
-  EXPECT_EQ(decode_png(read_bytes(dir.path() / "odd.png")).width, 640U);
-  write_loss_curve_png(dir.path() / "none.png", {}, "");
-  EXPECT_EQ(decode_png(read_bytes(dir.path() / "none.png")).height, 400U);
+  write_loss_curve_svg(dir.path() / "odd.svg", odd, "odd");
+  const std::string svg = read_bytes(dir.path() / "odd.svg");
+  std::size_t polylines = 0;
+  for (std::size_t at = svg.find("<polyline"); at != std::string::npos; at = svg.find("<polyline", at + 1)) ++polylines;
+  EXPECT_EQ(polylines, 2U) << "the NaN breaks the flat line in two";
+  EXPECT_NE(svg.find("<circle"), std::string::npos) << "a lone finite point is marked";
+  EXPECT_EQ(svg.find("nan"), std::string::npos);
+  write_loss_curve_svg(dir.path() / "none.svg", {}, "");
+  EXPECT_NE(read_bytes(dir.path() / "none.svg").find("</svg>"), std::string::npos);
 }
 
 TEST(Plot, SvgHasAPolylinePerSeries) {
@@ -496,9 +400,8 @@ TEST(Plot, SvgHasAPolylinePerSeries) {
 TEST(Plot, BadColourAndUnwritablePathThrow) {
   TempDir dir;
   const std::vector<CurveSeries> bad = {{"x", {{0, 1}}, 0x1000000}};
-  expect_error<ValueError>([&] { write_loss_curve_png(dir.path() / "a.png", bad, "t"); }, {"[plot]", "0x1000000"});
-  const fs::path nowhere = dir.path() / "missing" / "a.png";
-  expect_error<Error>([&] { write_loss_curve_png(nowhere, two_curves(), "t"); }, {"[save] " + nowhere.string()});
-  expect_error<Error>([&] { write_loss_curve_svg(nowhere, two_curves(), "t"); }, {"[save] "});
-  EXPECT_FALSE(fs::exists(dir.path() / "a.png"));
+  expect_error<ValueError>([&] { write_loss_curve_svg(dir.path() / "a.svg", bad, "t"); }, {"[plot]", "0x1000000"});
+  const fs::path nowhere = dir.path() / "missing" / "a.svg";
+  expect_error<Error>([&] { write_loss_curve_svg(nowhere, two_curves(), "t"); }, {"[save] " + nowhere.string()});
+  EXPECT_FALSE(fs::exists(dir.path() / "a.svg"));
 }

@@ -68,7 +68,7 @@ TEST(Pipelines, PretrainingWritesEveryFileAndRecordsThePolicy) {
   EXPECT_TRUE(r.completed);
   EXPECT_EQ(reports, 8);
   EXPECT_EQ(r.weights, c.output_dir / "model.safetensors");
-  for (const char* f : {"model.safetensors", "metadata.json", "metrics.jsonl", "loss_curve.png", "loss_curve.svg"}) {
+  for (const char* f : {"model.safetensors", "metadata.json", "metrics.jsonl", "loss_curve.svg"}) {
     EXPECT_TRUE(fs::exists(c.output_dir / f)) << f;
   }
   EXPECT_FALSE(fs::exists(c.output_dir / "training_checkpoint.safetensors"));  // removed when complete

@@ -453,7 +453,7 @@ TEST(RunDirectory, AFailedFreshRunLeavesTheOldCompleteRunWhole) {
   PretrainingConfig c = tiny(dir);
   ASSERT_TRUE(run_pretraining(c).completed);
   std::map<std::string, std::string> before;
-  for (const char* name : {"model.safetensors", "metadata.json", "metrics.jsonl", "loss_curve.png"}) {
+  for (const char* name : {"model.safetensors", "metadata.json", "metrics.jsonl", "loss_curve.svg"}) {
     before[name] = read_bytes(c.output_dir / name);
   }
   // A new run in the same directory that stops half way, then one that fails

@@ -1,0 +1,107 @@
+// Argument conversion shared by the bindings (common.hpp).
+#include "common.hpp"
+
+#include <charconv>
+#include <cstdlib>
+#include <limits>
+
+#include "riftco_transformer/errors.hpp"
+#include "riftco_transformer/memory.hpp"
+
+namespace riftco_python {
+
+nb::object to_numpy(const rt::Tensor& tensor) {
+  if (!tensor.defined()) throw rt::ValueError("[numpy] the tensor is undefined");
+  auto* keep = new rt::Tensor(tensor.backend() == rt::Backend::Cpu ? tensor : tensor.to(rt::Backend::Cpu));
+  nb::capsule owner(keep, [](void* p) noexcept { delete static_cast<rt::Tensor*>(p); });
+  std::vector<std::size_t> shape(keep->shape().begin(), keep->shape().end());
+  nb::object array = nb::cast(
+      nb::ndarray<nb::numpy, const float>(std::as_const(*keep).data(), shape.size(), shape.data(), owner),
+      nb::rv_policy::move);
+  array.attr("flags").attr("writeable") = false;  // writes must go through set_value (versions)
+  return array;
+}
+
+rt::Tensor tensor_from_python(nb::handle values) {
+  nb::module_ np = nb::module_::import_("numpy");
+  nb::object array = np.attr("ascontiguousarray")(values, "dtype"_a = np.attr("float32"));
+  auto view = nb::cast<nb::ndarray<const float, nb::c_contig, nb::device::cpu>>(array);
+  rt::Shape shape;
+  for (std::size_t d = 0; d < view.ndim(); ++d) shape.push_back(static_cast<std::int64_t>(view.shape(d)));
+  return rt::Tensor::from_data(shape, {view.data(), view.size()});
+}
+
+TokenArray tokens_from_python(nb::handle values, const char* op) {
+  nb::module_ np = nb::module_::import_("numpy");
+  nb::object array = np.attr("asarray")(values);
+  nb::object dtype = array.attr("dtype");
+  const std::string kind = nb::cast<std::string>(nb::str(dtype.attr("kind")));
+  const bool empty = nb::len(array) == 0;
+  if (kind != "i" && kind != "u" && !empty) {
+    throw rt::ValueError(std::string("[") + op + "] token ids must be integers, got dtype " +
+                         nb::cast<std::string>(nb::str(dtype)));
+  }
+  array = np.attr("ascontiguousarray")(array, "dtype"_a = np.attr("int64"));
+  auto view = nb::cast<nb::ndarray<const std::int64_t, nb::c_contig, nb::device::cpu>>(array);
+  TokenArray out;
+  if (view.ndim() == 1) {
+    out.shape = {1, static_cast<std::int64_t>(view.shape(0))};
+  } else if (view.ndim() == 2) {
+    out.shape = {static_cast<std::int64_t>(view.shape(0)), static_cast<std::int64_t>(view.shape(1))};
+  } else {
+    throw rt::ShapeError(std::string("[") + op + "] token ids must have shape (B, T) or (T,), got " +
+                         std::to_string(view.ndim()) + " dimensions");
+  }
+  out.ids.reserve(view.size());
+  for (std::size_t i = 0; i < view.size(); ++i) {
+    const std::int64_t id = view.data()[i];
+    if (id < std::numeric_limits<std::int32_t>::min() || id > std::numeric_limits<std::int32_t>::max()) {
+      throw rt::ValueError(std::string("[") + op + "] token id " + std::to_string(id) + " at index " +
+                           std::to_string(i) + " does not fit int32");
+    }
+    out.ids.push_back(static_cast<std::int32_t>(id));
+  }
+  return out;
+}
+
+double short_double(float value) {
+  char buffer[64];
+  const auto r = std::to_chars(buffer, buffer + sizeof buffer - 1, value);
+  *r.ptr = '\0';
+  return std::strtod(buffer, nullptr);
+}
+
+SharedPyObject share_python(nb::object object) {
+  return SharedPyObject(new nb::object(std::move(object)), [](nb::object* p) {
+    if (!Py_IsInitialized()) {  // interpreter gone: leak rather than touch it
+      p->release();
+      delete p;
+      return;
+    }
+    nb::gil_scoped_acquire gil;
+    delete p;
+  });
+}
+
+nb::tuple available_backends() {
+  nb::list names;
+  for (const rt::Backend b : {rt::Backend::Cpu, rt::Backend::Cuda}) {
+    if (rt::backend_available(b)) names.append(rt::backend_name(b));
+  }
+  return nb::tuple(names);
+}
+
+rt::Backend backend_for(const std::string& name, const char* op) {
+  auto missing = [&](const std::string& backend) {
+    std::string built;
+    for (nb::handle b : available_backends()) built += (built.empty() ? "'" : ", '") + nb::cast<std::string>(b) + "'";
+    return rt::BackendError(std::string("[") + op + "] the " + backend +
+                            " backend is not built in this package (this build has: " + built + ")");
+  };
+  if (name == "metal") throw missing("metal");  // the spec's GPU backend; ours is CUDA
+  const rt::Backend backend = rt::parse_backend(name, op);
+  if (!rt::backend_available(backend)) throw missing(rt::backend_name(backend));
+  return backend;
+}
+
+}  // namespace riftco_python

@@ -1,0 +1,77 @@
+#pragma once
+// Shared argument conversion for the bindings: numpy <-> Tensor, token
+// arrays, enum strings, float32 fields, and Python objects held by C++.
+// No model logic lives here (DESIGN.md "Thin bindings").
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/filesystem.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "riftco_transformer/tensor.hpp"
+#include "riftco_transformer/variable.hpp"
+
+namespace riftco_python {
+
+namespace nb = nanobind;
+using namespace nb::literals;
+namespace rt = riftco_transformer;
+
+/// A read-only numpy view of `tensor`'s buffer (zero-copy: the array keeps
+/// the buffer alive through a Tensor handle in its base capsule). In-place
+/// updates of the buffer (an Adam step) show through the view; .copy() it
+/// for a snapshot. A tensor on another backend is copied to the CPU first.
+nb::object to_numpy(const rt::Tensor& tensor);
+
+/// A float32 Tensor holding a copy of any array-like (numpy array, list,
+/// Python float).
+rt::Tensor tensor_from_python(nb::handle values);
+
+/// Token ids from a (B, T) or (T,) integer array-like (numpy array or
+/// nested lists): copied to int32. (T,) is one row. ValueError for ids that
+/// do not fit int32, ShapeError for other ranks.
+struct TokenArray {
+  std::vector<std::int32_t> ids;
+  rt::Shape shape;  // (B, T)
+  std::int64_t batch() const { return shape[0]; }
+};
+TokenArray tokens_from_python(nb::handle values, const char* op);
+
+/// The float32 as the shortest decimal that rounds back to it (0.003, not
+/// 0.003000000026077032): what config getters return.
+double short_double(float value);
+
+/// A Python object that C++ may copy and destroy on any thread: the last
+/// owner takes the GIL to release it (checkpoint callables live in graphs
+/// that backward() frees with the GIL released).
+using SharedPyObject = std::shared_ptr<nb::object>;
+SharedPyObject share_python(nb::object object);
+
+/// Backend by name for `.to()`: "cpu"; a GPU backend this build lacks
+/// ("cuda", or the spec's "metal") is a BackendError naming the built
+/// backends; anything else a ValueError listing the accepted names.
+rt::Backend backend_for(const std::string& name, const char* op);
+
+/// Tuple of the backends this build has ("cpu", ...).
+nb::tuple available_backends();
+
+void init_errors(nb::module_& m);
+void init_memory(nb::module_& m);
+void init_variable(nb::module_& m);
+void init_ops(nb::module_& m);
+void init_checkpoint(nb::module_& m);
+void init_model(nb::module_& m);
+void init_optim(nb::module_& m);
+void init_decode(nb::module_& m);
+void init_io(nb::module_& m);
+void init_pipelines(nb::module_& m);
+
+}  // namespace riftco_python

@@ -1,0 +1,69 @@
+// Model-state and adapter files (model_state.hpp, adapter_state.hpp).
+#include <nanobind/stl/unique_ptr.h>
+
+#include "common.hpp"
+#include "riftco_transformer/adapter_state.hpp"
+#include "riftco_transformer/model_state.hpp"
+
+namespace riftco_python {
+
+void init_io(nb::module_& m) {
+  using rt::DecoderOnlyTransformer;
+  using std::filesystem::path;
+  nb::class_<rt::LoadOptions>(m, "LoadOptions", "What a loader may accept that it refuses by default.")
+      .def(nb::init<>())
+      .def("__init__", [](rt::LoadOptions* self, bool allow_non_finite, bool allow_base_mismatch) {
+        new (self) rt::LoadOptions{allow_non_finite, allow_base_mismatch};
+      }, nb::kw_only(), "allow_non_finite"_a = false, "allow_base_mismatch"_a = false)
+      .def_rw("allow_non_finite", &rt::LoadOptions::allow_non_finite, "Accept NaN or infinite weights.")
+      .def_rw("allow_base_mismatch", &rt::LoadOptions::allow_base_mismatch,
+              "Adapters: accept a file trained on another base of the same dimensions.")
+      .def("__repr__", [](const rt::LoadOptions& o) {
+        return std::string("LoadOptions(allow_non_finite=") + (o.allow_non_finite ? "True" : "False") +
+               ", allow_base_mismatch=" + (o.allow_base_mismatch ? "True" : "False") + ")";
+      });
+
+  m.def("model_fingerprint", &rt::model_fingerprint, "model"_a,
+        "A hash of the base weights (16 hex digits); adapter files record their base's.");
+  m.def("read_model_config", &rt::read_model_dimensions, "path"_a, "The TransformerConfig a model-state file records.");
+  m.def(
+      "load_model",
+      [](const path& file, const std::string& attention, const std::string& activation_checkpointing,
+         bool allow_non_finite) {
+        nb::gil_scoped_release release;
+        return rt::load_model(file, rt::parse_attention_kind(attention),
+                              rt::parse_activation_checkpointing(activation_checkpointing),
+                              rt::LoadOptions{allow_non_finite, false});
+      },
+      "path"_a, nb::kw_only(), "attention"_a = "materialized", "activation_checkpointing"_a = "disabled",
+      "allow_non_finite"_a = false,
+      "A model of the file's dimensions with its weights; the policies are yours (the file has none).");
+
+  nb::handle cls = nb::type<DecoderOnlyTransformer>();
+  auto method = [&](const char* name, auto f, auto... extra) {
+    cls.attr(name) = nb::cpp_function(std::move(f), nb::scope(cls), nb::is_method(), nb::name(name), extra...);
+  };
+  method("fingerprint", [](const DecoderOnlyTransformer& model) { return rt::model_fingerprint(model); },
+         "model_fingerprint(self): a hash of the base weights.");
+  method("save", [](const DecoderOnlyTransformer& model, const path& file) {
+    nb::gil_scoped_release release;
+    rt::save_model_state(model, file);
+  }, "path"_a, "Writes the weights and dimensions (safetensors; atomic).");
+  method("load_state", [](DecoderOnlyTransformer& model, const path& file, bool allow_non_finite) {
+    nb::gil_scoped_release release;
+    rt::load_model_state(model, file, rt::LoadOptions{allow_non_finite, false});
+  }, "path"_a, nb::kw_only(), "allow_non_finite"_a = false,
+     "Validates the whole file against this model, then sets every weight. On error the model is untouched.");
+  method("save_adapter", [](const DecoderOnlyTransformer& model, const path& file) {
+    nb::gil_scoped_release release;
+    rt::save_adapter_state(model, file);
+  }, "path"_a, "Writes the LoRA adapters alone (ValueError without adapters).");
+  method("load_adapter", [](DecoderOnlyTransformer& model, const path& file, bool allow_non_finite,
+                            bool allow_base_mismatch) {
+    nb::gil_scoped_release release;
+    rt::load_adapter_state(model, file, rt::LoadOptions{allow_non_finite, allow_base_mismatch});
+  }, "path"_a, nb::kw_only(), "allow_non_finite"_a = false, "allow_base_mismatch"_a = false,
+     "Adds the file's adapters (active). The file's base fingerprint must match unless allowed.");
+}
+
+}  // namespace riftco_python

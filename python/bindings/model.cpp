@@ -1,0 +1,208 @@
+// TransformerConfig, LoraConfig and DecoderOnlyTransformer (transformer.hpp, lora.hpp).
+#include <nanobind/operators.h>
+
+#include "common.hpp"
+#include "config_fields.hpp"
+#include "riftco_transformer/attention.hpp"
+#include "riftco_transformer/lora.hpp"
+#include "riftco_transformer/transformer.hpp"
+
+namespace riftco_python {
+namespace {
+
+using rt::DecoderOnlyTransformer;
+
+std::vector<rt::NamedParameter> all_parameters(const DecoderOnlyTransformer& model) {
+  std::vector<rt::NamedParameter> out = model.parameters();
+  for (rt::NamedParameter& p : model.lora_parameters()) out.push_back(std::move(p));
+  return out;
+}
+
+rt::Variable run_forward(const DecoderOnlyTransformer& model, nb::handle tokens) {
+  const TokenArray t = tokens_from_python(tokens, "forward");
+  nb::gil_scoped_release release;
+  return model.forward(t.ids, t.batch());
+}
+
+}  // namespace
+
+/// LoraConfig from a LoraConfig, or from rank/alpha/targets keywords.
+rt::LoraConfig lora_config_from(nb::handle config, std::int64_t rank, float alpha, nb::handle targets);
+
+void init_model(nb::module_& m) {
+  nb::list attention, checkpointing;
+  for (auto k : {rt::FullSequenceAttentionKind::Materialized, rt::FullSequenceAttentionKind::Flash})
+    attention.append(rt::attention_kind_name(k));
+  for (auto k : {rt::ActivationCheckpointingKind::Disabled, rt::ActivationCheckpointingKind::TransformerBlock,
+                 rt::ActivationCheckpointingKind::BlockSegments})
+    checkpointing.append(rt::activation_checkpointing_name(k));
+  m.attr("ATTENTION_KINDS") = nb::tuple(attention);
+  m.attr("ACTIVATION_CHECKPOINTING_KINDS") = nb::tuple(checkpointing);
+
+  using Dims = rt::TransformerDimensions;
+  ConfigClass<Dims>(m, "TransformerConfig", "Model architecture: the six dimensions of a decoder-only transformer.")
+      .field("vocab_size", &Dims::vocab_size, "int")
+      .field("context_length", &Dims::context_length, "int")
+      .field("model_width", &Dims::model_width, "int")
+      .field("heads", &Dims::heads, "int")
+      .field("layers", &Dims::layers, "int")
+      .field("feed_forward_width", &Dims::feed_forward_width, "int")
+      .finish()
+      .def("validate", &Dims::validate, "ValueError naming the bad field.")
+      .def_prop_ro("head_width", &Dims::head_width)
+      .def("parameter_count", &Dims::parameter_count, "Parameters of a model of these dimensions (no adapters).")
+      .def(nb::self == nb::self);
+
+  using Lora = rt::LoraConfig;
+  ConfigClass<Lora>(m, "LoraConfig", "LoRA adapters: rank, alpha (scale alpha/rank) and target projections.")
+      .field("rank", &Lora::rank, "int")
+      .real("alpha", &Lora::alpha)
+      .custom(
+          "targets", "str | list[str]",
+          [](const Lora& c) {
+            nb::list out;
+            for (const rt::LoraTarget t : c.targets) out.append(rt::lora_target_name(t));
+            return nb::object(out);
+          },
+          [](Lora& c, nb::handle v) {
+            std::string list;
+            if (nb::isinstance<nb::str>(v)) {
+              list = nb::cast<std::string>(v);
+            } else {
+              for (nb::handle t : v) list += (list.empty() ? "" : ",") + nb::cast<std::string>(t);
+            }
+            c.targets = rt::parse_lora_targets(list, "LoraConfig.targets");
+          },
+          "Projections to adapt: names from query, key, value, output, gate, up, down, or 'attention', 'mlp', "
+          "'all'; a comma list or a list of names.")
+      .finish()
+      .def("validate", &Lora::validate)
+      .def_prop_ro("scale", &Lora::scale);
+
+  nb::class_<DecoderOnlyTransformer>(m, "DecoderOnlyTransformer",
+                                     "A decoder-only transformer (RMSNorm, RoPE attention, SwiGLU MLP, untied head).")
+      .def(
+          "__init__",
+          [](DecoderOnlyTransformer* self, const Dims& config, const std::string& attention,
+             const std::string& activation_checkpointing, std::uint64_t seed, float norm_epsilon) {
+            rt::Random random(seed);
+            new (self) DecoderOnlyTransformer(config, random, norm_epsilon, rt::parse_attention_kind(attention),
+                                              rt::parse_activation_checkpointing(activation_checkpointing));
+          },
+          "config"_a = Dims{}, nb::kw_only(), "attention"_a = "materialized", "activation_checkpointing"_a = "disabled",
+          "seed"_a = 0, "norm_epsilon"_a = 1.0e-5F,
+          "Weights drawn from a generator seeded with `seed`. attention: 'materialized' | 'flash';\n"
+          "activation_checkpointing: 'disabled' | 'block' | 'segments' (execution policy, not architecture).")
+      .def_prop_ro("config", [](const DecoderOnlyTransformer& model) { return model.dimensions(); })
+      .def_prop_ro("norm_epsilon", [](const DecoderOnlyTransformer& model) { return short_double(model.norm_epsilon()); })
+      .def_prop_rw(
+          "attention", [](const DecoderOnlyTransformer& model) { return rt::attention_kind_name(model.attention_kind()); },
+          [](DecoderOnlyTransformer& model, const std::string& kind) {
+            model.set_attention_kind(rt::parse_attention_kind(kind));
+          })
+      .def("set_attention", [](DecoderOnlyTransformer& model, const std::string& kind) {
+        model.set_attention_kind(rt::parse_attention_kind(kind));
+      }, "kind"_a)
+      .def_prop_rw(
+          "activation_checkpointing",
+          [](const DecoderOnlyTransformer& model) {
+            return rt::activation_checkpointing_name(model.activation_checkpointing_kind());
+          },
+          [](DecoderOnlyTransformer& model, const std::string& kind) {
+            model.set_activation_checkpointing_kind(rt::parse_activation_checkpointing(kind));
+          },
+          "'disabled' | 'block' | 'segments'. Safe to change at any time; affects later forwards only.")
+      .def("set_activation_checkpointing", [](DecoderOnlyTransformer& model, const std::string& kind) {
+        model.set_activation_checkpointing_kind(rt::parse_activation_checkpointing(kind));
+      }, "kind"_a)
+      .def_prop_rw("checkpoint_segment_blocks", &DecoderOnlyTransformer::checkpoint_segment_blocks,
+                   &DecoderOnlyTransformer::set_checkpoint_segment_blocks,
+                   "Blocks per segment for 'segments' (set 0 for round(sqrt(layers))).")
+      .def("set_dropout", &DecoderOnlyTransformer::set_dropout, "p"_a, "seed"_a = 0)
+      .def_prop_ro("dropout", [](const DecoderOnlyTransformer& model) { return short_double(model.dropout()); })
+      .def_prop_rw("training", &DecoderOnlyTransformer::training, &DecoderOnlyTransformer::set_training)
+      .def(
+          "to",
+          [](DecoderOnlyTransformer& model, const std::string& backend) -> DecoderOnlyTransformer& {
+            const rt::Backend b = backend_for(backend, "to");
+            for (rt::NamedParameter& p : all_parameters(model)) p.variable.to(b);
+            return model;
+          },
+          "backend"_a, nb::rv_policy::reference,
+          "Moves every parameter to `backend` and returns the model. BackendError for a backend this build lacks.")
+      .def("parameters", [](const DecoderOnlyTransformer& model) {
+        std::vector<rt::Variable> out;
+        for (rt::NamedParameter& p : all_parameters(model)) out.push_back(p.variable);
+        return out;
+      }, "Every parameter: base weights, then LoRA adapters.")
+      .def("named_parameters", [](const DecoderOnlyTransformer& model) {
+        std::vector<std::pair<std::string, rt::Variable>> out;
+        for (rt::NamedParameter& p : all_parameters(model)) out.emplace_back(p.name, p.variable);
+        return out;
+      }, "(name, Variable) pairs: base weights, then LoRA adapters.")
+      .def("trainable_parameters", [](const DecoderOnlyTransformer& model) {
+        std::vector<rt::Variable> out;
+        for (rt::NamedParameter& p : all_parameters(model))
+          if (p.variable.requires_grad()) out.push_back(p.variable);
+        return out;
+      }, "The parameters that require grad (what Adam takes).")
+      .def("parameter", &DecoderOnlyTransformer::parameter, "name"_a)
+      .def("parameter_count", &DecoderOnlyTransformer::parameter_count)
+      .def("validate_parameters", &DecoderOnlyTransformer::validate_parameters,
+           "ShapeError naming the first parameter whose shape or backend no longer fits.")
+      .def("block_dependencies", &DecoderOnlyTransformer::block_dependencies, "index"_a)
+      .def("forward", &run_forward, "tokens"_a, "Logits (B, T, V) for (B, T) token ids. Releases the GIL.")
+      .def("__call__", &run_forward, "tokens"_a)
+      .def(
+          "loss",
+          [](const DecoderOnlyTransformer& model, nb::handle tokens, nb::handle targets, std::int32_t ignore_index) {
+            const TokenArray t = tokens_from_python(tokens, "loss");
+            const TokenArray y = tokens_from_python(targets, "loss");
+            if (t.shape != y.shape) {
+              throw rt::ShapeError("[loss] tokens " + rt::shape_string(t.shape) + " and targets " +
+                                   rt::shape_string(y.shape) + " differ");
+            }
+            nb::gil_scoped_release release;
+            return model.loss(t.ids, y.ids, t.batch(), ignore_index);
+          },
+          "tokens"_a, "targets"_a, "ignore_index"_a = -100,
+          "Mean cross-entropy (a scalar Variable) of forward(tokens) against targets (same shape). Releases the GIL.")
+      // ---- LoRA
+      .def(
+          "add_lora",
+          [](DecoderOnlyTransformer& model, nb::handle config, std::int64_t rank, float alpha, nb::handle targets,
+             std::uint64_t seed) {
+            rt::Random random(seed);
+            model.add_lora(lora_config_from(config, rank, alpha, targets), random);
+          },
+          "config"_a = nb::none(), nb::kw_only(), "rank"_a = rt::LoraConfig{}.rank, "alpha"_a = rt::LoraConfig{}.alpha,
+          "targets"_a = nb::none(), "seed"_a = 0,
+          "Adds LoRA adapters (a LoraConfig, or rank/alpha/targets keywords); they start active.")
+      .def("remove_lora", &DecoderOnlyTransformer::remove_lora)
+      .def("merge_lora", &DecoderOnlyTransformer::merge_lora, "W += (alpha/r)·B·A for every adapter, then removes them.")
+      .def_prop_ro("has_lora", &DecoderOnlyTransformer::has_lora)
+      .def_prop_ro("lora_config", &DecoderOnlyTransformer::lora_config)
+      .def_prop_rw("lora_active", &DecoderOnlyTransformer::lora_active, &DecoderOnlyTransformer::set_lora_active)
+      .def("lora_parameters", [](const DecoderOnlyTransformer& model) {
+        std::vector<std::pair<std::string, rt::Variable>> out;
+        for (rt::NamedParameter& p : model.lora_parameters()) out.emplace_back(p.name, p.variable);
+        return out;
+      }, "(name, Variable) pairs of the adapters.")
+      .def("set_base_trainable", &DecoderOnlyTransformer::set_base_trainable, "trainable"_a)
+      .def("__repr__", [](const DecoderOnlyTransformer& model) {
+        return "DecoderOnlyTransformer(" + nb::cast<std::string>(nb::repr(nb::cast(model.dimensions()))) +
+               ", attention='" + rt::attention_kind_name(model.attention_kind()) + "', activation_checkpointing='" +
+               rt::activation_checkpointing_name(model.activation_checkpointing_kind()) + "'" +
+               (model.has_lora() ? ", lora=" + nb::cast<std::string>(nb::repr(nb::cast(model.lora_config()))) : "") +
+               ")";
+      });
+}
+
+rt::LoraConfig lora_config_from(nb::handle config, std::int64_t rank, float alpha, nb::handle targets) {
+  if (!config.is_none()) return nb::cast<rt::LoraConfig>(config);
+  nb::object c = nb::borrow(nb::type<rt::LoraConfig>())("rank"_a = rank, "alpha"_a = alpha);
+  if (!targets.is_none()) c.attr("targets") = targets;
+  return nb::cast<rt::LoraConfig>(c);
+}
+
+}  // namespace riftco_python

@@ -1,0 +1,102 @@
+"""riftco: a transformer training lab with activation checkpointing.
+
+A thin Python layer over the C++ core (nanobind): the classes and functions
+below are the C++ ones, with numpy arrays for values and gradients and Python
+exceptions for C++ errors. See docs/python.md.
+
+    from riftco import DecoderOnlyTransformer, TransformerConfig
+    model = DecoderOnlyTransformer(TransformerConfig(layers=2), attention="flash",
+                                   activation_checkpointing="block").to("cpu")
+"""
+from __future__ import annotations
+
+from ._core import (  # noqa: F401  (re-exported)
+    ACTIVATION_CHECKPOINTING_KINDS,
+    ATTENTION_KINDS,
+    FINE_TUNING_METHODS,
+    Adam,
+    BackendError,
+    BackwardError,
+    ByteTokenizer,
+    CheckpointContractError,
+    CheckpointViolation,
+    DataError,
+    DecodeSession,
+    DecoderOnlyTransformer,
+    Error,
+    GenerationResult,
+    GraphStatistics,
+    LoadOptions,
+    LoraConfig,
+    MemoryStats,
+    ModelStateError,
+    PostTrainingConfig,
+    PretrainingConfig,
+    RetainedNode,
+    RunResult,
+    ShapeError,
+    StaleGraphError,
+    StepReport,
+    TransformerConfig,
+    ValueError,
+    Variable,
+    add,
+    available_backends,
+    causal_attention,
+    causal_mask,
+    checkpoint,
+    checkpoint_replay_count,
+    cross_entropy,
+    embedding,
+    gelu,
+    is_grad_enabled,
+    linear,
+    load_model,
+    matmul,
+    mean,
+    memory_stats,
+    model_fingerprint,
+    mul,
+    no_grad,
+    permute,
+    read_model_config,
+    release_cached_memory,
+    reset_checkpoint_replay_count,
+    reset_peak_memory,
+    reshape,
+    rms_norm,
+    rope,
+    run_post_training,
+    run_pretraining,
+    scale,
+    silu,
+    softmax,
+    sub,
+    sum,
+    swiglu,
+    transpose,
+)
+from ._pipelines import post_train, pretrain  # noqa: F401
+
+__version__ = "0.1.0"
+
+# Tracebacks and reprs say riftco.ShapeError, not riftco._core.ShapeError.
+for _name, _obj in list(globals().items()):
+    if isinstance(_obj, type) and getattr(_obj, "__module__", "") == "riftco._core":
+        try:
+            _obj.__module__ = "riftco"
+        except (AttributeError, TypeError):
+            pass
+del _name, _obj
+
+# Names `from riftco import *` brings (not ValueError/sum, which would shadow builtins).
+__all__ = [
+    "ACTIVATION_CHECKPOINTING_KINDS", "ATTENTION_KINDS", "FINE_TUNING_METHODS", "Adam", "BackendError",
+    "BackwardError", "ByteTokenizer", "CheckpointContractError", "CheckpointViolation", "DataError",
+    "DecodeSession", "DecoderOnlyTransformer", "Error", "GenerationResult", "GraphStatistics", "LoadOptions",
+    "LoraConfig", "MemoryStats", "ModelStateError", "PostTrainingConfig", "PretrainingConfig", "RetainedNode",
+    "RunResult", "ShapeError", "StaleGraphError", "StepReport", "TransformerConfig", "Variable",
+    "available_backends", "checkpoint", "checkpoint_replay_count", "load_model", "memory_stats",
+    "model_fingerprint", "no_grad", "post_train", "pretrain", "read_model_config", "release_cached_memory",
+    "reset_checkpoint_replay_count", "reset_peak_memory",
+]

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Creates (once) and prints the path of the project's Python virtual
+# environment, .venv at the repository root (git ignores it). Debian's python3
+# refuses system-wide pip installs, so everything pip brings lives here, and
+# only from PyPI: the build backend (scikit-build-core, nanobind) and the
+# extras the examples use. The environment sees Debian's site packages
+# (python3-numpy, python3-pytest, python3-torch, python3-matplotlib from
+# scripts/setup.sh), so PyTorch is never pip-installed for a test. Run again
+# it only checks; delete .venv to start over.
+#   usage: bash scripts/python_env.sh   → prints the interpreter to use
+set -euo pipefail
+cd "$(dirname "$0")/.."
+venv="$PWD/.venv"
+stamp="$venv/.riftco-env-1"
+requirements=("scikit-build-core>=0.10" "nanobind>=2.4" "tqdm")
+if [ ! -f "$stamp" ]; then
+  echo "[python_env] creating $venv" >&2
+  /usr/bin/python3 -m venv --system-site-packages "$venv"
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check "${requirements[@]}" >&2
+  touch "$stamp"
+fi
+echo "$venv/bin/python"
