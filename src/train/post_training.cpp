@@ -76,6 +76,7 @@ RunResult run_post_training(const PostTrainingConfig& config, const ProgressCall
   run.config = stage::settings_json(config);
   run.config["base_model"] = config.base_model.string();
   run.config["base_model_fingerprint"] = stage::fingerprint(stage::read_bytes(config.base_model));
+  run.config["allow_non_finite"] = config.allow_non_finite;
   run.config["data_fingerprint"] = stage::fingerprint(stage::read_bytes(config.data));
   run.config["fine_tuning_method"] = fine_tuning_method_name(config.fine_tuning_method);
   if (lora) {
