@@ -13,7 +13,7 @@ root="$(cd "$(dirname "$0")/.." && pwd)"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
-for c in model_state adapter_state training_checkpoint chat_data; do mkdir -p "$out/$c"; done
+for c in model_state adapter_state training_checkpoint chat_data c_abi; do mkdir -p "$out/$c"; done
 seq 1 300 | sed 's/^/the quick brown fox jumps over the lazy dog /' > "$work/corpus.txt"
 tiny=(--data "$work/corpus.txt" --context-length 32 --model-width 16 --heads 2 --layers 2
       --feed-forward-width 32 --batch 2 --sequence-length 16 --eval-batches 1 --eval-interval 0 --quiet)
@@ -32,6 +32,8 @@ cp "$work/pre/model.safetensors" "$out/model_state/seed-model"
   --output "$work/post" --quiet >/dev/null 2>&1
 cp "$work/post/adapter.safetensors" "$out/adapter_state/seed-adapter"
 cp "$work/post/adapter.safetensors" "$out/model_state/seed-adapter"
+cp "$work/pre/model.safetensors" "$out/c_abi/seed-model"              # the C ABI's file entry points
+cp "$work/post/adapter.safetensors" "$out/c_abi/seed-adapter"
 
 head -c 4096 "$root/data/chat_example.jsonl" > "$out/chat_data/seed-example"
 printf '{"prompt": "a", "response": "b"}\n' > "$out/chat_data/seed-one"

@@ -12,12 +12,12 @@ release_build=${2:?usage: run.sh FUZZ_BUILD_DIR RELEASE_BUILD_DIR [SECONDS_EACH]
 seconds=${3:-60}
 here="$(cd "$(dirname "$0")" && pwd)"
 seeds="$fuzz_build/seeds"
-[ -d "$seeds/model_state" ] || bash "$here/make_corpus.sh" "$release_build" "$seeds"
+[ -d "$seeds/c_abi" ] || bash "$here/make_corpus.sh" "$release_build" "$seeds"
 mkdir -p "$fuzz_build/findings"
 status=0
 passed=0
 failed=0
-for name in model_state adapter_state training_checkpoint chat_data; do
+for name in model_state adapter_state training_checkpoint chat_data c_abi; do
   corpus="$fuzz_build/corpus/$name"
   mkdir -p "$corpus"
   dict="$here/safetensors.dict"

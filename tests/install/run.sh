@@ -34,5 +34,9 @@ cc -std=c11 -Wall -Wextra -pedantic -Werror "$work/c_consumer/main.c" -o "$work/
 (cd "$work" && "$work/c_pkgconfig")
 passed=$((passed + 1))
 # The library is the installed one, not the build tree's.
-ldd "$work/c_pkgconfig" | grep -q "$prefix/lib/libriftco_transformer.so.2" || { echo "[install] not linked to the prefix"; exit 1; }
+linked=$(ldd "$work/c_pkgconfig")  # captured first: grep -q closing the pipe early would fail it under pipefail
+case "$linked" in
+  *"$prefix/lib/libriftco_transformer.so.2"*) ;;
+  *) echo "[install] not linked to the prefix:"; echo "$linked"; exit 1 ;;
+esac
 echo "install consumers: $passed passed, 0 failed"
