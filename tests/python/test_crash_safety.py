@@ -2,7 +2,9 @@
 a checkpoint save, in the final switch of the run directory), then resumed,
 ends byte-identical to an uninterrupted run, with no temporary files left and
 a directory that is complete. RIFTCO_KILL_TRIALS sets the number of trials
-(default 20); the delays come from a seeded generator, so a failure repeats."""
+(default 20); the delays come from a seeded generator, so a failure repeats,
+and are drawn within the fastest of three uninterrupted runs, so that most
+kills land whatever the machine's load."""
 import os
 import pathlib
 import random
@@ -13,7 +15,7 @@ import time
 import pytest
 
 TRIALS = int(os.environ.get("RIFTCO_KILL_TRIALS", "20"))
-STEPS = 12
+STEPS = 40
 
 
 def tiny_args(corpus, out):
@@ -38,11 +40,15 @@ def setup(build_dir, tmp_path_factory):
     corpus = base / "corpus.txt"
     corpus.write_text("".join(f"line {i % 13} of a corpus for a crash test.\n" for i in range(400)))
     reference = base / "reference"
-    start = time.monotonic()
-    r = subprocess.run([str(tool), *tiny_args(corpus, reference)], capture_output=True, text=True, env=env(),
-                       timeout=300)
-    assert r.returncode == 0, r.stderr
-    return tool, corpus, reference, time.monotonic() - start, base
+    fastest = float("inf")
+    for attempt in range(3):
+        out = reference if attempt == 0 else base / f"timing{attempt}"
+        start = time.monotonic()
+        r = subprocess.run([str(tool), *tiny_args(corpus, out)], capture_output=True, text=True, env=env(),
+                           timeout=300)
+        fastest = min(fastest, time.monotonic() - start)
+        assert r.returncode == 0, r.stderr
+    return tool, corpus, reference, fastest, base
 
 
 def temporaries(directory):
@@ -64,7 +70,7 @@ def test_kill_9_at_random_moments_then_resume_is_byte_identical(setup):
             if resume and (out / "metadata.json").exists() and not (out / "training_checkpoint.safetensors").exists():
                 break  # it completed before the kill landed
             p = subprocess.Popen([str(tool), *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env())
-            time.sleep(rng.uniform(0.0, seconds * 1.1))
+            time.sleep(rng.uniform(0.0, seconds * 0.9))
             if p.poll() is None:
                 p.send_signal(signal.SIGKILL)
                 kills += 1
@@ -82,4 +88,5 @@ def test_kill_9_at_random_moments_then_resume_is_byte_identical(setup):
         assert not (out / "training_checkpoint.safetensors").exists()
         assert not (out / "metrics.partial.jsonl").exists()
         assert temporaries(out) == [], f"trial {trial}: {temporaries(out)}"
+    print(f"[crash-safety] {kills} kills landed in {TRIALS} trials; every trial resumed byte-identical")
     assert kills >= TRIALS // 2, f"only {kills} kills landed: the runs finish too fast for the delays"
