@@ -57,7 +57,10 @@ void read_stage_options(const rt_cli::Parser& p, StageSettings& s) {
     s.checkpoint_segment_blocks = p.integer("checkpoint-segment-blocks", s.checkpoint_segment_blocks);
   }
   s.dropout = static_cast<float>(p.number("dropout", s.dropout));
-  if (p.has("data")) s.data = p.text("data");
+  if (p.has("data")) {
+    s.data = p.text("data");
+    if (s.data.empty()) throw rt_cli::UsageError("option '--data' must name a file (leave it out for the default)");
+  }
   s.steps = p.integer("steps", s.steps);
   s.batch = p.integer("batch", s.batch);
   s.sequence_length = p.integer("sequence-length", s.sequence_length);

@@ -96,8 +96,10 @@ typedef enum rt_fine_tuning_method {
 /* ---- configuration structs ------------------------------------------------------
  * Each begins with struct_size = sizeof(the struct as the caller compiled it):
  * a later 2.x may append fields, and a library reads only the fields the
- * caller's size covers (missing ones take their defaults). Fill one with its
- * *_default function, then change what you need. */
+ * caller's size covers (missing ones take their defaults) and writes no more
+ * than that. Fill one with its *_default function (inline: it passes the
+ * caller's sizeof to *_init), then change what you need. A struct nested in
+ * another (the pipeline configs' model and lora) keeps its 2.0 layout. */
 
 /* The architecture only: the checkpointing policy is not in it (nor in the
  * model-state file). */
@@ -111,7 +113,10 @@ typedef struct rt_transformer_config {
   int64_t feed_forward_width;
   float norm_epsilon;
 } rt_transformer_config;
-RT_API rt_status rt_transformer_config_default(rt_transformer_config* config);
+/* Fills the first struct_size bytes with the defaults and sets struct_size;
+ * use the inline rt_transformer_config_default, which passes the caller's sizeof. */
+RT_API rt_status rt_transformer_config_init(rt_transformer_config* config, size_t struct_size);
+static inline rt_status rt_transformer_config_default(rt_transformer_config* config) { return rt_transformer_config_init(config, sizeof *config); }
 
 typedef struct rt_lora_config {
   size_t struct_size;
@@ -119,7 +124,10 @@ typedef struct rt_lora_config {
   float alpha;
   uint32_t targets; /* RT_LORA_* bits */
 } rt_lora_config;
-RT_API rt_status rt_lora_config_default(rt_lora_config* config);
+/* Fills the first struct_size bytes with the defaults and sets struct_size;
+ * use the inline rt_lora_config_default, which passes the caller's sizeof. */
+RT_API rt_status rt_lora_config_init(rt_lora_config* config, size_t struct_size);
+static inline rt_status rt_lora_config_default(rt_lora_config* config) { return rt_lora_config_init(config, sizeof *config); }
 
 typedef struct rt_adam_options {
   size_t struct_size;
@@ -130,7 +138,10 @@ typedef struct rt_adam_options {
   float weight_decay;
   float max_grad_norm; /* 0 disables clipping */
 } rt_adam_options;
-RT_API rt_status rt_adam_options_default(rt_adam_options* options);
+/* Fills the first struct_size bytes with the defaults and sets struct_size;
+ * use the inline rt_adam_options_default, which passes the caller's sizeof. */
+RT_API rt_status rt_adam_options_init(rt_adam_options* options, size_t struct_size);
+static inline rt_status rt_adam_options_default(rt_adam_options* options) { return rt_adam_options_init(options, sizeof *options); }
 
 typedef struct rt_generation_options {
   size_t struct_size;
@@ -139,7 +150,10 @@ typedef struct rt_generation_options {
   int64_t top_k;     /* 0 = all */
   uint64_t seed;
 } rt_generation_options;
-RT_API rt_status rt_generation_options_default(rt_generation_options* options);
+/* Fills the first struct_size bytes with the defaults and sets struct_size;
+ * use the inline rt_generation_options_default, which passes the caller's sizeof. */
+RT_API rt_status rt_generation_options_init(rt_generation_options* options, size_t struct_size);
+static inline rt_status rt_generation_options_default(rt_generation_options* options) { return rt_generation_options_init(options, sizeof *options); }
 
 typedef struct rt_memory_stats {
   size_t struct_size;
@@ -306,7 +320,10 @@ typedef struct rt_pretraining_config {
   rt_transformer_config model; /* its own struct_size must be set too */
   double validation_fraction;
 } rt_pretraining_config;
-RT_API rt_status rt_pretraining_config_default(rt_pretraining_config* config);
+/* Fills the first struct_size bytes with the defaults and sets struct_size;
+ * use the inline rt_pretraining_config_default, which passes the caller's sizeof. */
+RT_API rt_status rt_pretraining_config_init(rt_pretraining_config* config, size_t struct_size);
+static inline rt_status rt_pretraining_config_default(rt_pretraining_config* config) { return rt_pretraining_config_init(config, sizeof *config); }
 
 typedef struct rt_post_training_config {
   size_t struct_size;
@@ -316,7 +333,10 @@ typedef struct rt_post_training_config {
   rt_fine_tuning_method fine_tuning_method;
   rt_lora_config lora; /* its own struct_size must be set too */
 } rt_post_training_config;
-RT_API rt_status rt_post_training_config_default(rt_post_training_config* config);
+/* Fills the first struct_size bytes with the defaults and sets struct_size;
+ * use the inline rt_post_training_config_default, which passes the caller's sizeof. */
+RT_API rt_status rt_post_training_config_init(rt_post_training_config* config, size_t struct_size);
+static inline rt_status rt_post_training_config_default(rt_post_training_config* config) { return rt_post_training_config_init(config, sizeof *config); }
 
 typedef struct rt_step_report {
   size_t struct_size;

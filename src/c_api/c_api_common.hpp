@@ -74,6 +74,19 @@ const T& require_struct(const T* pointer, const char* function, const char* name
   return value;
 }
 
+/// *_init: `value` (defaults) into a caller's struct of `size` bytes (at
+/// least ABI 2.0's), struct_size set to `size`.
+template <typename T>
+void init_struct(T* out, std::size_t size, T value, const char* function) {
+  require(out, function, "the struct");
+  if (size < sizeof(T)) {
+    bad_argument(function, "struct_size " + std::to_string(size) + " is smaller than ABI 2.0's " +
+                               std::to_string(sizeof(T)));
+  }
+  value.struct_size = size;
+  std::memcpy(static_cast<void*>(out), &value, sizeof(T));  // a newer caller's extra fields stay as they were
+}
+
 /// Writes `value` into a caller's output struct, as much as its struct_size covers.
 template <typename T>
 void write_struct(T* out, T value, const char* function, const char* name) {

@@ -1,4 +1,6 @@
 // rt_* errors, version, defaults, enum and struct conversions.
+#include <cstdio>
+
 #include "c_api_common.hpp"
 #include "riftco_transformer/memory.hpp"
 
@@ -53,7 +55,9 @@ riftco_transformer::LoraConfig lora(const rt_lora_config& c, const char* functio
   constexpr std::uint32_t kAll = RT_LORA_QUERY | RT_LORA_KEY | RT_LORA_VALUE | RT_LORA_OUTPUT | RT_LORA_GATE |
                                  RT_LORA_UP | RT_LORA_DOWN;
   if ((c.targets & ~kAll) != 0) {
-    bad_argument(function, "LoRA targets 0x" + std::to_string(c.targets) + " has bits that are not RT_LORA_* values");
+    char hex[16];
+    std::snprintf(hex, sizeof hex, "%#x", c.targets);
+    bad_argument(function, std::string("LoRA targets ") + hex + " has bits that are not RT_LORA_* values");
   }
   riftco_transformer::LoraConfig out;
   out.rank = c.rank;
@@ -114,36 +118,38 @@ const char* rt_status_name(rt_status status) {  // by value: read through its by
 
 uint32_t rt_abi_version(void) { return (RT_ABI_VERSION_MAJOR << 16) | RT_ABI_VERSION_MINOR; }
 
-rt_status rt_transformer_config_default(rt_transformer_config* config) {
-  return guard("rt_transformer_config_default", [&] {
-    require(config, "rt_transformer_config_default", "config");
+rt_status rt_transformer_config_init(rt_transformer_config* config, size_t struct_size) {
+  return guard("rt_transformer_config_init", [&] {
     const rt::TransformerDimensions d;
-    *config = {sizeof(rt_transformer_config), d.vocab_size, d.context_length, d.model_width, d.heads, d.layers,
-               d.feed_forward_width, 1.0e-5F};
+    init_struct(config, struct_size,
+                rt_transformer_config{0, d.vocab_size, d.context_length, d.model_width, d.heads, d.layers,
+                                      d.feed_forward_width, 1.0e-5F},
+                "rt_transformer_config_init");
   });
 }
 
-rt_status rt_lora_config_default(rt_lora_config* config) {
-  return guard("rt_lora_config_default", [&] {
-    require(config, "rt_lora_config_default", "config");
+rt_status rt_lora_config_init(rt_lora_config* config, size_t struct_size) {
+  return guard("rt_lora_config_init", [&] {
     const rt::LoraConfig d;
-    *config = {sizeof(rt_lora_config), d.rank, d.alpha, RT_LORA_QUERY | RT_LORA_VALUE};
+    init_struct(config, struct_size, rt_lora_config{0, d.rank, d.alpha, RT_LORA_QUERY | RT_LORA_VALUE},
+                "rt_lora_config_init");
   });
 }
 
-rt_status rt_adam_options_default(rt_adam_options* options) {
-  return guard("rt_adam_options_default", [&] {
-    require(options, "rt_adam_options_default", "options");
+rt_status rt_adam_options_init(rt_adam_options* options, size_t struct_size) {
+  return guard("rt_adam_options_init", [&] {
     const rt::AdamOptions d;
-    *options = {sizeof(rt_adam_options), d.learning_rate, d.beta1, d.beta2, d.epsilon, d.weight_decay, d.max_grad_norm};
+    init_struct(options, struct_size,
+                rt_adam_options{0, d.learning_rate, d.beta1, d.beta2, d.epsilon, d.weight_decay, d.max_grad_norm},
+                "rt_adam_options_init");
   });
 }
 
-rt_status rt_generation_options_default(rt_generation_options* options) {
-  return guard("rt_generation_options_default", [&] {
-    require(options, "rt_generation_options_default", "options");
+rt_status rt_generation_options_init(rt_generation_options* options, size_t struct_size) {
+  return guard("rt_generation_options_init", [&] {
     const rt::GenerationOptions d;
-    *options = {sizeof(rt_generation_options), d.max_new_tokens, d.temperature, d.top_k, d.seed};
+    init_struct(options, struct_size, rt_generation_options{0, d.max_new_tokens, d.temperature, d.top_k, d.seed},
+                "rt_generation_options_init");
   });
 }
 
@@ -154,7 +160,12 @@ rt_status rt_memory_stats_get(rt_backend backend, rt_memory_stats* stats) {
       bad_argument("rt_memory_stats_get",
                    "backend " + std::to_string(value) + " is not an rt_backend value (0 cpu, 1 cuda)");
     }
-    const rt::MemoryStats m = rt::memory_stats(value == RT_BACKEND_CPU ? rt::Backend::Cpu : rt::Backend::Cuda);
+    const rt::Backend b = value == RT_BACKEND_CPU ? rt::Backend::Cpu : rt::Backend::Cuda;
+    if (!rt::backend_available(b)) {
+      throw rt::BackendError(std::string("[rt_memory_stats_get] the ") + rt::backend_name(b) +
+                             " backend is not built in this library");
+    }
+    const rt::MemoryStats m = rt::memory_stats(b);
     write_struct(stats, rt_memory_stats{0, m.live_bytes, m.peak_bytes, m.allocation_count, m.free_count, m.reserved_bytes},
                  "rt_memory_stats_get", "stats");
   });

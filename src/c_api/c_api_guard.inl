@@ -1,4 +1,5 @@
 // rt_c::guard: the exception-to-status map (included by c_api_common.hpp).
+#include <filesystem>
 #include <new>
 
 #include "riftco_transformer/checkpoint.hpp"
@@ -33,6 +34,8 @@ rt_status guard(const char* function, Body&& body) noexcept {
     return fail(RT_ERROR_VALUE, e.what());
   } catch (const Error& e) {  // a riftco error of no narrower class: a diverged run, a full disk
     return fail(RT_ERROR_RUNTIME, e.what());
+  } catch (const std::filesystem::filesystem_error& e) {  // I/O outside the library's own checks
+    return fail(RT_ERROR_MODEL_STATE, (std::string("[") + function + "] " + e.what()).c_str());
   } catch (const std::bad_alloc&) {
     return fail(RT_ERROR_OUT_OF_MEMORY, (std::string("[") + function + "] out of memory").c_str());
   } catch (const std::exception& e) {

@@ -78,6 +78,21 @@ rt::ProgressCallback progress_of(rt_progress_fn progress, void* user_data) {
   };
 }
 
+/// Before a run: the result struct can be written and the paths will fit it
+/// (a run that cannot report must not train and write files first).
+void check_result(rt_run_result* out, const std::filesystem::path& output_dir, const char* function) {
+  const rt_run_result& r = require(out, function, "result");
+  if (r.struct_size < sizeof(rt_run_result)) {
+    bad_argument(function, "result->struct_size is " + std::to_string(r.struct_size) + ", smaller than ABI 2.0's " +
+                               std::to_string(sizeof(rt_run_result)));
+  }
+  const std::size_t longest = (output_dir / "adapter.safetensors").string().size();
+  if (longest >= RT_PATH_CAPACITY) {
+    bad_argument(function, "the output directory's paths (" + std::to_string(longest) +
+                               " bytes) do not fit RT_PATH_CAPACITY (" + std::to_string(RT_PATH_CAPACITY) + ")");
+  }
+}
+
 void write_result(const rt::RunResult& r, rt_run_result* out, const char* function) {
   rt_run_result c{};
   c.completed = r.completed ? 1 : 0;
@@ -196,9 +211,9 @@ rt_status rt_generate(const rt_model* model, const int32_t* prompt, size_t promp
     const rt::DecoderOnlyTransformer& m = model_of(model, f);
     const rt_generation_options& o = require_struct(options, f, "options");
     if (prompt_length > 0) require(prompt, f, "prompt");
-    require(tokens, f, "tokens");
     require(count, f, "count");
-    if (o.max_new_tokens < 0 || capacity < static_cast<std::uint64_t>(o.max_new_tokens)) {
+    if (capacity > 0) require(tokens, f, "tokens");
+    if (o.max_new_tokens >= 0 && capacity < static_cast<std::uint64_t>(o.max_new_tokens)) {
       bad_argument(f, "capacity " + std::to_string(capacity) + " is smaller than max_new_tokens " +
                           std::to_string(o.max_new_tokens));
     }
@@ -214,35 +229,31 @@ rt_status rt_generate(const rt_model* model, const int32_t* prompt, size_t promp
   });
 }
 
-rt_status rt_pretraining_config_default(rt_pretraining_config* config) {
-  constexpr const char* f = "rt_pretraining_config_default";
+rt_status rt_pretraining_config_init(rt_pretraining_config* config, size_t struct_size) {
+  constexpr const char* f = "rt_pretraining_config_init";
   return guard(f, [&] {
-    require(config, f, "config");
     const rt::PretrainingConfig d;
     rt_pretraining_config c{};
-    c.struct_size = sizeof(rt_pretraining_config);
     c.stage = stage_defaults(d);
     c.model = {sizeof(rt_transformer_config), d.dimensions.vocab_size, d.dimensions.context_length,
                d.dimensions.model_width, d.dimensions.heads, d.dimensions.layers, d.dimensions.feed_forward_width,
                d.norm_epsilon};
     c.validation_fraction = d.validation_fraction;
-    *config = c;
+    init_struct(config, struct_size, c, f);
   });
 }
 
-rt_status rt_post_training_config_default(rt_post_training_config* config) {
-  constexpr const char* f = "rt_post_training_config_default";
+rt_status rt_post_training_config_init(rt_post_training_config* config, size_t struct_size) {
+  constexpr const char* f = "rt_post_training_config_init";
   return guard(f, [&] {
-    require(config, f, "config");
     const rt::PostTrainingConfig d;
     rt_post_training_config c{};
-    c.struct_size = sizeof(rt_post_training_config);
     c.stage = stage_defaults(d);
     c.base_model = nullptr;
     c.allow_non_finite = 0;
     c.fine_tuning_method = RT_FINE_TUNING_LORA;
-    rt_lora_config_default(&c.lora);
-    *config = c;
+    rt_lora_config_init(&c.lora, sizeof c.lora);
+    init_struct(config, struct_size, c, f);
   });
 }
 
@@ -258,6 +269,7 @@ rt_status rt_run_pretraining(const rt_pretraining_config* config, rt_progress_fn
     p.dimensions = dimensions(m);
     p.norm_epsilon = m.norm_epsilon;
     p.validation_fraction = c.validation_fraction;
+    check_result(result, p.output_dir, f);
     write_result(rt::run_pretraining(p, progress_of(progress, user_data)), result, f);
   });
 }
@@ -279,6 +291,7 @@ rt_status rt_run_post_training(const rt_post_training_config* config, rt_progres
     p.allow_non_finite = c.allow_non_finite != 0;
     p.fine_tuning_method = method == RT_FINE_TUNING_FULL ? rt::FineTuningMethod::Full : rt::FineTuningMethod::Lora;
     if (p.fine_tuning_method == rt::FineTuningMethod::Lora) p.lora = lora(require_struct(&c.lora, f, "config->lora"), f);
+    check_result(result, p.output_dir, f);
     write_result(rt::run_post_training(p, progress_of(progress, user_data)), result, f);
   });
 }

@@ -86,8 +86,12 @@ bool write_all(int fd, std::span<const std::byte> bytes) {
 void write_file_atomically(const std::filesystem::path& path, std::span<const std::span<const std::byte>> pieces) {
   if (!path.has_filename()) save_error(path, "not a file name");
   std::error_code ec;
-  if (std::filesystem::is_directory(std::filesystem::symlink_status(path, ec))) {
-    save_error(path, "the target is a directory");
+  const std::filesystem::file_status existing = std::filesystem::symlink_status(path, ec);
+  if (std::filesystem::is_directory(existing)) save_error(path, "the target is a directory");
+  if (std::filesystem::exists(existing) && !std::filesystem::is_regular_file(existing)) {
+    // rename(2) would replace a device node, a FIFO or a symlink itself.
+    save_error(path, "the target exists and is not a regular file (a symlink, device, FIFO or socket): "
+                     "refusing to replace it");
   }
   const std::filesystem::path directory = path.has_parent_path() ? path.parent_path() : std::filesystem::path(".");
 

@@ -49,7 +49,8 @@ std::optional<std::string> read_regular_file(const std::filesystem::path& path, 
   Descriptor file{::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK)};
   if (file.fd < 0) {
     const int error = errno;
-    return error == ENOENT ? std::string("file does not exist") : "cannot open: " + std::string(std::strerror(error));
+    if (error == ENOENT) return std::string("file does not exist");
+    return "cannot open: " + std::string(std::strerror(error));  // e.g. "Too many levels of symbolic links"
   }
   struct stat info {};
   if (::fstat(file.fd, &info) != 0) return "cannot stat: " + std::string(std::strerror(errno));

@@ -184,7 +184,8 @@ Variable DecoderOnlyTransformer::parameter(const std::string& name) const {
   for (const NamedParameter& p : parameters()) {
     if (p.name == name) return p.variable;
   }
-  throw ValueError("[parameter] the model has no parameter named '" + name + "'");
+  const std::string shown = name.size() > 120 ? name.substr(0, 120) + "... (" + std::to_string(name.size()) + " bytes)" : name;
+  throw ValueError("[parameter] the model has no parameter named '" + shown + "'");
 }
 
 void TransformerCore::check_parameters(const char* op) const {

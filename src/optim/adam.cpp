@@ -16,9 +16,11 @@ void AdamOptions::validate() const {
   if (!(learning_rate >= 0.0F) || !std::isfinite(learning_rate)) bad("learning_rate", learning_rate, "finite and >= 0");
   if (!(beta1 >= 0.0F && beta1 < 1.0F)) bad("beta1", beta1, "in [0, 1)");
   if (!(beta2 >= 0.0F && beta2 < 1.0F)) bad("beta2", beta2, "in [0, 1)");
-  if (!(epsilon > 0.0F)) bad("epsilon", epsilon, "> 0");
-  if (!(weight_decay >= 0.0F)) bad("weight_decay", weight_decay, ">= 0");
-  if (!(max_grad_norm >= 0.0F)) bad("max_grad_norm", max_grad_norm, ">= 0 (0 disables clipping)");
+  if (!(epsilon > 0.0F) || !std::isfinite(epsilon)) bad("epsilon", epsilon, "finite and > 0");
+  if (!(weight_decay >= 0.0F) || !std::isfinite(weight_decay)) bad("weight_decay", weight_decay, "finite and >= 0");
+  if (!(max_grad_norm >= 0.0F) || !std::isfinite(max_grad_norm)) {
+    bad("max_grad_norm", max_grad_norm, "finite and >= 0 (0 disables clipping)");
+  }
 }
 
 Adam::Adam(std::vector<Variable> parameters, AdamOptions options)

@@ -1,8 +1,10 @@
 #include "memory_budget.hpp"
 
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <string>
@@ -28,12 +30,27 @@ MemoryEstimate estimate_training_memory(const TransformerDimensions& d, std::int
   e.parameters = f * (dd(d.parameter_count()) + dd(lora_parameters));
   e.training = f * 3.0 * dd(trainable_parameters);
   const double boundaries = rows * dd(d.model_width) * dd(d.layers + 1);  // h_i of every block, any policy
-  const double one_block = rows * (4.0 * dd(d.model_width) + 2.0 * dd(d.feed_forward_width));
+  // What one block keeps for its backward: at least the packed q/k/v and the
+  // attention output (4C per row), the gate/up pair (2F), and with
+  // materialized attention the four (B, H, T, T) values of its graph:
+  // q·kᵀ, scaled, masked, softmax (src/ops/attention.cpp).
   const double scores = s.attention == FullSequenceAttentionKind::Materialized
-                            ? dd(s.batch) * dd(d.heads) * dd(s.sequence_length) * dd(s.sequence_length)
+                            ? 4.0 * dd(s.batch) * dd(d.heads) * dd(s.sequence_length) * dd(s.sequence_length)
                             : 0.0;
+  const double one_block = rows * (4.0 * dd(d.model_width) + 2.0 * dd(d.feed_forward_width)) + scores;
+  // Blocks whose graphs are alive at once: all of them without
+  // checkpointing; one (being replayed) per block checkpoint; a segment's
+  // blocks for segments.
+  double live_blocks = dd(d.layers);
+  if (s.activation_checkpointing == ActivationCheckpointingKind::TransformerBlock) live_blocks = 1.0;
+  if (s.activation_checkpointing == ActivationCheckpointingKind::BlockSegments) {
+    const std::int64_t k = s.checkpoint_segment_blocks > 0
+                               ? std::min(s.checkpoint_segment_blocks, d.layers)
+                               : std::max<std::int64_t>(1, std::llround(std::sqrt(dd(d.layers))));
+    live_blocks = dd(k);
+  }
   const double logits = 2.0 * rows * dd(d.vocab_size);  // logits and their softmax
-  e.activations = f * (boundaries + one_block + scores + logits);
+  e.activations = f * (boundaries + live_blocks * one_block + logits);
   return e;
 }
 
@@ -41,6 +58,11 @@ double available_memory_bytes() {
   const long pages = ::sysconf(_SC_PHYS_PAGES);
   const long page = ::sysconf(_SC_PAGE_SIZE);
   double bytes = pages > 0 && page > 0 ? static_cast<double>(pages) * static_cast<double>(page) : 0.0;
+  struct rlimit address_space {};  // ulimit -v: the address space this process may map
+  if (::getrlimit(RLIMIT_AS, &address_space) == 0 && address_space.rlim_cur != RLIM_INFINITY) {
+    const auto as = static_cast<double>(address_space.rlim_cur);
+    bytes = bytes > 0 ? std::min(bytes, as) : as;
+  }
   std::ifstream limit("/sys/fs/cgroup/memory.max");  // cgroup v2; "max" when unlimited
   std::string text;
   if (limit >> text && text != "max") {

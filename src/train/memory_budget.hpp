@@ -22,7 +22,8 @@ struct MemoryEstimate {
 MemoryEstimate estimate_training_memory(const TransformerDimensions& dims, std::int64_t trainable_parameters,
                                         std::int64_t lora_parameters, const StageSettings& settings);
 
-/// Physical memory, or the cgroup's limit when that is lower.
+/// Physical memory, or the cgroup's limit or the address-space limit
+/// (ulimit -v) when lower.
 double available_memory_bytes();
 
 /// ValueError "[op] this run needs at least X GiB (...) but the machine has Y GiB" when the estimate

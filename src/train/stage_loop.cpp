@@ -15,6 +15,7 @@
 #include "riftco_transformer/adam.hpp"
 #include "riftco_transformer/atomic_file.hpp"
 #include "riftco_transformer/memory.hpp"
+#include "riftco_transformer/model_state.hpp"
 #include "riftco_transformer/plot.hpp"
 #include "training_checkpoint.hpp"
 
@@ -22,6 +23,9 @@ namespace riftco_transformer::stage {
 namespace {
 
 constexpr std::uint64_t kEvalSeedOffset = 0x9E3779B97F4A7C15ULL;
+/// The fields of a metrics.jsonl row (StepReport).
+constexpr const char* kMetricsFields[] = {"step",           "loss",          "learning_rate", "grad_norm",
+                                          "tokens_per_second", "elapsed_seconds", "peak_bytes", "validation_loss"};
 
 float evaluate(StageRun& r) {
   const StageSettings& s = *r.settings;
@@ -38,14 +42,37 @@ float evaluate(StageRun& r) {
   return static_cast<float>(total / static_cast<double>(s.eval_batches));
 }
 
+/// File-system steps of a run with typed errors: a failure is a
+/// ModelStateError "[save] <path>: cannot ...: <reason>" (never a raw
+/// std::filesystem error).
+void make_directory(const std::filesystem::path& dir) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec || !std::filesystem::is_directory(dir)) {
+    throw ModelStateError("[save] " + dir.string() + ": cannot create the output directory: " +
+                          (ec ? ec.message() : std::string("a file of that name exists")));
+  }
+}
+
+void remove_file(const std::filesystem::path& path) {
+  std::error_code ec;
+  std::filesystem::remove(path, ec);
+  if (ec) throw ModelStateError("[save] " + path.string() + ": cannot remove it: " + ec.message());
+}
+
+bool file_exists(const std::filesystem::path& path) {
+  std::error_code ec;
+  return std::filesystem::exists(path, ec);
+}
+
 /// Rows of a metrics file with step <= `keep` (a resumed run continues the
 /// log). Our own file, but read as untrusted: a damaged line is an error
 /// naming the file, the line and the field, never a raw JSON exception.
 std::vector<nlohmann::json> read_metrics(const std::filesystem::path& path, std::int64_t keep) {
   std::vector<nlohmann::json> rows;
   std::string text;
-  if (const auto why = read_regular_file(path, text)) {
-    if (!std::filesystem::exists(path)) return rows;
+  if (const auto why = read_regular_file(path, text, std::uint64_t{1} << 30)) {  // 1 GiB: millions of rows
+    if (!file_exists(path)) return rows;
     throw Error("[resume] " + path.string() + ": " + *why);
   }
   std::size_t pos = 0;
@@ -63,8 +90,24 @@ std::vector<nlohmann::json> read_metrics(const std::filesystem::path& path, std:
       detail::json_number(row, "loss", true);  // NaN is written as null
       if (row.contains("validation_loss")) detail::json_number(row, "validation_loss", true);
       if (step > keep) continue;
-      nlohmann::json plain = nlohmann::json::parse(row.dump());  // bounded: checked above
-      if (plain["loss"].is_null()) plain["loss"] = std::numeric_limits<double>::quiet_NaN();
+      // Only the fields a run writes go on into the final log (an edited
+      // line's extra keys do not).
+      nlohmann::json plain = nlohmann::json::object();
+      for (const char* key : kMetricsFields) {
+        if (!row.contains(key)) continue;
+        const detail::Json& v = row.at(key);
+        if (!v.is_number() && !v.is_null()) {
+          throw detail::JsonReadError(std::string("\"") + key + "\" must be a number, got " + detail::quote_json(v));
+        }
+        if (v.is_null()) {
+          plain[key] = std::numeric_limits<double>::quiet_NaN();
+        } else if (v.is_number_integer()) {
+          plain[key] = v.get<std::int64_t>();
+        } else {
+          plain[key] = v.get<double>();
+        }
+      }
+      plain["step"] = step;
       rows.push_back(std::move(plain));
     } catch (const detail::JsonReadError& e) {
       throw Error("[resume] " + path.string() + ": line " + std::to_string(line_number) + ": " + detail::line_error(e) +
@@ -100,14 +143,14 @@ RunResult run(StageRun& r, const ProgressCallback& progress) {
   const std::filesystem::path metrics_path = dir / "metrics.jsonl";
   const std::filesystem::path partial_path = dir / kPartialMetricsFile;
   const std::filesystem::path metadata_path = dir / "metadata.json";
-  if (s.resume && !std::filesystem::exists(checkpoint_path) && std::filesystem::exists(metadata_path)) {
+  if (s.resume && !file_exists(checkpoint_path) && file_exists(metadata_path)) {
     throw ValueError("[resume] " + dir.string() +
                      " holds a completed run and no training checkpoint: nothing to resume (use a new output "
                      "directory, or drop resume to train it again)");
   }
-  std::filesystem::create_directories(dir);
+  make_directory(dir);
   write_file_atomically(dir / ".write_probe", "");  // an unwritable directory fails now, not after training
-  std::filesystem::remove(dir / ".write_probe");
+  remove_file(dir / ".write_probe");
   remove_stale_temporaries(dir);  // left by a process killed inside a save
 
   model.set_attention_kind(s.attention);
@@ -133,23 +176,23 @@ RunResult run(StageRun& r, const ProgressCallback& progress) {
   RunResult result;
   result.output_dir = dir;
   std::vector<nlohmann::json> rows;
-  if (s.resume && std::filesystem::exists(checkpoint_path)) {
+  if (s.resume && file_exists(checkpoint_path)) {
     load_training_checkpoint(checkpoint_path, r.trainable, adam, state, r.config);
     data_random.set_state(state.data_random);
     model.dropout_random().set_state(state.dropout_random);
     result.resumed_from_step = state.step;
     // The in-progress log; a directory written by an older build kept it in
     // metrics.jsonl (and had no metadata.json while in progress).
-    if (std::filesystem::exists(partial_path)) {
+    if (file_exists(partial_path)) {
       rows = read_metrics(partial_path, state.step);
-    } else if (!std::filesystem::exists(metadata_path)) {
+    } else if (!file_exists(metadata_path)) {
       rows = read_metrics(metrics_path, state.step);
     }
   } else {
     // A fresh start: an interrupted earlier run here is abandoned; a
     // completed one stays whole until this run completes.
-    std::filesystem::remove(checkpoint_path);
-    std::filesystem::remove(partial_path);
+    remove_file(checkpoint_path);
+    remove_file(partial_path);
   }
   {
     std::string kept;
@@ -239,7 +282,7 @@ RunResult run(StageRun& r, const ProgressCallback& progress) {
   // complete run, so it goes first and comes back last: a failure in between
   // leaves an interrupted run (resumable while its checkpoint is there),
   // never a directory that claims to be complete with mixed files.
-  std::filesystem::remove(metadata_path);
+  remove_file(metadata_path);
   result.weights = r.save_weights(dir);
   {
     std::string all;
@@ -263,8 +306,8 @@ RunResult run(StageRun& r, const ProgressCallback& progress) {
         {"metrics", "metrics.jsonl"},
         {"loss_curve", "loss_curve.svg"}}}};
   write_file_atomically(metadata_path, metadata.dump(2) + "\n");
-  std::filesystem::remove(checkpoint_path);  // the run is complete
-  std::filesystem::remove(partial_path);
+  remove_file(checkpoint_path);  // the run is complete
+  remove_file(partial_path);
   remove_stale_temporaries(dir);
   return result;
 }

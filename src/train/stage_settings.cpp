@@ -77,7 +77,9 @@ void validate_settings(const StageSettings& s, std::int64_t context_length, cons
   if (!(s.dropout >= 0.0F && s.dropout < 1.0F)) bad("dropout must be in [0, 1)");
   if (s.checkpoint_segment_blocks < 0) bad("checkpoint_segment_blocks must be >= 0");
   if (s.eval_interval < 0) bad("eval_interval must be >= 0");
-  if (s.eval_batches <= 0) bad("eval_batches must be > 0");
+  if (s.eval_batches <= 0 || s.eval_batches > 100000) {
+    bad("eval_batches must be in [1, 100000], got " + std::to_string(s.eval_batches));
+  }
   if (s.checkpoint_interval < 0) bad("checkpoint_interval must be >= 0");
   if (s.output_dir.empty()) bad("output_dir must not be empty");
   if (s.attention != FullSequenceAttentionKind::Materialized && s.attention != FullSequenceAttentionKind::Flash) {

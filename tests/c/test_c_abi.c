@@ -106,6 +106,44 @@ static float* loss_and_gradients(rt_activation_checkpointing policy, rt_attentio
   return all;
 }
 
+/* *_init with the caller's size: too small is refused; a larger (newer
+ * caller's) struct gets the 2.0 fields and keeps its struct_size. */
+static void test_struct_init(void) {
+  struct {
+    rt_transformer_config c;
+    char newer[16];
+  } big;
+  memset(&big, 0x7F, sizeof big);
+  OK(rt_transformer_config_init(&big.c, sizeof big));
+  CHECK(big.c.struct_size == sizeof big && big.c.vocab_size == 256 && big.newer[0] == 0x7F);
+  rt_transformer_config t;
+  FAILS(rt_transformer_config_init(&t, 8), RT_ERROR_INVALID_ARGUMENT, "smaller than ABI 2.0");
+  FAILS(rt_transformer_config_init(NULL, sizeof t), RT_ERROR_INVALID_ARGUMENT, "NULL");
+  rt_lora_config l;
+  OK(rt_lora_config_init(&l, sizeof l));
+  CHECK(l.rank == 8 && l.targets == (RT_LORA_QUERY | RT_LORA_VALUE));
+  FAILS(rt_lora_config_init(&l, 4), RT_ERROR_INVALID_ARGUMENT, "smaller");
+  rt_adam_options a;
+  OK(rt_adam_options_init(&a, sizeof a));
+  CHECK(a.beta1 > 0.89f && a.beta1 < 0.91f);
+  FAILS(rt_adam_options_init(&a, 0), RT_ERROR_INVALID_ARGUMENT, "smaller");
+  rt_generation_options g;
+  OK(rt_generation_options_init(&g, sizeof g));
+  CHECK(g.max_new_tokens == 64);
+  FAILS(rt_generation_options_init(&g, 1), RT_ERROR_INVALID_ARGUMENT, "smaller");
+  rt_pretraining_config p;
+  OK(rt_pretraining_config_init(&p, sizeof p));
+  CHECK(p.model.struct_size == sizeof(rt_transformer_config) && p.stage.steps == 200);
+  FAILS(rt_pretraining_config_init(&p, 16), RT_ERROR_INVALID_ARGUMENT, "smaller");
+  rt_post_training_config q;
+  OK(rt_post_training_config_init(&q, sizeof q));
+  CHECK(q.lora.struct_size == sizeof(rt_lora_config) && q.fine_tuning_method == RT_FINE_TUNING_LORA);
+  FAILS(rt_post_training_config_init(&q, 16), RT_ERROR_INVALID_ARGUMENT, "smaller");
+  rt_memory_stats m;
+  m.struct_size = sizeof m;
+  FAILS(rt_memory_stats_get(RT_BACKEND_CUDA, &m), RT_ERROR_BACKEND, "cuda backend is not built");
+}
+
 static void test_version_and_names(void) {
   CHECK(rt_abi_version() == ((2u << 16) | 0u));
   CHECK(RT_ABI_VERSION_MAJOR == 2 && RT_ABI_VERSION_MINOR == 0);
@@ -394,7 +432,7 @@ static void test_training_lora_and_files(void) {
   OK(rt_model_has_lora(model, &has_lora));
   CHECK(has_lora == 0);
   lora.targets = 0x100;
-  FAILS(rt_model_add_lora(model, &lora, 3), RT_ERROR_INVALID_ARGUMENT, "RT_LORA_");
+  FAILS(rt_model_add_lora(model, &lora, 3), RT_ERROR_INVALID_ARGUMENT, "LoRA targets 0x100");
   lora.targets = RT_LORA_QUERY | RT_LORA_DOWN;
   OK(rt_model_add_lora(model, &lora, 3));
   OK(rt_model_set_base_trainable(model, 0));
@@ -451,6 +489,11 @@ static void test_training_lora_and_files(void) {
   OK(rt_generate(model, prompt, 2, &g, again, 5, &count, NULL));
   CHECK(memcmp(out, again, sizeof out) == 0);
   FAILS(rt_generate(model, prompt, 2, &g, out, 4, &count, NULL), RT_ERROR_INVALID_ARGUMENT, "capacity 4");
+  g.max_new_tokens = -1;
+  FAILS(rt_generate(model, prompt, 2, &g, out, 4, &count, NULL), RT_ERROR_VALUE, "max_new_tokens must be >= 0");
+  g.max_new_tokens = 0;
+  OK(rt_generate(model, prompt, 2, &g, NULL, 0, &count, NULL));
+  CHECK(count == 0);
   rt_model_destroy(copy);
   rt_model_destroy(model);
 
@@ -497,6 +540,15 @@ static void test_pipelines(void) {
   OK(rt_run_pretraining(&c, NULL, NULL, &r));
   CHECK(r.completed == 1 && r.steps == 4 && r.resumed_from_step == 2);
   CHECK(strstr(r.weights, "model.safetensors") != NULL && access(r.weights, R_OK) == 0);
+  {
+    rt_pretraining_config fresh_dir = c;
+    fresh_dir.stage.output_dir = path_in("never");
+    fresh_dir.stage.resume = 0;
+    rt_run_result small;
+    small.struct_size = 0;
+    FAILS(rt_run_pretraining(&fresh_dir, NULL, NULL, &small), RT_ERROR_INVALID_ARGUMENT, "result->struct_size");
+    CHECK(access(path_in("never"), F_OK) != 0); /* refused before anything was trained or written */
+  }
   c.stage.activation_checkpointing = (rt_activation_checkpointing)3;
   FAILS(rt_run_pretraining(&c, NULL, NULL, &r), RT_ERROR_INVALID_ARGUMENT, "activation checkpointing 3");
   c.stage.activation_checkpointing = RT_ACTIVATION_CHECKPOINTING_DISABLED;
@@ -531,6 +583,7 @@ int main(void) {
   if (mkdtemp(g_dir) == NULL) return 2;
   make_batch();
   test_version_and_names();
+  test_struct_init();
   test_policy_and_parity();
   test_graph_lifetime();
   test_decode_ignores_the_policy();

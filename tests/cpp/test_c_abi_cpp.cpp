@@ -71,6 +71,10 @@ TEST(CAbiStatus, EveryExceptionClassHasItsStatusAndKeepsItsMessage) {
   EXPECT_EQ(status_of([] { throw r::ModelStateError("[load] p: bad"); }), RT_ERROR_MODEL_STATE);
   EXPECT_EQ(status_of([] { throw r::DataError("[data] p: bad"); }), RT_ERROR_DATA);
   EXPECT_EQ(status_of([] { throw r::Error("[pipeline] disk full"); }), RT_ERROR_RUNTIME);
+  EXPECT_EQ(status_of([] {
+              throw std::filesystem::filesystem_error("cannot create directories", std::make_error_code(std::errc::not_a_directory));
+            }),
+            RT_ERROR_MODEL_STATE);
   EXPECT_EQ(status_of([] { throw std::bad_alloc(); }), RT_ERROR_OUT_OF_MEMORY);
   EXPECT_STREQ(rt_last_error_message(), "[test] out of memory");
   EXPECT_EQ(status_of([] { throw std::logic_error("oops"); }), RT_ERROR_INTERNAL);

@@ -261,6 +261,11 @@ TEST(MemoryBudget, RunsThatCannotFitAreRefusedNamingTheSizesAndTouchNothing) {
   configs.push_back(tiny(dir));
   configs.back().batch = 1 << 20;  // batch x sequence x vocabulary logits
   configs.back().sequence_length = 32;
+  configs.push_back(tiny(dir));  // a long context with materialized attention and no checkpointing:
+  configs.back().dimensions = {256, 2048, 256, 16, 256, 1024};  // every layer keeps four (H, T, T) score tensors
+  configs.back().attention = FullSequenceAttentionKind::Materialized;
+  configs.back().batch = 1;
+  configs.back().sequence_length = 2048;
   for (PretrainingConfig& c : configs) {
     const std::string message = message_of<ValueError>([&] { run_pretraining(c); });
     EXPECT_NE(message.find("this run needs at least"), std::string::npos) << message;
@@ -301,9 +306,12 @@ TEST(NonFinite, SettingsAreRefusedByName) {
               std::string::npos);
     Random random(4);
     EXPECT_THROW(DecoderOnlyTransformer(rt_test::tiny_dims(1), random, bad), ValueError);
-    AdamOptions o;
-    o.learning_rate = bad;
-    EXPECT_THROW(o.validate(), ValueError);
+    for (float AdamOptions::*field : {&AdamOptions::learning_rate, &AdamOptions::epsilon, &AdamOptions::weight_decay,
+                                      &AdamOptions::max_grad_norm}) {
+      AdamOptions o;
+      o.*field = bad;
+      EXPECT_THROW(o.validate(), ValueError);
+    }
   }
 }
 
@@ -361,6 +369,47 @@ TEST(NonFinite, ARunStopsAtTheFirstNonFiniteLossWithoutWritingAModel) {
   EXPECT_NE(message.find("stopped before updating the weights"), std::string::npos) << message;
   EXPECT_FALSE(fs::exists(c.output_dir / "model.safetensors"));
   EXPECT_FALSE(fs::exists(c.output_dir / "metadata.json"));
+}
+
+TEST(MemoryBudget, AHugeEvaluationIsRefusedNotRun) {
+  const fs::path dir = fresh_dir("eval");
+  PretrainingConfig c = tiny(dir);
+  c.eval_batches = 99999999999999;
+  EXPECT_NE(message_of<ValueError>([&] { c.validate(); }).find("eval_batches must be in [1, 100000]"),
+            std::string::npos);
+}
+
+// ---- saves never replace what is not a regular file -----------------------------
+
+TEST(AtomicWrites, AFifoASymlinkOrADeviceIsNeverReplaced) {
+  const fs::path dir = fresh_dir("targets");
+  const fs::path fifo = dir / "fifo.safetensors";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  write_bytes(dir / "real.safetensors", "precious");
+  fs::create_symlink(dir / "real.safetensors", dir / "link.safetensors");
+  Random random(9);
+  DecoderOnlyTransformer model(rt_test::tiny_dims(1), random);
+  for (const fs::path& target : {fifo, dir / "link.safetensors", fs::path("/dev/null")}) {
+    const std::string message = message_of<ModelStateError>([&] { save_model_state(model, target); });
+    EXPECT_NE(message.find("not a regular file"), std::string::npos) << message;
+  }
+  EXPECT_TRUE(fs::is_fifo(fifo));
+  EXPECT_TRUE(fs::is_symlink(dir / "link.safetensors"));
+  EXPECT_EQ(read_bytes(dir / "real.safetensors"), "precious");
+  EXPECT_TRUE(fs::is_character_file("/dev/null"));
+  EXPECT_EQ(remove_stale_temporaries(dir), 0);  // and nothing was left behind
+}
+
+TEST(RunDirectory, FileSystemFailuresAreTypedErrorsNamingThePath) {
+  const fs::path dir = fresh_dir("fs_errors");
+  PretrainingConfig c = tiny(dir);
+  write_bytes(dir / "a_file", "x");
+  c.output_dir = dir / "a_file" / "run";  // a file where a directory should be
+  const std::string message = message_of<ModelStateError>([&] { run_pretraining(c); });
+  EXPECT_NE(message.find("cannot create the output directory"), std::string::npos) << message;
+  c.output_dir = dir / "run";
+  fs::create_directories(c.output_dir / kPartialMetricsFile / "not_empty");  // cannot be removed
+  EXPECT_THROW(run_pretraining(c), ModelStateError);
 }
 
 // ---- 6: adapters know their base ----------------------------------------------
