@@ -3,6 +3,7 @@ config classes themselves (so a new C++ field gets a flag with its default):
 nested configs are flattened — model.layers → --layers, lora.rank →
 --lora-rank. Used by pretrain.py and post_train.py."""
 import argparse
+import sys
 
 import riftco
 
@@ -98,3 +99,22 @@ def report_files(result):
     print("files:")
     for role, path in result.files.items():
         print(f"  {role:20s} {path}")
+
+
+def run_stage(stage, config):
+    """Runs `stage` (riftco.pretrain or riftco.post_train) with a progress bar.
+    Returns (result, None) on success, (None, exit code) on Ctrl-C or an error."""
+    progress = Progress(config.steps)
+    try:
+        result = stage(config, progress)
+    except KeyboardInterrupt:
+        progress.close()
+        print(f"\ninterrupted: resume with --resume --output-dir {config.output_dir}")
+        return None, 130
+    except riftco.Error as e:
+        progress.close()
+        print(f"error: {e}", file=sys.stderr)
+        return None, 1
+    progress.close()
+    report_files(result)
+    return result, None

@@ -9,7 +9,7 @@ JSON Lines (every PostTrainingConfig field is a flag; see --help). Example:
 import sys
 
 import riftco
-from config_flags import Progress, config_from, parser_for, report_files
+from config_flags import config_from, parser_for, run_stage
 
 
 def main(argv=None):
@@ -18,19 +18,9 @@ def main(argv=None):
     args = parser.parse_args(argv)
     config = config_from(riftco.PostTrainingConfig, args)
     print(config)
-    progress = Progress(config.steps)
-    try:
-        result = riftco.post_train(config, progress)
-    except KeyboardInterrupt:
-        progress.close()
-        print(f"\ninterrupted: resume with --resume --output-dir {config.output_dir}")
-        return 130
-    except riftco.Error as e:
-        progress.close()
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    progress.close()
-    report_files(result)
+    result, failed = run_stage(riftco.post_train, config)
+    if failed is not None:
+        return failed
     if result.completed:
         model = riftco.load_model(config.base_model)
         if config.fine_tuning_method == "lora":

@@ -8,26 +8,16 @@ is a flag; see --help). Example:
 import sys
 
 import riftco
-from config_flags import Progress, config_from, parser_for, report_files
+from config_flags import config_from, parser_for, run_stage
 
 
 def main(argv=None):
     parser = parser_for(riftco.PretrainingConfig, __doc__.splitlines()[0])
     config = config_from(riftco.PretrainingConfig, parser.parse_args(argv))
     print(config)
-    progress = Progress(config.steps)
-    try:
-        result = riftco.pretrain(config, progress)
-    except KeyboardInterrupt:
-        progress.close()
-        print(f"\ninterrupted: resume with --resume --output-dir {config.output_dir}")
-        return 130
-    except riftco.Error as e:
-        progress.close()
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    progress.close()
-    report_files(result)
+    result, failed = run_stage(riftco.pretrain, config)
+    if failed is not None:
+        return failed
     return 0
 
 
