@@ -36,6 +36,7 @@ cp "$work/pre/model.safetensors" "$out/c_abi/seed-model"              # the C AB
 cp "$work/post/adapter.safetensors" "$out/c_abi/seed-adapter"
 
 head -c 4096 "$root/data/chat_example.jsonl" > "$out/chat_data/seed-example"
+head -c 2048 "$work/corpus.txt" > "$out/chat_data/seed-text"            # a text corpus for TextDataset
 printf '{"prompt": "a", "response": "b"}\n' > "$out/chat_data/seed-one"
 printf '{"step": 3, "loss": 1.5, "validation_loss": null}\n' > "$out/chat_data/seed-metrics"
 printf '{"vocab_size": 256, "context_length": 32, "model_width": 16, "heads": 2, "layers": 2, "feed_forward_width": 32}' \
