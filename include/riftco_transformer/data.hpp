@@ -1,5 +1,5 @@
 #pragma once
-// Training data: a byte tokenizer, text files and the default corpus, a
+// Training data: tokenizers (tokenizer.hpp), text files and the default corpus, a
 // pretraining token stream (TextDataset) and a post-training chat set
 // (ChatDataset). See docs/data.md for the split rules and target layouts.
 #include <cstdint>
@@ -12,30 +12,12 @@
 
 #include "riftco_transformer/errors.hpp"
 #include "riftco_transformer/random.hpp"
+#include "riftco_transformer/tokenizer.hpp"
 
 namespace riftco_transformer {
 
-/// A data file that is missing, unreadable, empty or malformed.
-/// Message: "[data] <path>: <what>".
-class DataError : public Error {
- public:
-  using Error::Error;
-};
-
 /// Target value the losses skip (cross_entropy's default ignore_index).
 inline constexpr std::int32_t kIgnoreTarget = -100;
-
-/// One token per byte: UTF-8 text is encoded as its bytes, ids 0..255.
-class ByteTokenizer {
- public:
-  static constexpr std::int64_t kVocabSize = 256;
-
-  std::vector<std::int32_t> encode(std::string_view text) const;
-  /// The bytes back; ValueError naming the first id outside 0..255 and its
-  /// position. A cut through a multi-byte character gives those raw bytes.
-  std::string decode(std::span<const std::int32_t> ids) const;
-  std::int64_t vocab_size() const { return kVocabSize; }
-};
 
 /// Byte offset of the first invalid UTF-8 sequence (strict: no overlong
 /// forms, no surrogates, nothing above U+10FFFF); nullopt when valid.
@@ -54,8 +36,6 @@ std::string load_fortune_corpus(const std::filesystem::path& dir);
 /// non-empty and valid UTF-8 (the error gives the first bad byte offset).
 std::string load_text_file(const std::filesystem::path& path);
 
-enum class Split { Train, Validation };
-
 /// batch rows of seq_len positions, row-major; targets[i] is the id the model
 /// should predict at position i, or kIgnoreTarget.
 struct TokenBatch {
@@ -65,13 +45,24 @@ struct TokenBatch {
   std::int64_t seq_len = 0;
 };
 
+enum class Split { Train, Validation };
+
+/// The part of `text` a TextDataset with the byte tokenizer holds out
+/// (Validation: the last floor(fraction * bytes) bytes, the cut moved forward
+/// to a UTF-8 character boundary) or trains on (Train: the rest). Subword
+/// tokenizers split the text here too, so every tokenizer holds out the same
+/// text and validation bits per byte compare. ValueError for a fraction
+/// outside [0, 1).
+std::string_view split_text(std::string_view text, Split split, double validation_fraction);
+
 /// A token stream split by position: the first tokens are Train, the last
-/// floor(validation_fraction * count) tokens are Validation. No window
-/// crosses the boundary.
+/// ones Validation: for bytes, the last floor(validation_fraction * count)
+/// tokens; for a subword tokenizer, encode() of each part of split_text()
+/// (so no token straddles the cut). No window crosses the boundary.
 class TextDataset {
  public:
   /// validation_fraction in [0, 1); ValueError otherwise.
-  explicit TextDataset(std::string_view text, const ByteTokenizer& tokenizer = ByteTokenizer{},
+  explicit TextDataset(std::string_view text, const Tokenizer& tokenizer = Tokenizer{},
                        double validation_fraction = 0.1);
 
   std::int64_t train_tokens() const { return train_count_; }
@@ -90,8 +81,9 @@ class TextDataset {
   std::int64_t train_count_ = 0;
 };
 
-/// One prompt/response pair, tokenized. With s = bytes(prompt + response),
-/// P = prompt bytes, L = |s|: tokens = s[0, L-1), targets[i] = s[i+1] when
+/// One prompt/response pair, tokenized. With s = encode(prompt) followed by
+/// encode(response) (for bytes: the bytes of prompt + response), P = the
+/// prompt's token count, L = |s|: tokens = s[0, L-1), targets[i] = s[i+1] when
 /// i + 1 >= P (the next byte is a response byte) and kIgnoreTarget otherwise.
 /// So positions 0..P-2 are masked and exactly |response| targets are real.
 struct ChatExample {
@@ -109,10 +101,10 @@ class ChatDataset {
  public:
   /// DataError "[data] <path>: line N: <what>" for the first bad line, or
   /// "[data] <path>: <what>" for a missing/empty file.
-  static ChatDataset load(const std::filesystem::path& path, const ByteTokenizer& tokenizer = ByteTokenizer{});
+  static ChatDataset load(const std::filesystem::path& path, const Tokenizer& tokenizer = Tokenizer{});
   /// Same rules on in-memory text; `source` names it in errors.
   static ChatDataset parse(std::string_view jsonl, const std::string& source,
-                           const ByteTokenizer& tokenizer = ByteTokenizer{});
+                           const Tokenizer& tokenizer = Tokenizer{});
 
   const std::vector<ChatExample>& examples(Split split) const;
   std::int64_t size(Split split) const { return static_cast<std::int64_t>(examples(split).size()); }

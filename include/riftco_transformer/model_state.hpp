@@ -69,10 +69,25 @@ inline constexpr const char* kModelStateFormat = "riftco.model_state";
 /// Metadata "schema_version" this build writes and reads.
 inline constexpr const char* kModelStateSchemaVersion = "1";
 
+/// The tokenizer a model was trained with, as its model-state file records
+/// it (metadata "tokenizer": {"path": .., "checksum": ..}). Empty: the byte
+/// tokenizer (no "tokenizer" key is written, as before subword tokenizers).
+struct TokenizerRecord {
+  std::string path;      // the model file as the run named it
+  std::string checksum;  // Tokenizer::checksum(): 16 hex digits
+  bool empty() const { return checksum.empty(); }
+};
+
 /// Every parameter by its stable name, plus metadata "format",
 /// "schema_version", "dimensions" (a JSON object of the six
-/// TransformerDimensions fields) and "norm_epsilon".
-void save_model_state(const DecoderOnlyTransformer& model, const std::filesystem::path& path);
+/// TransformerDimensions fields), "norm_epsilon" and, for a subword
+/// tokenizer, "tokenizer".
+void save_model_state(const DecoderOnlyTransformer& model, const std::filesystem::path& path,
+                      const TokenizerRecord& tokenizer = {});
+
+/// The tokenizer recorded in a model-state file (header only); empty for the
+/// byte tokenizer. ModelStateError for a malformed record.
+TokenizerRecord read_model_tokenizer(const std::filesystem::path& path);
 
 /// The dimensions recorded in a model-state file (validated).
 TransformerDimensions read_model_dimensions(const std::filesystem::path& path);

@@ -19,6 +19,7 @@
 #include <string>
 
 #include "riftco_transformer/lora.hpp"
+#include "riftco_transformer/tokenizer.hpp"
 #include "riftco_transformer/transformer.hpp"
 
 namespace riftco_transformer {
@@ -32,6 +33,9 @@ struct StageSettings {
   float dropout = 0.0F;
 
   std::filesystem::path data;  // empty: the stage's default data
+  /// A SentencePiece model file (train_tokenizer, `rt-train tokenizer`);
+  /// empty: the byte tokenizer. The model's vocabulary must match it.
+  std::filesystem::path tokenizer;
   std::int64_t steps = 200;
   std::int64_t batch = 8;
   std::int64_t sequence_length = 64;
@@ -58,12 +62,18 @@ struct StageSettings {
 };
 
 struct PretrainingConfig : StageSettings {
+  /// vocab_size must match the tokenizer; left at 256 with a subword
+  /// tokenizer, the run takes the tokenizer's vocabulary size.
   TransformerDimensions dimensions{256, 128, 128, 4, 4, 344};
   float norm_epsilon = 1.0e-5F;
   /// `data` empty: the default corpus (Debian's fortunes); otherwise a UTF-8 text file.
   double validation_fraction = 0.1;
-  /// ValueError naming the field.
+  /// ValueError naming the field (the vocabulary against the byte tokenizer
+  /// when no tokenizer is set; a tokenizer file is checked when the run loads it).
   void validate() const;
+  /// dimensions with the vocabulary resolved against `tokenizer` (see
+  /// dimensions); ValueError naming both sizes when they conflict.
+  TransformerDimensions dimensions_for(const Tokenizer& tokenizer) const;
 };
 
 enum class FineTuningMethod : std::uint8_t { Lora = 0, Full = 1 };
@@ -83,7 +93,7 @@ struct PostTrainingConfig : StageSettings {
   }
   void validate() const;
   /// validate(), then the settings against the base model's dimensions
-  /// (sequence length within its context, byte vocabulary, LoRA rank).
+  /// (sequence length within its context, LoRA rank).
   void validate_for(const TransformerDimensions& base) const;
 };
 
@@ -115,6 +125,17 @@ struct RunResult {
   std::filesystem::path output_dir;
   std::filesystem::path weights;  // model.safetensors or adapter.safetensors
 };
+
+/// The tokenizer to use with a model-state file. `given` non-empty: that
+/// file, which must be the one the model records (ValueError naming both
+/// checksums otherwise, or naming the byte tokenizer when the model records
+/// none). `given` empty: the byte tokenizer when the model records none;
+/// otherwise, with use_recorded, the recorded file (its path as recorded, or
+/// its name beside the model) when its checksum still matches, and a
+/// ValueError naming the recorded path and checksum when it is missing,
+/// differs, or use_recorded is false. The vocabulary must be the model's.
+Tokenizer tokenizer_for_model(const std::filesystem::path& model, const std::filesystem::path& given,
+                              bool use_recorded = true);
 
 RunResult run_pretraining(const PretrainingConfig& config, const ProgressCallback& progress = {});
 RunResult run_post_training(const PostTrainingConfig& config, const ProgressCallback& progress = {});

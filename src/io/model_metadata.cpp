@@ -65,6 +65,29 @@ TransformerDimensions parse_dimensions(const std::filesystem::path& path, const 
   return dimensions;
 }
 
+std::string tokenizer_json(const TokenizerRecord& record) {
+  nlohmann::ordered_json json = {{"path", record.path}, {"checksum", record.checksum}};
+  return json.dump();
+}
+
+TokenizerRecord parse_tokenizer_record(const std::filesystem::path& path, const std::string& text) {
+  const std::string where = "metadata \"tokenizer\" " + quote(text) + ": ";
+  TokenizerRecord record;
+  try {
+    const Json json = parse_untrusted_json(text);
+    if (!json.is_object()) load_error(path, where + "not a JSON object");
+    record.path = json_string(json, "path");
+    record.checksum = json_string(json, "checksum");
+    if (json.size() != 2) load_error(path, where + "has unknown fields");
+  } catch (const JsonReadError& e) {
+    load_error(path, where + e.what());
+  }
+  const bool hex = record.checksum.size() == 16 &&
+                   record.checksum.find_first_not_of("0123456789abcdef") == std::string::npos;
+  if (!hex) load_error(path, where + "checksum is not 16 lowercase hex digits");
+  return record;
+}
+
 void check_finite(const std::filesystem::path& path, const TensorFile& file) {
   for (const auto& [name, tensor] : file.tensors) {
     const std::span<const float> values = tensor.values();

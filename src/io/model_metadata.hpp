@@ -18,6 +18,10 @@ const std::string& required(const std::filesystem::path& path, const std::map<st
                             const std::string& key);
 /// Parses and validates dimensions_json() text.
 TransformerDimensions parse_dimensions(const std::filesystem::path& path, const std::string& text);
+/// {"path": .., "checksum": ..} of a TokenizerRecord.
+std::string tokenizer_json(const TokenizerRecord& record);
+/// Parses and validates tokenizer_json() text (checksum: 16 hex digits).
+TokenizerRecord parse_tokenizer_record(const std::filesystem::path& path, const std::string& text);
 /// "[load] <path>: tensor 'x' holds N values that are not finite (first: nan at element i)" for the
 /// first tensor of `file` holding NaN or infinity.
 void check_finite(const std::filesystem::path& path, const TensorFile& file);

@@ -97,19 +97,29 @@ void apply_model_state(DecoderOnlyTransformer& model, const TensorFile& file, co
 
 }  // namespace
 
-void save_model_state(const DecoderOnlyTransformer& model, const std::filesystem::path& path) {
+void save_model_state(const DecoderOnlyTransformer& model, const std::filesystem::path& path,
+                      const TokenizerRecord& tokenizer) {
   model.validate_parameters();  // a file that could not be loaded back is never written
   std::vector<std::pair<std::string, Tensor>> tensors;
   for (const NamedParameter& parameter : model.parameters()) {
     tensors.emplace_back(parameter.name, parameter.variable.value());
   }
-  const std::map<std::string, std::string> metadata = {
+  std::map<std::string, std::string> metadata = {
       {"format", kModelStateFormat},
       {"schema_version", kModelStateSchemaVersion},
       {"dimensions", dimensions_json(model.dimensions())},
       {"norm_epsilon", float_string(model.norm_epsilon())},
   };
+  if (!tokenizer.empty()) metadata["tokenizer"] = detail::tokenizer_json(tokenizer);
   write_safetensors(path, tensors, metadata);
+}
+
+TokenizerRecord read_model_tokenizer(const std::filesystem::path& path) {
+  const std::map<std::string, std::string> metadata = detail::read_safetensors_header(path).metadata;
+  (void)parse_model_metadata(path, metadata);
+  const auto it = metadata.find("tokenizer");
+  if (it == metadata.end()) return {};
+  return detail::parse_tokenizer_record(path, it->second);
 }
 
 TransformerDimensions read_model_dimensions(const std::filesystem::path& path) {

@@ -24,11 +24,14 @@ std::string string_field(const detail::Json& object, const char* key, const std:
   }
 }
 
-// s = prompt + response; tokens = s[0, L-1); targets[i] = s[i+1] if i+1 >= P.
-ChatExample make_example(const ByteTokenizer& tokenizer, const std::string& prompt, const std::string& response,
+// s = encode(prompt) + encode(response); tokens = s[0, L-1); targets[i] =
+// s[i+1] if i+1 >= P. For bytes this is the bytes of prompt + response.
+ChatExample make_example(const Tokenizer& tokenizer, const std::string& prompt, const std::string& response,
                          std::int64_t line) {
-  const std::vector<std::int32_t> s = tokenizer.encode(prompt + response);
-  const auto prompt_len = static_cast<std::int64_t>(tokenizer.encode(prompt).size());
+  std::vector<std::int32_t> s = tokenizer.encode(prompt);
+  const auto prompt_len = static_cast<std::int64_t>(s.size());
+  const std::vector<std::int32_t> r = tokenizer.encode(response);
+  s.insert(s.end(), r.begin(), r.end());
   ChatExample ex;
   ex.prompt_tokens = prompt_len;
   ex.line = line;
@@ -42,13 +45,13 @@ ChatExample make_example(const ByteTokenizer& tokenizer, const std::string& prom
 
 }  // namespace
 
-ChatDataset ChatDataset::load(const std::filesystem::path& path, const ByteTokenizer& tokenizer) {
+ChatDataset ChatDataset::load(const std::filesystem::path& path, const Tokenizer& tokenizer) {
   std::string text;
   if (const auto why = read_regular_file(path, text)) throw DataError("[data] " + path.string() + ": " + *why);
   return parse(text, path.string(), tokenizer);
 }
 
-ChatDataset ChatDataset::parse(std::string_view jsonl, const std::string& source, const ByteTokenizer& tokenizer) {
+ChatDataset ChatDataset::parse(std::string_view jsonl, const std::string& source, const Tokenizer& tokenizer) {
   std::vector<ChatExample> all;
   std::int64_t line_number = 0;
   std::size_t pos = 0;

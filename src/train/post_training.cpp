@@ -29,16 +29,19 @@ void PostTrainingConfig::validate() const {
 void PostTrainingConfig::validate_for(const TransformerDimensions& base) const {
   validate();
   stage::validate_settings(*this, base.context_length, "PostTrainingConfig");
-  if (base.vocab_size != ByteTokenizer::kVocabSize) {
+  if (tokenizer.empty() && base.vocab_size != ByteTokenizer::kVocabSize) {
     throw ValueError("[PostTrainingConfig] the base model's vocabulary is " + std::to_string(base.vocab_size) +
-                     "; the byte tokenizer needs 256");
+                     "; it must match the tokenizer, and the byte tokenizer has 256 (set tokenizer to the base "
+                     "model's)");
   }
   if (fine_tuning_method == FineTuningMethod::Lora) lora.validate_for(base, "PostTrainingConfig");
 }
 
 RunResult run_post_training(const PostTrainingConfig& config, const ProgressCallback& progress) {
   config.validate();
-  const ChatDataset dataset = ChatDataset::load(config.data);
+  // The base model's recorded tokenizer must be the one given (or none).
+  const Tokenizer tokenizer = tokenizer_for_model(config.base_model, config.tokenizer, false);
+  const ChatDataset dataset = ChatDataset::load(config.data, tokenizer);
   if (dataset.size(Split::Validation) == 0) {
     throw DataError("[data] " + config.data.string() + ": " + std::to_string(dataset.size(Split::Train)) +
                     " examples; at least 10 are needed so that every 10th can be held out for validation");
@@ -76,6 +79,7 @@ RunResult run_post_training(const PostTrainingConfig& config, const ProgressCall
   run.config = stage::settings_json(config);
   run.config["base_model"] = config.base_model.string();
   run.config["base_model_fingerprint"] = stage::fingerprint(stage::read_bytes(config.base_model));
+  run.config["tokenizer_checksum"] = tokenizer.checksum();
   run.config["allow_non_finite"] = config.allow_non_finite;
   run.config["data_fingerprint"] = stage::fingerprint(stage::read_bytes(config.data));
   run.config["fine_tuning_method"] = fine_tuning_method_name(config.fine_tuning_method);
@@ -89,14 +93,16 @@ RunResult run_post_training(const PostTrainingConfig& config, const ProgressCall
   run.facts = {{"base_parameters", model->parameter_count()},
                {"trainable_parameters", trainable},
                {"train_examples", dataset.size(Split::Train)},
-               {"validation_examples", dataset.size(Split::Validation)}};
+               {"validation_examples", dataset.size(Split::Validation)},
+               {"tokenizer", tokenizer.description()}};
   DecoderOnlyTransformer* m = model.get();
-  run.save_weights = [m, lora](const std::filesystem::path& dir) {
+  const TokenizerRecord record{tokenizer.path().string(), tokenizer.checksum()};
+  run.save_weights = [m, lora, record](const std::filesystem::path& dir) {
     const std::filesystem::path path = dir / (lora ? "adapter.safetensors" : "model.safetensors");
     if (lora) {
       save_adapter_state(*m, path);
     } else {
-      save_model_state(*m, path);
+      save_model_state(*m, path, record);
     }
     return path;
   };

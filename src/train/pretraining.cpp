@@ -9,9 +9,9 @@ namespace riftco_transformer {
 
 void PretrainingConfig::validate() const {
   dimensions.validate();
-  if (dimensions.vocab_size != ByteTokenizer::kVocabSize) {
-    throw ValueError("[PretrainingConfig] vocab_size must be 256 (the byte tokenizer), got " +
-                     std::to_string(dimensions.vocab_size));
+  if (tokenizer.empty() && dimensions.vocab_size != ByteTokenizer::kVocabSize) {
+    throw ValueError("[PretrainingConfig] vocab_size must match the tokenizer: the byte tokenizer has 256, got " +
+                     std::to_string(dimensions.vocab_size) + " (set tokenizer to train with a subword vocabulary)");
   }
   if (!(norm_epsilon > 0.0F) || !std::isfinite(norm_epsilon)) {
     throw ValueError("[PretrainingConfig] norm_epsilon must be a finite number > 0, got " + std::to_string(norm_epsilon));
@@ -22,15 +22,29 @@ void PretrainingConfig::validate() const {
   stage::validate_settings(*this, dimensions.context_length, "PretrainingConfig");
 }
 
+TransformerDimensions PretrainingConfig::dimensions_for(const Tokenizer& t) const {
+  TransformerDimensions d = dimensions;
+  if (t.is_bytes() || d.vocab_size == t.vocab_size()) return d;
+  if (d.vocab_size != ByteTokenizer::kVocabSize) {
+    throw ValueError("[PretrainingConfig] vocab_size must match the tokenizer: " + t.description() + " has " +
+                     std::to_string(t.vocab_size()) + ", got " + std::to_string(d.vocab_size) +
+                     " (leave it at 256 to take the tokenizer's)");
+  }
+  d.vocab_size = t.vocab_size();
+  d.validate();
+  return d;
+}
+
 RunResult run_pretraining(const PretrainingConfig& config, const ProgressCallback& progress) {
   config.validate();
   // Everything that can fail on bad input happens before the output
   // directory is touched, a run too large for this machine included.
-  stage::check_memory_budget(
-      stage::estimate_training_memory(config.dimensions, config.dimensions.parameter_count(), 0, config),
-      "pretraining");
+  const Tokenizer tokenizer = config.tokenizer.empty() ? Tokenizer{} : Tokenizer::load(config.tokenizer);
+  const TransformerDimensions dims = config.dimensions_for(tokenizer);
+  stage::check_memory_budget(stage::estimate_training_memory(dims, dims.parameter_count(), 0, config),
+                             "pretraining");
   const std::string text = config.data.empty() ? load_default_corpus() : load_text_file(config.data);
-  const TextDataset dataset(text, ByteTokenizer{}, config.validation_fraction);
+  const TextDataset dataset(text, tokenizer, config.validation_fraction);
   for (const Split split : {Split::Train, Split::Validation}) {
     if (static_cast<std::int64_t>(dataset.tokens(split).size()) < config.sequence_length + 1) {
       throw DataError("[data] " + (config.data.empty() ? std::string("default corpus") : config.data.string()) +
@@ -40,7 +54,7 @@ RunResult run_pretraining(const PretrainingConfig& config, const ProgressCallbac
     }
   }
   Random init(config.seed);
-  DecoderOnlyTransformer model(config.dimensions, init, config.norm_epsilon, config.attention,
+  DecoderOnlyTransformer model(dims, init, config.norm_epsilon, config.attention,
                                config.activation_checkpointing);
 
   stage::StageRun run;
@@ -56,18 +70,20 @@ RunResult run_pretraining(const PretrainingConfig& config, const ProgressCallbac
                                            : config.data.string();
   run.config["validation_fraction"] = config.validation_fraction;
   run.config["data_fingerprint"] = stage::fingerprint(text);  // resume refuses changed data
+  run.config["tokenizer_checksum"] = tokenizer.checksum();  // resume refuses another tokenizer
   run.config["norm_epsilon"] = stage::json_number(config.norm_epsilon);
-  const TransformerDimensions& d = config.dimensions;
+  const TransformerDimensions& d = dims;
   run.config["dimensions"] = {{"vocab_size", d.vocab_size},   {"context_length", d.context_length},
                               {"model_width", d.model_width}, {"heads", d.heads},
                               {"layers", d.layers},           {"feed_forward_width", d.feed_forward_width}};
   run.facts = {{"parameters", model.parameter_count()},
                {"train_tokens", dataset.train_tokens()},
                {"validation_tokens", dataset.validation_tokens()},
-               {"tokenizer", "bytes (vocabulary 256)"}};
-  run.save_weights = [&model](const std::filesystem::path& dir) {
+               {"tokenizer", tokenizer.description()}};
+  const TokenizerRecord record{tokenizer.path().string(), tokenizer.checksum()};
+  run.save_weights = [&model, record](const std::filesystem::path& dir) {
     const std::filesystem::path path = dir / "model.safetensors";
-    save_model_state(model, path);
+    save_model_state(model, path, record);
     return path;
   };
   return stage::run(run, progress);

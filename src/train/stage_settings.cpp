@@ -98,6 +98,7 @@ nlohmann::json settings_json(const StageSettings& s) {
           {"checkpoint_segment_blocks", s.checkpoint_segment_blocks},
           {"dropout", json_number(s.dropout)},
           {"data", s.data.string()},
+          {"tokenizer", s.tokenizer.string()},
           {"steps", s.steps},
           {"batch", s.batch},
           {"sequence_length", s.sequence_length},

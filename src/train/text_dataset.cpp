@@ -6,15 +6,32 @@
 
 namespace riftco_transformer {
 
-TextDataset::TextDataset(std::string_view text, const ByteTokenizer& tokenizer, double validation_fraction) {
+TextDataset::TextDataset(std::string_view text, const Tokenizer& tokenizer, double validation_fraction) {
   if (!(validation_fraction >= 0.0 && validation_fraction < 1.0)) {
     throw ValueError("[TextDataset] validation_fraction " + std::to_string(validation_fraction) +
                      " must be in [0, 1)");
   }
-  tokens_ = tokenizer.encode(text);
-  const auto count = static_cast<std::int64_t>(tokens_.size());
-  const auto validation = static_cast<std::int64_t>(std::floor(validation_fraction * static_cast<double>(count)));
-  train_count_ = count - validation;
+  if (tokenizer.is_bytes()) {
+    tokens_ = tokenizer.encode(text);
+    const auto count = static_cast<std::int64_t>(tokens_.size());
+    const auto validation = static_cast<std::int64_t>(std::floor(validation_fraction * static_cast<double>(count)));
+    train_count_ = count - validation;
+    return;
+  }
+  tokens_ = tokenizer.encode(split_text(text, Split::Train, validation_fraction));
+  train_count_ = static_cast<std::int64_t>(tokens_.size());
+  const std::vector<std::int32_t> held_out = tokenizer.encode(split_text(text, Split::Validation, validation_fraction));
+  tokens_.insert(tokens_.end(), held_out.begin(), held_out.end());
+}
+
+std::string_view split_text(std::string_view text, Split split, double validation_fraction) {
+  if (!(validation_fraction >= 0.0 && validation_fraction < 1.0)) {
+    throw ValueError("[split_text] validation_fraction " + std::to_string(validation_fraction) + " must be in [0, 1)");
+  }
+  const auto held = static_cast<std::size_t>(std::floor(validation_fraction * static_cast<double>(text.size())));
+  std::size_t cut = text.size() - held;
+  while (cut < text.size() && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) ++cut;
+  return split == Split::Train ? text.substr(0, cut) : text.substr(cut);
 }
 
 std::span<const std::int32_t> TextDataset::tokens(Split split) const {

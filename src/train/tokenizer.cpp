@@ -1,4 +1,5 @@
 // ByteTokenizer and the strict UTF-8 check used by every text loader.
+// (SentencePiece models: tokenizer_sentencepiece.cpp.)
 #include <string>
 
 #include "riftco_transformer/data.hpp"

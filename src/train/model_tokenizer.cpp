@@ -1,0 +1,56 @@
+// tokenizer_for_model(): the tokenizer a model-state file was trained with.
+#include <system_error>
+
+#include "riftco_transformer/model_state.hpp"
+#include "riftco_transformer/pipelines.hpp"
+
+namespace riftco_transformer {
+namespace {
+
+Tokenizer check_vocab(Tokenizer tokenizer, const std::filesystem::path& model) {
+  const TransformerDimensions d = read_model_dimensions(model);
+  if (tokenizer.vocab_size() != d.vocab_size) {
+    throw ValueError("[tokenizer] " + model.string() + " has a vocabulary of " + std::to_string(d.vocab_size) +
+                     " but the tokenizer, " + tokenizer.description() + ", has " +
+                     std::to_string(tokenizer.vocab_size()));
+  }
+  return tokenizer;
+}
+
+}  // namespace
+
+Tokenizer tokenizer_for_model(const std::filesystem::path& model, const std::filesystem::path& given,
+                              bool use_recorded) {
+  const TokenizerRecord recorded = read_model_tokenizer(model);
+  const std::string recorded_text =
+      recorded.empty() ? std::string("the byte tokenizer")
+                       : "tokenizer " + recorded.path + " (checksum " + recorded.checksum + ")";
+  if (!given.empty()) {
+    Tokenizer tokenizer = Tokenizer::load(given);
+    if (tokenizer.checksum() != recorded.checksum) {
+      throw ValueError("[tokenizer] " + model.string() + " was trained with " + recorded_text + ", not with " +
+                       given.string() + " (checksum " + tokenizer.checksum() + ")");
+    }
+    return check_vocab(std::move(tokenizer), model);
+  }
+  if (recorded.empty()) return check_vocab(Tokenizer{}, model);
+  if (!use_recorded) {
+    throw ValueError("[tokenizer] " + model.string() + " was trained with " + recorded_text +
+                     "; name it (tokenizer / --tokenizer): the byte tokenizer does not fit this model");
+  }
+  const std::filesystem::path as_recorded(recorded.path);
+  const std::filesystem::path beside = model.parent_path() / as_recorded.filename();
+  std::error_code ec;
+  for (const std::filesystem::path& candidate : {as_recorded, beside}) {
+    if (!std::filesystem::is_regular_file(candidate, ec)) continue;
+    Tokenizer tokenizer = Tokenizer::load(candidate);
+    if (tokenizer.checksum() == recorded.checksum) return check_vocab(std::move(tokenizer), model);
+    throw ValueError("[tokenizer] " + model.string() + " was trained with " + recorded_text + ", but " +
+                     candidate.string() + " now has checksum " + tokenizer.checksum() +
+                     " (retrained or replaced); pass the original with --tokenizer");
+  }
+  throw ValueError("[tokenizer] " + model.string() + " was trained with " + recorded_text +
+                   ", which is not found (as recorded, nor as " + beside.string() + "); pass it with --tokenizer");
+}
+
+}  // namespace riftco_transformer

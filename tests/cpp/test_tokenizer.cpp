@@ -1,0 +1,339 @@
+// SentencePiece tokenizers: training, determinism, round trips, hostile
+// model files, evaluation (bits per byte) and the pipelines' tokenizer rules.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <numbers>
+#include <sstream>
+
+#include "riftco_transformer/data.hpp"
+#include "riftco_transformer/evaluation.hpp"
+#include "riftco_transformer/model_state.hpp"
+#include "riftco_transformer/pipelines.hpp"
+
+using namespace riftco_transformer;
+namespace fs = std::filesystem;
+
+namespace {
+
+fs::path fresh_dir(const std::string& name) {
+  const fs::path dir = fs::temp_directory_path() / ("riftco_tok_" + std::to_string(::getpid()) + "_" + name);
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+
+std::string read_file(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+void write_file(const fs::path& p, const std::string& bytes) { std::ofstream(p, std::ios::binary) << bytes; }
+
+// ~60 KB of varied English-like text with some non-ASCII characters.
+std::string sample_text() {
+  static const char* words[] = {"the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "while",
+                                "riftco", "trains", "small", "models", "on", "two", "cores", "naïve", "café"};
+  std::string text;
+  std::uint64_t x = 12345;
+  for (int line = 0; line < 1500; ++line) {
+    for (int w = 0; w < 7; ++w) {
+      x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+      text += words[(x >> 33) % std::size(words)];
+      text += w == 6 ? ".\n" : " ";
+    }
+    if (line % 10 == 9) text += "\n";
+  }
+  return text;
+}
+
+template <class E, class F>
+std::string message_of(F&& f) {
+  try {
+    f();
+  } catch (const E& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "wrong exception type: " << e.what();
+    return "";
+  }
+  ADD_FAILURE() << "no exception";
+  return "";
+}
+
+}  // namespace
+
+TEST(Tokenizer, BytesIsTheDefault) {
+  const Tokenizer t;
+  EXPECT_TRUE(t.is_bytes());
+  EXPECT_EQ(t.vocab_size(), 256);
+  EXPECT_EQ(t.checksum(), "");
+  const std::vector<std::int32_t> ids = t.encode("héllo");
+  EXPECT_EQ(ids, ByteTokenizer{}.encode("héllo"));
+  EXPECT_EQ(t.byte_length(ids), 6);
+  EXPECT_EQ(t.decode(ids), "héllo");
+}
+
+TEST(Tokenizer, TrainingIsDeterministicAndRoundTrips) {
+  const fs::path dir = fresh_dir("train");
+  const std::string text = sample_text();
+  for (const TokenizerModelType type : {TokenizerModelType::Bpe, TokenizerModelType::Unigram}) {
+    SCOPED_TRACE(tokenizer_model_type_name(type));
+    TokenizerTrainingOptions options;
+    options.vocab_size = 320;  // unigram allows at most 323 on this text
+    options.model_type = type;
+    const Tokenizer a = train_tokenizer(text, options, dir / "a.model");
+    const Tokenizer b = train_tokenizer(text, options, dir / "b.model");
+    EXPECT_EQ(read_file(dir / "a.model"), read_file(dir / "b.model"));  // same bytes
+    EXPECT_EQ(a.checksum(), b.checksum());
+    EXPECT_EQ(a.checksum().size(), 16U);
+    EXPECT_EQ(a.vocab_size(), 320);
+    EXPECT_FALSE(a.is_bytes());
+    const Tokenizer loaded = Tokenizer::load(dir / "a.model");
+    EXPECT_EQ(loaded.checksum(), a.checksum());
+    EXPECT_EQ(loaded.path(), dir / "a.model");
+
+    const std::vector<std::int32_t> ids = loaded.encode(text);
+    EXPECT_LT(ids.size() * 10, text.size() * 7);  // subwords, not bytes
+    EXPECT_EQ(loaded.decode(ids), text);
+    EXPECT_EQ(loaded.byte_length(ids), static_cast<std::int64_t>(text.size()));
+    // Unseen characters (and spaces, newlines) survive through byte fallback.
+    const std::string odd = "  Zürich\t→ 🦊\n\nQ";
+    const std::vector<std::int32_t> odd_ids = loaded.encode(odd);
+    EXPECT_EQ(loaded.decode(odd_ids), odd);
+    EXPECT_EQ(loaded.byte_length(odd_ids), static_cast<std::int64_t>(odd.size()));
+    EXPECT_NE(message_of<ValueError>([&] { (void)loaded.decode(std::vector<std::int32_t>{1, 1000}); })
+                  .find("id 1000 at position 1"),
+              std::string::npos);
+  }
+  // Another vocabulary size gives another model.
+  TokenizerTrainingOptions other;
+  other.vocab_size = 310;
+  EXPECT_NE(train_tokenizer(text, other, dir / "c.model").checksum(), Tokenizer::load(dir / "b.model").checksum());
+  fs::remove_all(dir);
+}
+
+TEST(Tokenizer, BadOptionsAndTextAreTypedErrors) {
+  const fs::path dir = fresh_dir("bad_options");
+  TokenizerTrainingOptions small;
+  small.vocab_size = 10;
+  EXPECT_NE(message_of<ValueError>([&] { train_tokenizer(sample_text(), small, dir / "t.model"); })
+                .find("vocab_size must be in [260, 1048576]"),
+            std::string::npos);
+  TokenizerTrainingOptions huge;
+  huge.vocab_size = 100000;  // far more pieces than this text has
+  huge.model_type = TokenizerModelType::Unigram;
+  EXPECT_NE(message_of<ValueError>([&] { train_tokenizer("a b c\nd e f\n", huge, dir / "t.model"); })
+                .find("SentencePiece refused"),
+            std::string::npos);
+  TokenizerTrainingOptions ok;
+  ok.vocab_size = 300;
+  EXPECT_NE(message_of<DataError>([&] { train_tokenizer(" \n\n", ok, dir / "t.model"); }).find("empty"),
+            std::string::npos);
+  EXPECT_THROW(parse_tokenizer_model_type("wordpiece"), ValueError);
+  EXPECT_FALSE(fs::exists(dir / "t.model"));  // nothing written on failure
+  fs::remove_all(dir);
+}
+
+TEST(Tokenizer, HostileModelFilesAreDataErrors) {
+  const fs::path dir = fresh_dir("hostile");
+  TokenizerTrainingOptions options;
+  options.vocab_size = 300;
+  train_tokenizer(sample_text(), options, dir / "good.model");
+  const std::string good = read_file(dir / "good.model");
+
+  EXPECT_NE(message_of<DataError>([&] { Tokenizer::load(dir / "missing.model"); }).find("[tokenizer]"),
+            std::string::npos);
+  EXPECT_THROW(Tokenizer::load(dir), DataError);  // a directory
+  write_file(dir / "empty.model", "");
+  EXPECT_THROW(Tokenizer::load(dir / "empty.model"), DataError);
+  write_file(dir / "text.model", "this is not a protobuf at all \xff\xfe");
+  EXPECT_THROW(Tokenizer::load(dir / "text.model"), DataError);
+  // Truncations and bit flips: a typed error or a valid model, never a crash.
+  std::int64_t refused = 0;
+  for (std::size_t cut = 1; cut < good.size(); cut += good.size() / 97 + 1) {
+    try {
+      (void)Tokenizer::from_serialized(std::string_view(good).substr(0, cut), "cut.model");
+    } catch (const DataError&) {
+      ++refused;
+    }
+  }
+  EXPECT_GT(refused, 0);
+  for (std::size_t i = 0; i < good.size(); i += good.size() / 211 + 1) {
+    std::string flipped = good;
+    flipped[i] = static_cast<char>(flipped[i] ^ 0x5A);
+    try {
+      const Tokenizer t = Tokenizer::from_serialized(flipped, "flipped.model");
+      const std::vector<std::int32_t> ids = t.encode("the quick brown fox");
+      (void)t.decode(ids);
+      (void)t.byte_length(ids);
+    } catch (const DataError&) {
+    } catch (const ValueError&) {
+    }
+  }
+  fs::remove_all(dir);
+}
+
+TEST(Evaluation, ByteLevelBitsPerByteIsLossOverLn2Exactly) {
+  Random init(3);
+  DecoderOnlyTransformer model({256, 16, 16, 2, 1, 24}, init);
+  const std::string text = sample_text().substr(0, 500);
+  EvaluationOptions options;
+  options.batch = 3;
+  const EvaluationResult r = evaluate(model, text, Tokenizer{}, options);
+  EXPECT_EQ(r.tokens, 499);
+  EXPECT_EQ(r.bytes, 499);
+  EXPECT_EQ(r.bits_per_byte, r.loss / std::numbers::ln2);
+  EXPECT_DOUBLE_EQ(r.perplexity, std::exp(r.loss));
+  EXPECT_NEAR(r.loss, std::log(256.0), 0.5);  // an untrained model is near uniform
+  // The batch size does not change the windows, only how many run at once.
+  options.batch = 1;
+  EXPECT_NEAR(evaluate(model, text, Tokenizer{}, options).loss, r.loss, 1e-5);
+  // The windows by hand: 500 ids, windows of 16 over the 499 targets.
+  double total = 0.0;
+  {
+    NoGradGuard no_graph;
+    const std::vector<std::int32_t> ids = Tokenizer{}.encode(text);
+    for (std::size_t s = 0; s + 1 < ids.size(); s += 16) {
+      const std::size_t n = std::min<std::size_t>(16, ids.size() - 1 - s);
+      const std::vector<std::int32_t> in(ids.begin() + s, ids.begin() + s + n);
+      const std::vector<std::int32_t> tg(ids.begin() + s + 1, ids.begin() + s + n + 1);
+      total += model.loss(in, tg, 1).value().item() * static_cast<double>(n);
+    }
+  }
+  EXPECT_NEAR(r.loss, total / 499.0, 1e-5);
+  EXPECT_THROW(evaluate(model, "a", Tokenizer{}), DataError);
+  options.sequence_length = 17;
+  EXPECT_THROW(evaluate(model, text, Tokenizer{}, options), ValueError);
+}
+
+TEST(Evaluation, SubwordBytesCoverTheTextAndVocabularyMustMatch) {
+  const fs::path dir = fresh_dir("eval");
+  TokenizerTrainingOptions options;
+  options.vocab_size = 300;
+  const Tokenizer tok = train_tokenizer(sample_text(), options, dir / "t.model");
+  const std::string text = sample_text().substr(0, 2000);
+  Random init(4);
+  DecoderOnlyTransformer model({300, 32, 16, 2, 1, 24}, init);
+  const EvaluationResult r = evaluate(model, text, tok);
+  const std::vector<std::int32_t> ids = tok.encode(text);
+  EXPECT_EQ(r.tokens, static_cast<std::int64_t>(ids.size()) - 1);
+  EXPECT_EQ(r.bytes, static_cast<std::int64_t>(text.size()) - tok.byte_length(std::span(ids).first(1)));
+  EXPECT_NEAR(r.bits_per_byte, r.loss * r.tokens / (r.bytes * std::numbers::ln2), 1e-12);
+  EXPECT_LT(r.tokens, r.bytes);
+
+  DecoderOnlyTransformer bytes_model({256, 32, 16, 2, 1, 24}, init);
+  const std::string msg = message_of<ValueError>([&] { evaluate(bytes_model, text, tok); });
+  EXPECT_NE(msg.find("vocabulary is 300"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("the model's is 256"), std::string::npos) << msg;
+  fs::remove_all(dir);
+}
+
+TEST(Pipelines, PretrainingWithATokenizerRecordsItAndRefusesAnother) {
+  const fs::path dir = fresh_dir("pipeline");
+  const std::string text = sample_text();
+  write_file(dir / "corpus.txt", text);
+  TokenizerTrainingOptions options;
+  options.vocab_size = 300;
+  const Tokenizer tok = train_tokenizer(text, options, dir / "t.model");
+  options.vocab_size = 310;
+  const Tokenizer other = train_tokenizer(text, options, dir / "other.model");
+
+  PretrainingConfig c;
+  c.dimensions = {256, 32, 16, 2, 1, 32};  // vocab left at 256: taken from the tokenizer
+  c.data = dir / "corpus.txt";
+  c.tokenizer = dir / "t.model";
+  c.steps = 4;
+  c.batch = 2;
+  c.sequence_length = 16;
+  c.eval_interval = 2;
+  c.eval_batches = 1;
+  c.checkpoint_interval = 2;
+  c.output_dir = dir / "run";
+  ASSERT_TRUE(run_pretraining(c).completed);
+  const fs::path model = c.output_dir / "model.safetensors";
+  EXPECT_EQ(read_model_dimensions(model).vocab_size, 300);
+  const TokenizerRecord record = read_model_tokenizer(model);
+  EXPECT_EQ(record.checksum, tok.checksum());
+  EXPECT_EQ(record.path, (dir / "t.model").string());
+  const nlohmann::json meta = nlohmann::json::parse(read_file(c.output_dir / "metadata.json"));
+  EXPECT_EQ(meta["config"]["tokenizer"], (dir / "t.model").string());
+  EXPECT_EQ(meta["config"]["tokenizer_checksum"], tok.checksum());
+  EXPECT_EQ(meta["config"]["dimensions"]["vocab_size"], 300);
+
+  // The model's tokenizer: the recorded one, found; another is refused by checksum.
+  EXPECT_EQ(tokenizer_for_model(model, "").checksum(), tok.checksum());
+  EXPECT_EQ(tokenizer_for_model(model, dir / "t.model").checksum(), tok.checksum());
+  std::string msg = message_of<ValueError>([&] { tokenizer_for_model(model, dir / "other.model"); });
+  EXPECT_NE(msg.find(tok.checksum()), std::string::npos) << msg;
+  EXPECT_NE(msg.find(other.checksum()), std::string::npos) << msg;
+  EXPECT_THROW(tokenizer_for_model(model, "", false), ValueError);
+
+  // A conflicting explicit vocabulary is refused; so is a byte-level vocabulary other than 256.
+  PretrainingConfig conflict = c;
+  conflict.dimensions.vocab_size = 512;
+  conflict.output_dir = dir / "conflict";
+  msg = message_of<ValueError>([&] { run_pretraining(conflict); });
+  EXPECT_NE(msg.find("vocab_size must match the tokenizer"), std::string::npos) << msg;
+  conflict.tokenizer.clear();
+  EXPECT_THROW(conflict.validate(), ValueError);
+  EXPECT_FALSE(fs::exists(dir / "conflict"));
+
+  // Resume with another tokenizer is refused (the checkpoint records the checksum).
+  PretrainingConfig interrupted = c;
+  interrupted.output_dir = dir / "resume";
+  run_pretraining(interrupted, [](const StepReport& s) { return s.step < 3; });
+  interrupted.resume = true;
+  interrupted.tokenizer = dir / "other.model";
+  EXPECT_ANY_THROW(run_pretraining(interrupted));
+
+  // Post-training: the base's tokenizer must be named; a byte-level base refuses a subword one.
+  std::string chat;
+  for (int i = 0; i < 12; ++i) chat += R"({"prompt": "the quick ", "response": "brown fox jumps"})" "\n";
+  write_file(dir / "chat.jsonl", chat);
+  PostTrainingConfig p;
+  p.base_model = model;
+  p.data = dir / "chat.jsonl";
+  p.steps = 2;
+  p.batch = 2;
+  p.sequence_length = 16;
+  p.eval_batches = 1;
+  p.lora.rank = 2;
+  p.output_dir = dir / "post";
+  msg = message_of<ValueError>([&] { run_post_training(p); });
+  EXPECT_NE(msg.find(tok.checksum()), std::string::npos) << msg;
+  p.tokenizer = dir / "other.model";
+  EXPECT_THROW(run_post_training(p), ValueError);
+  EXPECT_FALSE(fs::exists(dir / "post"));
+  p.tokenizer = dir / "t.model";
+  p.fine_tuning_method = FineTuningMethod::Full;
+  ASSERT_TRUE(run_post_training(p).completed);
+  EXPECT_EQ(read_model_tokenizer(p.output_dir / "model.safetensors").checksum, tok.checksum());
+  fs::remove_all(dir);
+}
+
+TEST(TextDataset, SubwordTokenizersHoldOutTheSameTextAsBytes) {
+  const fs::path dir = fresh_dir("split");
+  const std::string text = sample_text() + "é";
+  TokenizerTrainingOptions options;
+  options.vocab_size = 400;
+  const Tokenizer tok = train_tokenizer(text, options, dir / "t.model");
+  const TextDataset bytes(text, Tokenizer{}, 0.1);
+  const TextDataset sub(text, tok, 0.1);
+  const std::string_view held = split_text(text, Split::Validation, 0.1);
+  EXPECT_EQ(tok.decode(sub.tokens(Split::Validation)), held);
+  EXPECT_EQ(tok.decode(sub.tokens(Split::Train)), split_text(text, Split::Train, 0.1));
+  EXPECT_EQ(held.size(), static_cast<std::size_t>(bytes.validation_tokens()));
+  EXPECT_LT(sub.validation_tokens(), bytes.validation_tokens());
+  // The cut moves forward to a character boundary: "é" is never split.
+  EXPECT_EQ(split_text("abcé", Split::Validation, 0.2), "");
+  EXPECT_EQ(split_text("abcdeé", Split::Validation, 0.3), "é");
+  EXPECT_THROW(split_text(text, Split::Train, 1.0), ValueError);
+  fs::remove_all(dir);
+}
