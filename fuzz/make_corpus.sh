@@ -13,7 +13,7 @@ root="$(cd "$(dirname "$0")/.." && pwd)"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
-for c in model_state adapter_state training_checkpoint chat_data c_abi; do mkdir -p "$out/$c"; done
+for c in model_state adapter_state training_checkpoint chat_data c_abi tokenizer; do mkdir -p "$out/$c"; done
 seq 1 300 | sed 's/^/the quick brown fox jumps over the lazy dog /' > "$work/corpus.txt"
 tiny=(--data "$work/corpus.txt" --context-length 32 --model-width 16 --heads 2 --layers 2
       --feed-forward-width 32 --batch 2 --sequence-length 16 --eval-batches 1 --eval-interval 0 --quiet)
@@ -41,4 +41,9 @@ printf '{"prompt": "a", "response": "b"}\n' > "$out/chat_data/seed-one"
 printf '{"step": 3, "loss": 1.5, "validation_loss": null}\n' > "$out/chat_data/seed-metrics"
 printf '{"vocab_size": 256, "context_length": 32, "model_width": 16, "heads": 2, "layers": 2, "feed_forward_width": 32}' \
   > "$out/chat_data/seed-dimensions"
+# SentencePiece models (BPE and unigram) for the tokenizer fuzzer.
+"$build/rt-train" tokenizer --data "$root/data/chat_example.jsonl" --vocab-size 400 \
+  --output "$out/tokenizer/seed-bpe" >/dev/null 2>&1
+"$build/rt-train" tokenizer --data "$root/data/chat_example.jsonl" --vocab-size 400 --model-type unigram \
+  --output "$out/tokenizer/seed-unigram" >/dev/null 2>&1
 echo "[make_corpus] seeds in $out: $(find "$out" -type f | wc -l) files"

@@ -12,21 +12,22 @@ release_build=${2:?usage: run.sh FUZZ_BUILD_DIR RELEASE_BUILD_DIR [SECONDS_EACH]
 seconds=${3:-60}
 here="$(cd "$(dirname "$0")" && pwd)"
 seeds="$fuzz_build/seeds"
-[ -d "$seeds/c_abi" ] || bash "$here/make_corpus.sh" "$release_build" "$seeds"
+[ -d "$seeds/tokenizer" ] || bash "$here/make_corpus.sh" "$release_build" "$seeds"
 mkdir -p "$fuzz_build/findings"
 status=0
 passed=0
 failed=0
-for name in model_state adapter_state training_checkpoint chat_data c_abi; do
+for name in model_state adapter_state training_checkpoint chat_data c_abi tokenizer; do
   corpus="$fuzz_build/corpus/$name"
   mkdir -p "$corpus"
-  dict="$here/safetensors.dict"
-  [ "$name" = chat_data ] && dict="$here/json.dict"
+  dict=(-dict="$here/safetensors.dict")
+  [ "$name" = chat_data ] && dict=(-dict="$here/json.dict")
+  [ "$name" = tokenizer ] && dict=()  # protobuf: no dictionary
   log="$fuzz_build/fuzz_$name.log"
   binary="$fuzz_build/fuzz/fuzz_$name"
   [ -x "$binary" ] || { echo "[fuzz] $binary not built"; exit 1; }
   if OMP_NUM_THREADS=1 ASAN_OPTIONS=detect_leaks=1 "$binary" "$corpus" "$seeds/$name" \
-      -dict="$dict" -max_total_time="$seconds" -timeout=20 -rss_limit_mb=4096 -max_len=65536 \
+      "${dict[@]}" -max_total_time="$seconds" -timeout=20 -rss_limit_mb=4096 -max_len=65536 \
       -artifact_prefix="$fuzz_build/findings/$name-" -print_final_stats=1 > "$log" 2>&1; then
     execs=$(grep -m1 'stat::number_of_executed_units' "$log" | awk '{print $2}')
     echo "[fuzz] $name: ${execs:-?} inputs in ${seconds}s, no finding"

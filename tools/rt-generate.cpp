@@ -5,6 +5,7 @@
 #include "riftco_transformer/adapter_state.hpp"
 #include "riftco_transformer/data.hpp"
 #include "riftco_transformer/decode.hpp"
+#include "riftco_transformer/pipelines.hpp"
 
 using namespace riftco_transformer;
 
@@ -32,7 +33,7 @@ std::string printable(std::string bytes) {
 int main(int argc, char** argv) {
   CLI::App app("Generates text from a saved model with incremental (K/V-cached) decoding.", "rt-generate");
   rt_cli::style(app);
-  std::string model_path, adapter_path, prompt = "\n";
+  std::string model_path, adapter_path, tokenizer_path, prompt = "\n";
   GenerationOptions o;
   o.max_new_tokens = 200;
   o.temperature = 0.8F;
@@ -40,6 +41,9 @@ int main(int argc, char** argv) {
   LoadOptions load;
   app.add_option("--model", model_path, "model-state file")->type_name("PATH")->required();
   app.add_option("--adapter", adapter_path, "LoRA adapter file to apply")->type_name("PATH");
+  app.add_option("--tokenizer", tokenizer_path,
+                 "SentencePiece model the model was trained with (default: the one it records, or bytes)")
+      ->type_name("PATH");
   app.add_option("--prompt", prompt, "text to continue")->type_name("TEXT");
   app.add_option("--max-new-tokens", o.max_new_tokens, "tokens to generate")
       ->type_name("N")
@@ -59,19 +63,17 @@ int main(int argc, char** argv) {
   return rt_cli::run_tool("rt-generate", app, argc, argv, [&](bool& running) {
     if (prompt.empty()) throw rt_cli::UsageError("--prompt must not be empty");
     if (o.temperature < 0.0F) throw rt_cli::UsageError("option '--temperature' must be >= 0 (0 = greedy)");
+    // The model's tokenizer: the given one must be the recorded one (a
+    // mismatch is a usage error: exit 2).
+    const Tokenizer tokenizer = tokenizer_for_model(model_path, tokenizer_path, true);
     running = true;
     std::unique_ptr<DecoderOnlyTransformer> model =
         load_model(model_path, FullSequenceAttentionKind::Materialized, ActivationCheckpointingKind::Disabled, load);
-    if (model->dimensions().vocab_size != ByteTokenizer::kVocabSize) {
-      throw ValueError("[rt-generate] the model's vocabulary is " + std::to_string(model->dimensions().vocab_size) +
-                       "; rt-generate decodes byte tokens (256)");
-    }
     if (!adapter_path.empty()) load_adapter_state(*model, adapter_path, load);
-    ByteTokenizer tokenizer;
     std::vector<std::int32_t> ids = tokenizer.encode(prompt);
     const std::int64_t context = model->dimensions().context_length;
     if (static_cast<std::int64_t>(ids.size()) > context) {
-      std::cerr << "rt-generate: the prompt has " << ids.size() << " bytes; keeping the last " << context
+      std::cerr << "rt-generate: the prompt has " << ids.size() << " tokens; keeping the last " << context
                 << " (the context length)\n";
       ids.erase(ids.begin(), ids.end() - context);
     }

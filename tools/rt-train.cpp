@@ -1,6 +1,7 @@
 // rt-train: the stage pipelines from the command line.
 //   rt-train pretrain  [options]   train a model from scratch on text
 //   rt-train post-train [options]  fine-tune a saved model on prompt/response pairs
+//   rt-train tokenizer [options]   train a SentencePiece subword tokenizer
 #include <unistd.h>
 
 #include <cmath>
@@ -21,7 +22,7 @@ namespace {
 /// Options whose C++ type is not what CLI11 binds (paths, enums), kept as
 /// text until the run's settings are assembled.
 struct StageText {
-  std::string attention, activation_checkpointing, checkpoint_segment_blocks = "sqrt", data, output;
+  std::string attention, activation_checkpointing, checkpoint_segment_blocks = "sqrt", data, output, tokenizer;
   bool quiet = false;
 };
 
@@ -60,6 +61,10 @@ void add_stage_options(CLI::App& app, StageSettings& s, StageText& t) {
   add_number(app, "--dropout", s.dropout, "residual dropout probability")->group(policy);
   const std::string training = "Training";
   app.add_option("--data", t.data, "training data file")->type_name("PATH")->group(training);
+  app.add_option("--tokenizer", t.tokenizer,
+                 "SentencePiece model from 'rt-train tokenizer' (default: bytes); the vocabulary follows it")
+      ->type_name("PATH")
+      ->group(training);
   add_number(app, "--steps", s.steps, "optimizer steps")->check(rt_cli::integer_at_least(1))->group(training);
   add_number(app, "--batch", s.batch, "sequences per step")->check(rt_cli::integer_at_least(1))->group(training);
   add_number(app, "--sequence-length", s.sequence_length, "tokens per sequence")
@@ -102,6 +107,7 @@ void apply_stage_text(const CLI::App& app, const StageText& t, StageSettings& s)
     if (t.data.empty()) throw rt_cli::UsageError("option '--data' must name a file (leave it out for the default)");
     s.data = t.data;
   }
+  s.tokenizer = t.tokenizer;  // "" (a replayed byte-level run's metadata): bytes
   s.output_dir = t.output;
 }
 
@@ -149,8 +155,8 @@ struct Commands {
 void add_pretrain(CLI::App& app, Commands& c) {
   CLI::App* sub = app.add_subcommand(
       "pretrain",
-      "Trains a decoder-only transformer from scratch on UTF-8 text (byte tokens). Without --data it uses the "
-      "default corpus, Debian's fortunes (/usr/share/games/fortunes).");
+      "Trains a decoder-only transformer from scratch on UTF-8 text (byte tokens, or subwords with "
+      "--tokenizer). Without --data it uses the default corpus, Debian's fortunes (/usr/share/games/fortunes).");
   rt_cli::style(*sub);
   PretrainingConfig& p = c.pretrain;
   p.output_dir = "runs/pretrain";
@@ -178,7 +184,9 @@ int pretrain(const CLI::App& sub, Commands& c, bool& running) {
   std::cerr << "[pretrain] " << d.layers << " layers, width " << d.model_width << ", " << d.heads << " heads, context "
             << d.context_length << "; attention " << attention_kind_name(p.attention) << ", checkpointing "
             << activation_checkpointing_name(p.activation_checkpointing) << "; data "
-            << (p.data.empty() ? "default corpus" : p.data.string()) << " -> " << p.output_dir.string() << "\n";
+            << (p.data.empty() ? "default corpus" : p.data.string()) << "; tokenizer "
+            << (p.tokenizer.empty() ? std::string("bytes") : p.tokenizer.string()) << " -> " << p.output_dir.string()
+            << "\n";
   running = true;
   print_result(run_pretraining(p, progress_printer("pretrain", c.pretrain_text.quiet)));
   return 0;
@@ -227,8 +235,10 @@ int post_train(const CLI::App& sub, Commands& c, bool& running) {
     throw rt_cli::UsageError("--lora-* options apply to --method lora only");
   }
   apply_stage_text(sub, c.post_text, p);
-  // Settings against the base's dimensions (its header only) before the run:
-  // a sequence longer than its context is a usage error, not a failed run.
+  // Settings against the base's dimensions (its header only) and its
+  // recorded tokenizer before the run: a sequence longer than its context or
+  // the wrong tokenizer is a usage error, not a failed run.
+  (void)tokenizer_for_model(p.base_model, p.tokenizer, false);
   p.validate_for(read_model_dimensions(p.base_model));
   std::cerr << "[post-train] " << fine_tuning_method_name(p.fine_tuning_method) << " on " << p.base_model.string()
             << " with " << p.data.string() << "; checkpointing "
@@ -238,15 +248,64 @@ int post_train(const CLI::App& sub, Commands& c, bool& running) {
   return 0;
 }
 
+struct TokenizerCommand {
+  std::string data, output = "tokenizer.model", model_type = "bpe";
+  double validation_fraction = 0.0;
+  TokenizerTrainingOptions options;
+};
+
+void add_tokenizer(CLI::App& app, TokenizerCommand& c) {
+  CLI::App* sub = app.add_subcommand(
+      "tokenizer",
+      "Trains a SentencePiece subword tokenizer (BPE or unigram; byte fallback, so every text round-trips) on "
+      "UTF-8 text; --tokenizer on pretrain, post-train, rt-generate and rt-eval uses it. Deterministic: the same "
+      "text and options give the same file.");
+  rt_cli::style(*sub);
+  sub->add_option("--data", c.data, "training text (default: the default corpus)")->type_name("PATH");
+  add_number(*sub, "--vocab-size", c.options.vocab_size, "pieces, the 256 byte pieces and <unk> included")
+      ->check(rt_cli::integer_at_least(260));
+  sub->add_option("--model-type", c.model_type, "SentencePiece algorithm")
+      ->type_name("TYPE")
+      ->check(CLI::IsMember({"bpe", "unigram"}));
+  sub->add_option("--output", c.output, "model file to write (atomically)")->type_name("PATH");
+  add_number(*sub, "--validation-fraction", c.validation_fraction,
+             "train on the text before the tail a pretraining run with this fraction holds out (0: all)");
+  rt_cli::add_config_option(*sub);
+}
+
+int train_tokenizer_command(const CLI::App& sub, TokenizerCommand& c, bool& running) {
+  if (sub.count("--data") > 0 && c.data.empty()) {
+    throw rt_cli::UsageError("option '--data' must name a file (leave it out for the default corpus)");
+  }
+  if (c.output.empty()) throw rt_cli::UsageError("option '--output' must name a file");
+  c.options.model_type = parse_tokenizer_model_type(c.model_type, "--model-type");
+  if (!(c.validation_fraction >= 0.0 && c.validation_fraction < 1.0)) {
+    throw rt_cli::UsageError("option '--validation-fraction' must be in [0, 1)");
+  }
+  const std::string all = c.data.empty() ? load_default_corpus() : load_text_file(c.data);
+  const std::string text(split_text(all, Split::Train, c.validation_fraction));
+  std::cerr << "[tokenizer] " << c.model_type << ", vocabulary " << c.options.vocab_size << ", on "
+            << (c.data.empty() ? "the default corpus" : c.data) << " (" << text.size() << " bytes)\n";
+  running = true;
+  const Tokenizer t = train_tokenizer(text, c.options, c.output);
+  const std::size_t tokens = t.encode(text).size();
+  std::cout << "wrote " << c.output << ": " << t.vocab_size() << " pieces, checksum " << t.checksum() << "; "
+            << tokens << " tokens for " << text.size() << " bytes (" << rt_cli::num(
+                   std::round(100.0 * static_cast<double>(text.size()) / static_cast<double>(tokens)) / 100.0)
+            << " bytes per token)\n";
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc >= 2 && argv[1][0] != '-' && std::string(argv[1]) != "pretrain" && std::string(argv[1]) != "post-train") {
-    std::cerr << "rt-train: unknown command '" << argv[1] << "' (expected pretrain or post-train)\n"
+  const auto known = [](const std::string& c) { return c == "pretrain" || c == "post-train" || c == "tokenizer"; };
+  if (argc >= 2 && argv[1][0] != '-' && !known(argv[1])) {
+    std::cerr << "rt-train: unknown command '" << argv[1] << "' (expected pretrain, post-train or tokenizer)\n"
               << "Try 'rt-train --help'.\n";
     return 2;
   }
-  CLI::App app("Stage pipelines of riftco: pretrain a model, then post-train it. "
+  CLI::App app("Stage pipelines of riftco: pretrain a model, then post-train it (and train a subword tokenizer). "
                "'rt-train <command> --help' lists a command's options.",
                "rt-train");
   rt_cli::style(app);
@@ -254,9 +313,12 @@ int main(int argc, char** argv) {
   auto commands = std::make_unique<Commands>();
   add_pretrain(app, *commands);
   add_post_train(app, *commands);
+  auto tokenizer = std::make_unique<TokenizerCommand>();
+  add_tokenizer(app, *tokenizer);
   return rt_cli::run_tool("rt-train", app, argc, argv, [&](bool& running) {
     const CLI::App* sub = app.get_subcommands().front();
     if (sub->get_name() == "pretrain") return pretrain(*sub, *commands, running);
+    if (sub->get_name() == "tokenizer") return train_tokenizer_command(*sub, *tokenizer, running);
     return post_train(*sub, *commands, running);
   });
 }

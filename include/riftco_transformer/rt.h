@@ -319,6 +319,10 @@ typedef struct rt_pretraining_config {
   rt_stage_settings stage;
   rt_transformer_config model; /* its own struct_size must be set too */
   double validation_fraction;
+  /* Appended after 2.0: a SentencePiece model file (rt_train_tokenizer); NULL or "": the
+   * byte tokenizer. model.vocab_size left at 256 takes the tokenizer's. A
+   * 2.0 caller's smaller struct_size reads it as NULL. */
+  const char* tokenizer;
 } rt_pretraining_config;
 /* Fills the first struct_size bytes with the defaults and sets struct_size;
  * use the inline rt_pretraining_config_default, which passes the caller's sizeof. */
@@ -332,6 +336,10 @@ typedef struct rt_post_training_config {
   int allow_non_finite;
   rt_fine_tuning_method fine_tuning_method;
   rt_lora_config lora; /* its own struct_size must be set too */
+  /* Appended after 2.0: the SentencePiece model file the base model records (NULL or "":
+   * bytes); another one, or none for a base that records one, is
+   * RT_ERROR_VALUE naming both checksums. */
+  const char* tokenizer;
 } rt_post_training_config;
 /* Fills the first struct_size bytes with the defaults and sets struct_size;
  * use the inline rt_post_training_config_default, which passes the caller's sizeof. */
@@ -375,6 +383,30 @@ RT_API rt_status rt_run_pretraining(const rt_pretraining_config* config, rt_prog
                                     rt_run_result* result);
 RT_API rt_status rt_run_post_training(const rt_post_training_config* config, rt_progress_fn progress,
                                       void* user_data, rt_run_result* result);
+
+/* ---- tokenizers and evaluation (appended after 2.0) ------------------------------------------------------------ */
+
+/* Trains a SentencePiece tokenizer (model_type "bpe" or "unigram"; byte
+ * fallback; deterministic) on the UTF-8 text file `data` (NULL or "": the
+ * default corpus) and writes it atomically to `output`. */
+RT_API rt_status rt_train_tokenizer(const char* data, int64_t vocab_size, const char* model_type, const char* output);
+
+typedef struct rt_evaluation_result {
+  size_t struct_size;
+  int64_t tokens;       /* targets scored: every id of the text but the first */
+  int64_t bytes;        /* bytes of text those targets stand for */
+  double loss;          /* mean cross-entropy per scored token, nats */
+  double perplexity;    /* exp(loss) */
+  double bits_per_byte; /* loss * tokens / (bytes * ln 2) */
+} rt_evaluation_result;
+
+/* Loss, perplexity and bits per byte of `model` on text[0, text_length)
+ * (UTF-8), cut into non-overlapping windows of sequence_length ids (0: the
+ * context length), `batch` windows per forward. `tokenizer`: a SentencePiece
+ * model file, NULL or "" for bytes; its vocabulary must be the model's.
+ * result->struct_size must be set. */
+RT_API rt_status rt_evaluate(rt_model* model, const char* text, size_t text_length, const char* tokenizer,
+                             int64_t batch, int64_t sequence_length, rt_evaluation_result* result);
 
 #ifdef __cplusplus
 }

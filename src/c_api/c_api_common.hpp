@@ -74,6 +74,34 @@ const T& require_struct(const T* pointer, const char* function, const char* name
   return value;
 }
 
+/// A caller's input struct that grew after 2.0 (fields appended at its end):
+/// at least `abi20_size` bytes; fields past its struct_size keep `defaults`.
+template <typename T>
+T read_grown_struct(const T* pointer, std::size_t abi20_size, T defaults, const char* function, const char* name) {
+  const T& value = require(pointer, function, name);
+  if (value.struct_size < abi20_size) {
+    bad_argument(function, std::string(name) + "->struct_size is " + std::to_string(value.struct_size) +
+                               ", smaller than ABI 2.0's " + std::to_string(abi20_size) +
+                               " (fill the struct with its *_default function)");
+  }
+  const std::size_t size = value.struct_size < sizeof(T) ? value.struct_size : sizeof(T);
+  std::memcpy(static_cast<void*>(&defaults), pointer, size);
+  return defaults;
+}
+
+/// *_init of a struct that grew after 2.0: at least `abi20_size` bytes; as
+/// many of `value`'s bytes as `size` covers.
+template <typename T>
+void init_grown_struct(T* out, std::size_t size, std::size_t abi20_size, T value, const char* function) {
+  require(out, function, "the struct");
+  if (size < abi20_size) {
+    bad_argument(function, "struct_size " + std::to_string(size) + " is smaller than ABI 2.0's " +
+                               std::to_string(abi20_size));
+  }
+  value.struct_size = size;
+  std::memcpy(static_cast<void*>(out), &value, size < sizeof(T) ? size : sizeof(T));
+}
+
 /// *_init: `value` (defaults) into a caller's struct of `size` bytes (at
 /// least ABI 2.0's), struct_size set to `size`.
 template <typename T>

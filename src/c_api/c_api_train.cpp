@@ -3,12 +3,17 @@
 #include <utility>
 
 #include "c_api_common.hpp"
+#include "riftco_transformer/evaluation.hpp"
 #include "riftco_transformer/pipelines.hpp"
 
 using namespace rt_c;
 namespace rt = riftco_transformer;
 
 namespace {
+
+// The sizes ABI 2.0 callers pass: the structs before the 2.1 tokenizer field.
+constexpr std::size_t kPretrainingConfig20 = offsetof(rt_pretraining_config, tokenizer);
+constexpr std::size_t kPostTrainingConfig20 = offsetof(rt_post_training_config, tokenizer);
 
 const rt::DecoderOnlyTransformer& model_of(const rt_model* model, const char* function) {
   const rt_model& m = require(model, function, "model");
@@ -239,7 +244,8 @@ rt_status rt_pretraining_config_init(rt_pretraining_config* config, size_t struc
                d.dimensions.model_width, d.dimensions.heads, d.dimensions.layers, d.dimensions.feed_forward_width,
                d.norm_epsilon};
     c.validation_fraction = d.validation_fraction;
-    init_struct(config, struct_size, c, f);
+    c.tokenizer = nullptr;
+    init_grown_struct(config, struct_size, kPretrainingConfig20, c, f);
   });
 }
 
@@ -253,7 +259,8 @@ rt_status rt_post_training_config_init(rt_post_training_config* config, size_t s
     c.allow_non_finite = 0;
     c.fine_tuning_method = RT_FINE_TUNING_LORA;
     rt_lora_config_init(&c.lora, sizeof c.lora);
-    init_struct(config, struct_size, c, f);
+    c.tokenizer = nullptr;
+    init_grown_struct(config, struct_size, kPostTrainingConfig20, c, f);
   });
 }
 
@@ -261,7 +268,7 @@ rt_status rt_run_pretraining(const rt_pretraining_config* config, rt_progress_fn
                              rt_run_result* result) {
   constexpr const char* f = "rt_run_pretraining";
   return guard(f, [&] {
-    const rt_pretraining_config& c = require_struct(config, f, "config");
+    const rt_pretraining_config c = read_grown_struct(config, kPretrainingConfig20, rt_pretraining_config{}, f, "config");
     const rt_transformer_config& m = require_struct(&c.model, f, "config->model");
     require(result, f, "result");
     rt::PretrainingConfig p;
@@ -269,6 +276,7 @@ rt_status rt_run_pretraining(const rt_pretraining_config* config, rt_progress_fn
     p.dimensions = dimensions(m);
     p.norm_epsilon = m.norm_epsilon;
     p.validation_fraction = c.validation_fraction;
+    if (c.tokenizer != nullptr) p.tokenizer = c.tokenizer;
     check_result(result, p.output_dir, f);
     write_result(rt::run_pretraining(p, progress_of(progress, user_data)), result, f);
   });
@@ -278,7 +286,8 @@ rt_status rt_run_post_training(const rt_post_training_config* config, rt_progres
                                rt_run_result* result) {
   constexpr const char* f = "rt_run_post_training";
   return guard(f, [&] {
-    const rt_post_training_config& c = require_struct(config, f, "config");
+    const rt_post_training_config c =
+        read_grown_struct(config, kPostTrainingConfig20, rt_post_training_config{}, f, "config");
     require(result, f, "result");
     const int method = enum_value(c.fine_tuning_method);
     if (method != RT_FINE_TUNING_LORA && method != RT_FINE_TUNING_FULL) {
@@ -289,10 +298,49 @@ rt_status rt_run_post_training(const rt_post_training_config* config, rt_progres
     static_cast<rt::StageSettings&>(p) = stage_settings(c.stage, f);
     if (c.base_model != nullptr) p.base_model = c.base_model;
     p.allow_non_finite = c.allow_non_finite != 0;
+    if (c.tokenizer != nullptr) p.tokenizer = c.tokenizer;
     p.fine_tuning_method = method == RT_FINE_TUNING_FULL ? rt::FineTuningMethod::Full : rt::FineTuningMethod::Lora;
     if (p.fine_tuning_method == rt::FineTuningMethod::Lora) p.lora = lora(require_struct(&c.lora, f, "config->lora"), f);
     check_result(result, p.output_dir, f);
     write_result(rt::run_post_training(p, progress_of(progress, user_data)), result, f);
+  });
+}
+
+rt_status rt_train_tokenizer(const char* data, int64_t vocab_size, const char* model_type, const char* output) {
+  constexpr const char* f = "rt_train_tokenizer";
+  return guard(f, [&] {
+    if (output == nullptr || output[0] == '\0') bad_argument(f, "output is NULL or empty");
+    if (model_type == nullptr) bad_argument(f, "model_type is NULL (\"bpe\" or \"unigram\")");
+    rt::TokenizerTrainingOptions o;
+    o.vocab_size = vocab_size;
+    o.model_type = rt::parse_tokenizer_model_type(model_type, f);
+    const std::string text = data == nullptr || data[0] == '\0' ? rt::load_default_corpus() : rt::load_text_file(data);
+    rt::train_tokenizer(text, o, output);
+  });
+}
+
+rt_status rt_evaluate(rt_model* model, const char* text, size_t text_length, const char* tokenizer, int64_t batch,
+                      int64_t sequence_length, rt_evaluation_result* result) {
+  constexpr const char* f = "rt_evaluate";
+  return guard(f, [&] {
+    rt_model& m = require(model, f, "model");
+    if (!m.model) bad_argument(f, "model handle holds no model");
+    if (text == nullptr && text_length > 0) bad_argument(f, "text is NULL");
+    const rt_evaluation_result& r = require(result, f, "result");
+    if (r.struct_size < sizeof(rt_evaluation_result)) {
+      bad_argument(f, "result->struct_size is " + std::to_string(r.struct_size) + ", smaller than this ABI's " +
+                          std::to_string(sizeof(rt_evaluation_result)));
+    }
+    const rt::Tokenizer t =
+        tokenizer == nullptr || tokenizer[0] == '\0' ? rt::Tokenizer{} : rt::Tokenizer::load(tokenizer);
+    rt::EvaluationOptions o;
+    o.batch = batch;
+    o.sequence_length = sequence_length;
+    const rt::EvaluationResult e =
+        rt::evaluate(*m.model, std::string_view(text == nullptr ? "" : text, text_length), t, o);
+    write_struct(result, rt_evaluation_result{sizeof(rt_evaluation_result), e.tokens, e.bytes, e.loss, e.perplexity,
+                                              e.bits_per_byte},
+                 f, "result");
   });
 }
 

@@ -24,6 +24,11 @@ EvaluationResult evaluate(DecoderOnlyTransformer& model, std::string_view text, 
     throw ValueError("[evaluate] the tokenizer's vocabulary is " + std::to_string(tokenizer.vocab_size()) + " (" +
                      tokenizer.description() + "), the model's is " + std::to_string(d.vocab_size));
   }
+  if (!tokenizer.is_bytes()) {
+    if (const auto bad = first_invalid_utf8(text)) {
+      throw DataError("[evaluate] the text is not valid UTF-8 (first bad byte at offset " + std::to_string(*bad) + ")");
+    }
+  }
   const std::vector<std::int32_t> ids = tokenizer.encode(text);
   if (ids.size() < 2) {
     throw DataError("[evaluate] the text gives " + std::to_string(ids.size()) + " token(s); at least 2 are needed");

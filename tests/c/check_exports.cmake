@@ -25,7 +25,8 @@ if(bad)
   message(FATAL_ERROR "${n} exported symbols outside rt_* and riftco_transformer::, e.g.: ${first}")
 endif()
 foreach(required rt_abi_version rt_model_create rt_model_set_activation_checkpointing
-                 rt_model_activation_checkpointing rt_run_pretraining rt_last_error_message)
+                 rt_model_activation_checkpointing rt_run_pretraining rt_last_error_message
+                 rt_train_tokenizer rt_evaluate)
   if(NOT symbols MATCHES "${required}")
     message(FATAL_ERROR "${required} is not exported")
   endif()

@@ -5,6 +5,7 @@
  * Prints "N passed, N failed" and exits non-zero on any failure. */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -578,6 +579,101 @@ static void test_pipelines(void) {
   FAILS(rt_run_post_training(&p, NULL, NULL, &r), RT_ERROR_DATA, "missing.jsonl");
 }
 
+/* Subword tokenizer, a pretraining run with it (a 2.0-sized config struct
+ * still accepted), evaluation in bits per byte, wrong-tokenizer refusal. */
+static void test_tokenizer_and_evaluate(void) {
+  FILE* f = fopen(path_in("words.txt"), "w");
+  for (int i = 0; i < 400; ++i) fprintf(f, "the quick brown fox %d jumps over the lazy dog; caf\xc3\xa9 %d.\n", i % 7, i % 5);
+  fclose(f);
+  OK(rt_train_tokenizer(path_in("words.txt"), 300, "bpe", path_in("tok.model")));
+  OK(rt_train_tokenizer(path_in("words.txt"), 310, "bpe", path_in("other.model")));
+  FAILS(rt_train_tokenizer(path_in("words.txt"), 300, "wordpiece", path_in("x.model")), RT_ERROR_VALUE, "wordpiece");
+  FAILS(rt_train_tokenizer(path_in("words.txt"), 10, "bpe", path_in("x.model")), RT_ERROR_VALUE, "vocab_size");
+  FAILS(rt_train_tokenizer(path_in("words.txt"), 300, NULL, path_in("x.model")), RT_ERROR_INVALID_ARGUMENT, "NULL");
+  FAILS(rt_train_tokenizer(path_in("nothing.txt"), 300, "bpe", path_in("x.model")), RT_ERROR_DATA, "nothing.txt");
+
+  /* A caller compiled against 2.0 passes the smaller struct: still accepted, no tokenizer. */
+  rt_pretraining_config old;
+  const size_t old_size = offsetof(rt_pretraining_config, tokenizer);
+  OK(rt_pretraining_config_init(&old, old_size));
+  CHECK(old.struct_size == old_size);
+  FAILS(rt_pretraining_config_init(&old, old_size - 8), RT_ERROR_INVALID_ARGUMENT, "smaller than ABI 2.0");
+
+  rt_pretraining_config c;
+  OK(rt_pretraining_config_default(&c));
+  CHECK(c.tokenizer == NULL && c.model.vocab_size == 256);
+  c.model.context_length = 32;
+  c.model.model_width = 16;
+  c.model.heads = 2;
+  c.model.layers = 1;
+  c.model.feed_forward_width = 32;
+  c.stage.data = path_in("words.txt");
+  c.stage.output_dir = path_in("subword");
+  c.stage.steps = 2;
+  c.stage.batch = 2;
+  c.stage.sequence_length = 16;
+  c.stage.eval_batches = 1;
+  c.tokenizer = path_in("tok.model");
+  rt_run_result r;
+  r.struct_size = sizeof r;
+  OK(rt_run_pretraining(&c, NULL, NULL, &r));
+  rt_model* model = NULL;
+  OK(rt_model_load_new(r.weights, RT_ATTENTION_FLASH, RT_ACTIVATION_CHECKPOINTING_DISABLED, 0, &model));
+  rt_transformer_config mc;
+  mc.struct_size = sizeof mc;
+  OK(rt_model_config(model, &mc));
+  CHECK(mc.vocab_size == 300); /* taken from the tokenizer */
+
+  const char* text = "the quick brown fox 3 jumps over the lazy dog; caf\xc3\xa9 2.\n";
+  rt_evaluation_result e;
+  e.struct_size = sizeof e;
+  OK(rt_evaluate(model, text, strlen(text), path_in("tok.model"), 2, 0, &e));
+  CHECK(e.tokens > 0 && e.tokens < e.bytes && e.bytes <= (int64_t)strlen(text));
+  CHECK(fabs(e.bits_per_byte - e.loss * (double)e.tokens / ((double)e.bytes * log(2.0))) < 1e-9);
+  CHECK(fabs(e.perplexity - exp(e.loss)) < 1e-9 * e.perplexity);
+  FAILS(rt_evaluate(model, text, strlen(text), NULL, 2, 0, &e), RT_ERROR_VALUE, "vocabulary");
+  FAILS(rt_evaluate(model, text, strlen(text), path_in("other.model"), 2, 0, &e), RT_ERROR_VALUE, "vocabulary");
+  FAILS(rt_evaluate(model, text, strlen(text), path_in("tok.model"), 0, 0, &e), RT_ERROR_VALUE, "batch");
+  FAILS(rt_evaluate(model, NULL, 5, path_in("tok.model"), 2, 0, &e), RT_ERROR_INVALID_ARGUMENT, "text");
+  e.struct_size = 8;
+  FAILS(rt_evaluate(model, text, strlen(text), path_in("tok.model"), 2, 0, &e), RT_ERROR_INVALID_ARGUMENT,
+        "struct_size");
+  f = fopen(path_in("corrupt.model"), "w");
+  fputs("\x0a\x05not a model at all", f);
+  fclose(f);
+  e.struct_size = sizeof e;
+  FAILS(rt_evaluate(model, text, strlen(text), path_in("corrupt.model"), 2, 0, &e), RT_ERROR_DATA, "corrupt.model");
+  OK(rt_model_destroy(model));
+
+  /* Byte level: bits per byte is loss / ln 2. */
+  rt_transformer_config bc = tiny_config();
+  OK(rt_model_create(&bc, 5, RT_ATTENTION_FLASH, RT_ACTIVATION_CHECKPOINTING_DISABLED, &model));
+  OK(rt_evaluate(model, text, strlen(text), "", 4, 8, &e));
+  CHECK(e.tokens == (int64_t)strlen(text) - 1 && e.bytes == e.tokens);
+  CHECK(e.bits_per_byte == e.loss / log(2.0));
+  OK(rt_model_destroy(model));
+
+  /* Post-training the subword model without its tokenizer, or with another, is refused. */
+  rt_post_training_config p;
+  OK(rt_post_training_config_default(&p));
+  char base[RT_PATH_CAPACITY];
+  snprintf(base, sizeof base, "%s", r.weights);
+  p.base_model = base;
+  p.stage.data = RIFTCO_SOURCE_DIR "/data/chat_example.jsonl";
+  p.stage.output_dir = path_in("subword_post");
+  p.stage.steps = 1;
+  p.stage.batch = 1;
+  p.stage.sequence_length = 32;
+  p.stage.eval_batches = 1;
+  p.lora.rank = 2;
+  FAILS(rt_run_post_training(&p, NULL, NULL, &r), RT_ERROR_VALUE, "was trained with tokenizer");
+  p.tokenizer = path_in("other.model");
+  FAILS(rt_run_post_training(&p, NULL, NULL, &r), RT_ERROR_VALUE, "checksum");
+  p.tokenizer = path_in("tok.model");
+  OK(rt_run_post_training(&p, NULL, NULL, &r));
+  CHECK(r.completed == 1);
+}
+
 int main(void) {
   snprintf(g_dir, sizeof g_dir, "/tmp/rt_c_abi_XXXXXX");
   if (mkdtemp(g_dir) == NULL) return 2;
@@ -590,6 +686,7 @@ int main(void) {
   test_errors_leave_handles_usable();
   test_training_lora_and_files();
   test_pipelines();
+  test_tokenizer_and_evaluate();
   char command[600];
   snprintf(command, sizeof command, "rm -rf '%s'", g_dir);
   if (system(command) != 0) fprintf(stderr, "could not remove %s\n", g_dir);
