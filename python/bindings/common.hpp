@@ -73,5 +73,6 @@ void init_optim(nb::module_& m);
 void init_decode(nb::module_& m);
 void init_io(nb::module_& m);
 void init_pipelines(nb::module_& m);
+void init_tokenizer(nb::module_& m);
 
 }  // namespace riftco_python

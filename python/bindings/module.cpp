@@ -15,4 +15,5 @@ NB_MODULE(_core, m) {
   init_decode(m);
   init_io(m);
   init_pipelines(m);
+  init_tokenizer(m);
 }

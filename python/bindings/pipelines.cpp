@@ -26,6 +26,7 @@ ConfigClass<C>& stage_fields(ConfigClass<C>& c) {
              "'segments': blocks per segment (0: round(sqrt(layers)))")
       .real("dropout", &StageSettings::dropout)
       .path("data", &StageSettings::data, "None: the stage's default data")
+      .path("tokenizer", &StageSettings::tokenizer, "None: bytes; a SentencePiece model file (train_tokenizer)")
       .field("steps", &StageSettings::steps, "int")
       .field("batch", &StageSettings::batch, "int")
       .field("sequence_length", &StageSettings::sequence_length, "int")

@@ -24,6 +24,7 @@ from ._core import (  # noqa: F401  (re-exported)
     DecodeSession,
     DecoderOnlyTransformer,
     Error,
+    EvaluationResult,
     GenerationResult,
     GraphStatistics,
     LoadOptions,
@@ -37,6 +38,7 @@ from ._core import (  # noqa: F401  (re-exported)
     ShapeError,
     StaleGraphError,
     StepReport,
+    Tokenizer,
     TransformerConfig,
     ValueError,
     Variable,
@@ -48,6 +50,7 @@ from ._core import (  # noqa: F401  (re-exported)
     checkpoint_replay_count,
     cross_entropy,
     embedding,
+    evaluate,
     gelu,
     is_grad_enabled,
     linear,
@@ -74,6 +77,7 @@ from ._core import (  # noqa: F401  (re-exported)
     sub,
     sum,
     swiglu,
+    train_tokenizer,
     transpose,
 )
 from ._pipelines import post_train, pretrain  # noqa: F401
@@ -93,10 +97,10 @@ del _name, _obj
 __all__ = [
     "ACTIVATION_CHECKPOINTING_KINDS", "ATTENTION_KINDS", "FINE_TUNING_METHODS", "Adam", "BackendError",
     "BackwardError", "ByteTokenizer", "CheckpointContractError", "CheckpointViolation", "DataError",
-    "DecodeSession", "DecoderOnlyTransformer", "Error", "GenerationResult", "GraphStatistics", "LoadOptions",
+    "DecodeSession", "DecoderOnlyTransformer", "Error", "EvaluationResult", "GenerationResult", "GraphStatistics", "LoadOptions",
     "LoraConfig", "MemoryStats", "ModelStateError", "PostTrainingConfig", "PretrainingConfig", "RetainedNode",
-    "RunResult", "ShapeError", "StaleGraphError", "StepReport", "TransformerConfig", "Variable",
-    "available_backends", "checkpoint", "checkpoint_replay_count", "load_model", "memory_stats",
+    "RunResult", "ShapeError", "StaleGraphError", "StepReport", "Tokenizer", "TransformerConfig", "Variable",
+    "available_backends", "checkpoint", "evaluate", "checkpoint_replay_count", "load_model", "memory_stats",
     "model_fingerprint", "no_grad", "post_train", "pretrain", "read_model_config", "release_cached_memory",
-    "reset_checkpoint_replay_count", "reset_peak_memory",
+    "reset_checkpoint_replay_count", "reset_peak_memory", "train_tokenizer",
 ]
