@@ -21,7 +21,7 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 # The tokenizer sees only the text the model trains on (the tail that
 # pretraining and rt-eval --split validation hold out is left out).
 ./build/rt-train tokenizer --vocab-size 2048 --validation-fraction 0.1 --output "$tokenizer"
-./build/rt-train pretrain --tokenizer "$tokenizer" --output "$out" --steps ${MAIN_STEPS:-1200} --batch 8 \
+./build/rt-train pretrain --tokenizer "$tokenizer" --output "$out" --steps ${MAIN_STEPS:-3000} --batch 8 \
   --sequence-length 128 --eval-interval 100 --checkpoint-interval 200 "$@"
 
 echo
