@@ -112,6 +112,16 @@ typedef struct rt_transformer_config {
   int64_t layers;
   int64_t feed_forward_width;
   float norm_epsilon;
+  /* Appended after ABI 2.0 (a struct_size that ends before them gets the
+   * defaults): key/value heads for grouped-query attention (0 = heads), the
+   * RoPE base (10000), and nonzero tie_embeddings for an LM head that is the
+   * token embedding. Inside rt_pretraining_config: a caller whose
+   * rt_pretraining_config struct_size is ABI 2.0's has the 2.0 layout there
+   * (the library reads and writes it as such); a newer caller's `model` has
+   * these fields too. */
+  int64_t key_value_heads;
+  float rope_base;
+  int32_t tie_embeddings;
 } rt_transformer_config;
 /* Fills the first struct_size bytes with the defaults and sets struct_size;
  * use the inline rt_transformer_config_default, which passes the caller's sizeof. */
@@ -219,6 +229,14 @@ RT_API rt_status rt_model_has_lora(const rt_model* model, int* has_lora);
 /* State files (safetensors). flags: RT_LOAD_* bits. */
 RT_API rt_status rt_model_save(const rt_model* model, const char* path);
 RT_API rt_status rt_model_load(rt_model* model, const char* path, uint32_t flags);
+/* Hugging Face transformers Llama checkpoints (LlamaForCausalLM; config.json
+ * plus model.safetensors or model.safetensors.index.json and shards; F32, F16
+ * or BF16). from_hf: checkpoint directory → model-state file. to_hf:
+ * model-state file → directory (created when missing) holding config.json and
+ * model.safetensors. Unsupported config fields (rope_scaling, biases, ...) are
+ * RT_ERROR_MODEL_STATE naming the field. flags: RT_LOAD_ALLOW_NON_FINITE. */
+RT_API rt_status rt_convert_from_hf(const char* directory, const char* output, uint32_t flags);
+RT_API rt_status rt_convert_to_hf(const char* model_state, const char* directory, uint32_t flags);
 /* A new model of the file's dimensions with its weights. */
 RT_API rt_status rt_model_load_new(const char* path, rt_attention attention,
                                    rt_activation_checkpointing activation_checkpointing, uint32_t flags,
@@ -314,6 +332,8 @@ typedef struct rt_stage_settings {
   int resume;
 } rt_stage_settings;
 
+/* A caller compiled against ABI 2.0 passes 2.0's (smaller) struct_size and
+ * its `model` has the 2.0 layout; the library honours both. */
 typedef struct rt_pretraining_config {
   size_t struct_size;
   rt_stage_settings stage;

@@ -2,7 +2,10 @@
 // The C ABI's plumbing (private): handle structs, argument checks, and the
 // one place where C++ exceptions become rt_status codes. The rt_* functions
 // are thin: check arguments, call the C++ API, copy results out.
+#include <cstddef>
+#include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -62,13 +65,32 @@ T& require(T* pointer, const char* function, const char* name) {
   return *pointer;
 }
 
+/// rt_transformer_config as ABI 2.0 laid it out (the size callers of 2.0 pass).
+struct TransformerConfig20 {
+  std::size_t struct_size;
+  std::int64_t vocab_size, context_length, model_width, heads, layers, feed_forward_width;
+  float norm_epsilon;
+};
+inline constexpr std::size_t kTransformerConfig20Size = sizeof(TransformerConfig20);
+static_assert(kTransformerConfig20Size == offsetof(rt_transformer_config, key_value_heads));
+
+/// sizeof the struct in ABI 2.0 (structs that grew since say so here).
+template <typename T>
+constexpr std::size_t abi20_size() {
+  if constexpr (std::is_same_v<T, rt_transformer_config>) {
+    return kTransformerConfig20Size;
+  } else {
+    return sizeof(T);
+  }
+}
+
 /// A caller's input struct: non-NULL and at least as large as ABI 2.0's.
 template <typename T>
 const T& require_struct(const T* pointer, const char* function, const char* name) {
   const T& value = require(pointer, function, name);
-  if (value.struct_size < sizeof(T)) {
+  if (value.struct_size < abi20_size<T>()) {
     bad_argument(function, std::string(name) + "->struct_size is " + std::to_string(value.struct_size) +
-                               ", smaller than ABI 2.0's " + std::to_string(sizeof(T)) +
+                               ", smaller than ABI 2.0's " + std::to_string(abi20_size<T>()) +
                                " (fill the struct with its *_default function)");
   }
   return value;
@@ -79,12 +101,13 @@ const T& require_struct(const T* pointer, const char* function, const char* name
 template <typename T>
 void init_struct(T* out, std::size_t size, T value, const char* function) {
   require(out, function, "the struct");
-  if (size < sizeof(T)) {
+  if (size < abi20_size<T>()) {
     bad_argument(function, "struct_size " + std::to_string(size) + " is smaller than ABI 2.0's " +
-                               std::to_string(sizeof(T)));
+                               std::to_string(abi20_size<T>()));
   }
   value.struct_size = size;
-  std::memcpy(static_cast<void*>(out), &value, sizeof(T));  // a newer caller's extra fields stay as they were
+  // An older caller's struct gets the fields it has; a newer caller's extra fields stay as they were.
+  std::memcpy(static_cast<void*>(out), &value, size < sizeof(T) ? size : sizeof(T));
 }
 
 /// Writes `value` into a caller's output struct, as much as its struct_size covers.
@@ -104,7 +127,11 @@ riftco_transformer::ActivationCheckpointingKind policy(const rt_activation_check
 riftco_transformer::FullSequenceAttentionKind attention(const rt_attention& kind, const char* function);
 rt_activation_checkpointing to_c(riftco_transformer::ActivationCheckpointingKind kind);
 rt_attention to_c(riftco_transformer::FullSequenceAttentionKind kind);
+/// The architecture fields of `config` (the fields appended after ABI 2.0
+/// only where config.struct_size covers them).
 riftco_transformer::TransformerDimensions dimensions(const rt_transformer_config& config);
+/// rt_transformer_config filled from the model's architecture.
+rt_transformer_config to_c(const riftco_transformer::TransformerDimensions& d, float norm_epsilon);
 riftco_transformer::LoraConfig lora(const rt_lora_config& config, const char* function);
 /// Copies `text` and a NUL into buffer[0..size); `*needed` gets the size it needs.
 void copy_string(const std::string& text, char* buffer, std::size_t size, std::size_t* needed, const char* function);

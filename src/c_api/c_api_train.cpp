@@ -229,15 +229,38 @@ rt_status rt_generate(const rt_model* model, const int32_t* prompt, size_t promp
   });
 }
 
+namespace {
+
+/// rt_pretraining_config as ABI 2.0 laid it out: its `model` had no fields
+/// after norm_epsilon. A caller compiled against 2.0 passes this size.
+struct PretrainingConfig20 {
+  std::size_t struct_size;
+  rt_stage_settings stage;
+  rt_c::TransformerConfig20 model;
+  double validation_fraction;
+};
+static_assert(sizeof(PretrainingConfig20) < sizeof(rt_pretraining_config));
+
+}  // namespace
+
 rt_status rt_pretraining_config_init(rt_pretraining_config* config, size_t struct_size) {
   constexpr const char* f = "rt_pretraining_config_init";
   return guard(f, [&] {
     const rt::PretrainingConfig d;
+    if (config != nullptr && struct_size >= sizeof(PretrainingConfig20) && struct_size < sizeof(rt_pretraining_config)) {
+      PretrainingConfig20 old{};  // a 2.0 caller: the 2.0 layout
+      old.struct_size = struct_size;
+      old.stage = stage_defaults(d);
+      const rt::TransformerDimensions& m = d.dimensions;
+      old.model = {sizeof(rt_c::TransformerConfig20), m.vocab_size, m.context_length, m.model_width, m.heads,
+                   m.layers, m.feed_forward_width, d.norm_epsilon};
+      old.validation_fraction = d.validation_fraction;
+      std::memcpy(static_cast<void*>(config), &old, sizeof old);
+      return;
+    }
     rt_pretraining_config c{};
     c.stage = stage_defaults(d);
-    c.model = {sizeof(rt_transformer_config), d.dimensions.vocab_size, d.dimensions.context_length,
-               d.dimensions.model_width, d.dimensions.heads, d.dimensions.layers, d.dimensions.feed_forward_width,
-               d.norm_epsilon};
+    c.model = to_c(d.dimensions, d.norm_epsilon);
     c.validation_fraction = d.validation_fraction;
     init_struct(config, struct_size, c, f);
   });
@@ -261,7 +284,23 @@ rt_status rt_run_pretraining(const rt_pretraining_config* config, rt_progress_fn
                              rt_run_result* result) {
   constexpr const char* f = "rt_run_pretraining";
   return guard(f, [&] {
-    const rt_pretraining_config& c = require_struct(config, f, "config");
+    const rt_pretraining_config& given = require(config, f, "config");
+    rt_pretraining_config c{};
+    if (given.struct_size >= sizeof(PretrainingConfig20) && given.struct_size < sizeof(rt_pretraining_config)) {
+      PretrainingConfig20 old{};  // a 2.0 caller: read its layout
+      std::memcpy(&old, static_cast<const void*>(&given), sizeof old);
+      c.struct_size = sizeof c;
+      c.stage = old.stage;
+      c.validation_fraction = old.validation_fraction;
+      if (old.model.struct_size < sizeof(rt_c::TransformerConfig20)) {
+        bad_argument(f, "config->model->struct_size is " + std::to_string(old.model.struct_size) +
+                            ", smaller than ABI 2.0's " + std::to_string(sizeof(rt_c::TransformerConfig20)));
+      }
+      std::memcpy(static_cast<void*>(&c.model), &old.model, sizeof old.model);
+      c.model.struct_size = sizeof old.model;  // the appended fields take their defaults
+    } else {
+      c = require_struct(config, f, "config");
+    }
     const rt_transformer_config& m = require_struct(&c.model, f, "config->model");
     require(result, f, "result");
     rt::PretrainingConfig p;

@@ -36,8 +36,8 @@ void DecodeSession::reset() {
   keys_.clear();
   values_.clear();
   for (std::int64_t i = 0; i < d.layers; ++i) {
-    keys_.push_back(Tensor::zeros({d.heads, d.context_length, d.head_width()}));
-    values_.push_back(Tensor::zeros({d.heads, d.context_length, d.head_width()}));
+    keys_.push_back(Tensor::zeros({d.kv_heads(), d.context_length, d.head_width()}));
+    values_.push_back(Tensor::zeros({d.kv_heads(), d.context_length, d.head_width()}));
   }
   versions_.clear();
   for (const Variable& p : core_->all_leaves()) versions_.push_back(p.value_version());
@@ -70,16 +70,18 @@ Tensor DecodeSession::decode_token(std::int32_t token) {
   const std::int64_t d = dims.head_width();
   const std::int64_t c = dims.model_width;
   const std::int32_t ids[1] = {token};
-  auto split_heads = [&](const Variable& x) {  // (1, 1, C) → (1, H, 1, D)
-    return permute(reshape(x, {1, 1, heads, d}), {0, 2, 1, 3});
+  const std::int64_t kv_heads = dims.kv_heads();
+  const float base = dims.rope_base;
+  auto split_heads = [&](const Variable& x, std::int64_t n) {  // (1, 1, n·D) → (1, n, 1, D)
+    return permute(reshape(x, {1, 1, n, d}), {0, 2, 1, 3});
   };
   Variable h = embedding(m.token_embedding, ids, {1, 1});  // (1, 1, C)
   for (std::size_t i = 0; i < m.blocks.size(); ++i) {
     const BlockWeights& w = m.blocks[i];
     const Variable x = rms_norm(h, w.attention_norm, m.eps);
-    const Variable q = rope(split_heads(m.project(w, LoraTarget::Query, x)), position_);  // (1, H, 1, D)
-    const Variable k = rope(split_heads(m.project(w, LoraTarget::Key, x)), position_);    // (1, H, 1, D)
-    const Variable v = split_heads(m.project(w, LoraTarget::Value, x));                   // (1, H, 1, D)
+    const Variable q = rope(split_heads(m.project(w, LoraTarget::Query, x), heads), position_, base);   // (1, H, 1, D)
+    const Variable k = rope(split_heads(m.project(w, LoraTarget::Key, x), kv_heads), position_, base);  // (1, G, 1, D)
+    const Variable v = split_heads(m.project(w, LoraTarget::Value, x), kv_heads);                       // (1, G, 1, D)
     write_cache(keys_[i], k.value(), position_);
     write_cache(values_[i], v.value(), position_);
     const Tensor a = cpu::cached_attention(q.value().reshape({heads, d}), keys_[i], values_[i], position_ + 1);
