@@ -143,22 +143,23 @@ Tensor interleaved_rotary_rows_to_hf(const Tensor& weight, std::int64_t heads) {
 }
 
 std::vector<HfTensorName> hf_llama_tensor_names(const TransformerDimensions& d) {
-  std::vector<HfTensorName> names{{"token_embedding.weight", "model.embed_tokens.weight"}};
+  const std::int64_t v = d.vocab_size, c = d.model_width, f = d.feed_forward_width, kv = d.kv_width();
+  std::vector<HfTensorName> names{{"token_embedding.weight", "model.embed_tokens.weight", 0, {v, c}}};
   for (std::int64_t i = 0; i < d.layers; ++i) {
     const std::string ours = "blocks." + std::to_string(i) + ".";
     const std::string hf = "model.layers." + std::to_string(i) + ".";
-    names.push_back({ours + "attention_norm.weight", hf + "input_layernorm.weight"});
-    names.push_back({ours + "attention.query.weight", hf + "self_attn.q_proj.weight", d.heads});
-    names.push_back({ours + "attention.key.weight", hf + "self_attn.k_proj.weight", d.kv_heads()});
-    names.push_back({ours + "attention.value.weight", hf + "self_attn.v_proj.weight"});
-    names.push_back({ours + "attention.output.weight", hf + "self_attn.o_proj.weight"});
-    names.push_back({ours + "mlp_norm.weight", hf + "post_attention_layernorm.weight"});
-    names.push_back({ours + "mlp.gate.weight", hf + "mlp.gate_proj.weight"});
-    names.push_back({ours + "mlp.up.weight", hf + "mlp.up_proj.weight"});
-    names.push_back({ours + "mlp.down.weight", hf + "mlp.down_proj.weight"});
+    names.push_back({ours + "attention_norm.weight", hf + "input_layernorm.weight", 0, {c}});
+    names.push_back({ours + "attention.query.weight", hf + "self_attn.q_proj.weight", d.heads, {c, c}});
+    names.push_back({ours + "attention.key.weight", hf + "self_attn.k_proj.weight", d.kv_heads(), {kv, c}});
+    names.push_back({ours + "attention.value.weight", hf + "self_attn.v_proj.weight", 0, {kv, c}});
+    names.push_back({ours + "attention.output.weight", hf + "self_attn.o_proj.weight", 0, {c, c}});
+    names.push_back({ours + "mlp_norm.weight", hf + "post_attention_layernorm.weight", 0, {c}});
+    names.push_back({ours + "mlp.gate.weight", hf + "mlp.gate_proj.weight", 0, {f, c}});
+    names.push_back({ours + "mlp.up.weight", hf + "mlp.up_proj.weight", 0, {f, c}});
+    names.push_back({ours + "mlp.down.weight", hf + "mlp.down_proj.weight", 0, {c, f}});
   }
-  names.push_back({"final_norm.weight", "model.norm.weight"});
-  if (!d.tie_embeddings) names.push_back({"lm_head.weight", "lm_head.weight"});
+  names.push_back({"final_norm.weight", "model.norm.weight", 0, {c}});
+  if (!d.tie_embeddings) names.push_back({"lm_head.weight", "lm_head.weight", 0, {v, c}});
   return names;
 }
 
@@ -171,36 +172,27 @@ std::unique_ptr<DecoderOnlyTransformer> load_hf_llama(const std::filesystem::pat
   const std::filesystem::path config_path = directory / "config.json";
   const HfLlamaConfig config = parse_hf_llama_config(config_path, read_small_file(config_path, "config.json"));
   std::map<std::string, Tensor> tensors = read_hf_tensors(directory, options);
-  // Check the values add up before building a model of the config's size.
-  std::int64_t values = 0;
-  for (const auto& [name, tensor] : tensors) values += tensor.numel();
-  if (values < config.dimensions.parameter_count()) {
-    load_error(directory, "the checkpoint holds " + std::to_string(values) + " values but config.json's model needs " +
-                              std::to_string(config.dimensions.parameter_count()));
-  }
-  Random random(0);  // every parameter is overwritten below
-  auto model = std::make_unique<DecoderOnlyTransformer>(config.dimensions, random, config.norm_epsilon, attention,
-                                                        activation_checkpointing);
-  std::vector<std::pair<Variable, Tensor>> values_by_parameter;
-  for (const HfTensorName& name : hf_llama_tensor_names(config.dimensions)) {
-    Variable parameter = model->parameter(name.ours);
+  // Every tensor present with its shape before a model of config.json's size is built.
+  const std::vector<HfTensorName> names = hf_llama_tensor_names(config.dimensions);
+  std::vector<Tensor> values;
+  for (const HfTensorName& name : names) {
     const auto it = tensors.find(name.hf);
     if (it == tensors.end()) {
       load_error(directory, "tensor '" + name.hf + "' is missing (config.json needs shape " +
-                                shape_string(parameter.shape()) + ")");
+                                shape_string(name.shape) + ")");
     }
-    if (it->second.shape() != parameter.shape()) {
+    if (it->second.shape() != name.shape) {
       load_error(directory, "tensor '" + name.hf + "' has shape " + shape_string(it->second.shape()) +
-                                " but config.json needs " + shape_string(parameter.shape()));
+                                " but config.json needs " + shape_string(name.shape));
     }
-    Tensor value = name.rotary_heads > 0 ? hf_rotary_rows_to_interleaved(it->second, name.rotary_heads) : it->second;
-    values_by_parameter.emplace_back(parameter, std::move(value));
+    values.push_back(name.rotary_heads > 0 ? hf_rotary_rows_to_interleaved(it->second, name.rotary_heads)
+                                           : it->second);
     tensors.erase(it);
   }
   if (config.dimensions.tie_embeddings) {
     const auto head = tensors.find("lm_head.weight");
     if (head != tensors.end()) {  // a tied copy is fine when it is a copy
-      const Tensor& embedding = values_by_parameter.front().second;
+      const Tensor& embedding = values.front();
       const bool same = head->second.shape() == embedding.shape() &&
                         std::memcmp(std::as_const(head->second).data(), std::as_const(embedding).data(),
                                     static_cast<std::size_t>(embedding.nbytes())) == 0;
@@ -222,7 +214,10 @@ std::unique_ptr<DecoderOnlyTransformer> load_hf_llama(const std::filesystem::pat
                               " a Llama model of config.json's shape does not: " + unknown +
                               (count > 5 ? ", ..." : ""));
   }
-  for (auto& [parameter, value] : values_by_parameter) parameter.set_value(value);
+  Random random(0);  // every parameter is overwritten below
+  auto model = std::make_unique<DecoderOnlyTransformer>(config.dimensions, random, config.norm_epsilon, attention,
+                                                        activation_checkpointing);
+  for (std::size_t i = 0; i < names.size(); ++i) model->parameter(names[i].ours).set_value(values[i]);
   return model;
 }
 

@@ -13,6 +13,7 @@ struct HfTensorName {
   std::string ours;
   std::string hf;
   std::int64_t rotary_heads = 0;
+  Shape shape;  // the same under both names
 };
 
 /// Every parameter of a model of `d` (no lm_head when tied), in our order.
