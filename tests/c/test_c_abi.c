@@ -5,6 +5,7 @@
  * Prints "N passed, N failed" and exits non-zero on any failure. */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -578,6 +579,84 @@ static void test_pipelines(void) {
   FAILS(rt_run_post_training(&p, NULL, NULL, &r), RT_ERROR_DATA, "missing.jsonl");
 }
 
+/* Grouped-query attention, RoPE base and tied embeddings through
+ * rt_transformer_config; a 2.0-sized config and a 2.0-layout pretraining
+ * config; Hugging Face conversion both ways. */
+static void test_gqa_tied_and_hf_conversion(void) {
+  rt_transformer_config c = tiny_config();
+  CHECK(c.key_value_heads == 0 && c.rope_base == 10000.0f && c.tie_embeddings == 0);
+  c.model_width = 32;
+  c.heads = 4;
+  c.key_value_heads = 2;
+  c.rope_base = 500000.0f;
+  c.tie_embeddings = 1;
+  rt_model* model = NULL;
+  OK(rt_model_create(&c, 3, RT_ATTENTION_MATERIALIZED, RT_ACTIVATION_CHECKPOINTING_DISABLED, &model));
+  rt_transformer_config back;
+  back.struct_size = sizeof back;
+  OK(rt_model_config(model, &back));
+  CHECK(back.key_value_heads == 2 && back.rope_base == 500000.0f && back.tie_embeddings == 1);
+  rt_variable* key = NULL;
+  OK(rt_model_parameter(model, "blocks.0.attention.key.weight", &key));
+  int64_t elements = 0;
+  OK(rt_model_parameter_elements(model, &elements));
+  CHECK(elements == 256 * 32 + 32 + 3 * (2 * 32 + 2 * 32 * 32 + 2 * 16 * 32 + 3 * 32 * 24));
+  rt_variable_destroy(key);
+  FAILS(rt_model_parameter(model, "lm_head.weight", &key), RT_ERROR_VALUE, "lm_head");
+
+  /* A caller compiled before the appended fields: they take their defaults. */
+  rt_transformer_config old = c;
+  old.struct_size = offsetof(rt_transformer_config, key_value_heads);
+  old.model_width = 16;
+  old.heads = 2;
+  rt_model* plain = NULL;
+  OK(rt_model_create(&old, 3, RT_ATTENTION_MATERIALIZED, RT_ACTIVATION_CHECKPOINTING_DISABLED, &plain));
+  back.struct_size = offsetof(rt_transformer_config, key_value_heads);
+  back.key_value_heads = 77;
+  OK(rt_model_config(plain, &back));
+  CHECK(back.key_value_heads == 77); /* not written past the caller's struct_size */
+  back.struct_size = sizeof back;
+  OK(rt_model_config(plain, &back));
+  CHECK(back.key_value_heads == 0 && back.rope_base == 10000.0f && back.tie_embeddings == 0);
+  rt_model_destroy(plain);
+  c.key_value_heads = 3;
+  FAILS(rt_model_create(&c, 3, RT_ATTENTION_MATERIALIZED, RT_ACTIVATION_CHECKPOINTING_DISABLED, &plain),
+        RT_ERROR_VALUE, "key_value_heads");
+
+  /* A 2.0-layout rt_pretraining_config: init fills the 2.0 layout. */
+  struct {
+    size_t struct_size;
+    rt_stage_settings stage;
+    struct {
+      size_t struct_size;
+      int64_t sizes[6];
+      float norm_epsilon;
+    } model;
+    double validation_fraction;
+  } p20;
+  memset(&p20, 0x7F, sizeof p20);
+  OK(rt_pretraining_config_init((rt_pretraining_config*)&p20, sizeof p20));
+  CHECK(p20.struct_size == sizeof p20 && p20.model.struct_size == sizeof p20.model);
+  CHECK(p20.model.sizes[0] == 256 && p20.validation_fraction > 0.0 && p20.validation_fraction < 1.0);
+
+  /* Hugging Face conversion: to_hf then from_hf gives the same weights. */
+  OK(rt_model_save(model, path_in("gqa.safetensors")));
+  OK(rt_convert_to_hf(path_in("gqa.safetensors"), path_in("hf"), 0));
+  OK(rt_convert_from_hf(path_in("hf"), path_in("gqa2.safetensors"), 0));
+  rt_model* again = NULL;
+  OK(rt_model_load_new(path_in("gqa2.safetensors"), RT_ATTENTION_FLASH, RT_ACTIVATION_CHECKPOINTING_TRANSFORMER_BLOCK, 0, &again));
+  char a[17], b[17];
+  OK(rt_model_fingerprint(model, a, sizeof a));
+  OK(rt_model_fingerprint(again, b, sizeof b));
+  CHECK(strcmp(a, b) == 0);
+  FAILS(rt_convert_from_hf(path_in("no-such-dir"), path_in("x.safetensors"), 0), RT_ERROR_MODEL_STATE,
+        "not a directory");
+  FAILS(rt_convert_from_hf(NULL, path_in("x.safetensors"), 0), RT_ERROR_INVALID_ARGUMENT, "NULL");
+  FAILS(rt_convert_to_hf(path_in("gqa.safetensors"), path_in("hf"), 0x80u), RT_ERROR_INVALID_ARGUMENT, "flags");
+  rt_model_destroy(again);
+  rt_model_destroy(model);
+}
+
 int main(void) {
   snprintf(g_dir, sizeof g_dir, "/tmp/rt_c_abi_XXXXXX");
   if (mkdtemp(g_dir) == NULL) return 2;
@@ -590,6 +669,7 @@ int main(void) {
   test_errors_leave_handles_usable();
   test_training_lora_and_files();
   test_pipelines();
+  test_gqa_tied_and_hf_conversion();
   char command[600];
   snprintf(command, sizeof command, "rm -rf '%s'", g_dir);
   if (system(command) != 0) fprintf(stderr, "could not remove %s\n", g_dir);
