@@ -1,57 +1,46 @@
 // rt-convert: Hugging Face Llama checkpoints ↔ model-state files.
 //   rt-convert --from-hf DIR --output model.safetensors
 //   rt-convert --to-hf model.safetensors --output DIR
-// Usage errors exit 2 with a hint; runtime errors exit 1 with
-// "rt-convert: error: message".
-#include <CLI/CLI.hpp>
+// Exit codes as every rt-* tool (tools/cli.hpp): usage errors 2 with a hint,
+// failures during the conversion 1 with "rt-convert: error: message".
 #include <iostream>
 
+#include "cli.hpp"
 #include "riftco_transformer/hf_llama.hpp"
 
 using namespace riftco_transformer;
 
 int main(int argc, char** argv) {
-  CLI::App app("Converts transformers LlamaForCausalLM checkpoints (config.json + safetensors, single file or "
-               "sharded) to riftco model-state files and back.",
+  CLI::App app("Converts transformers LlamaForCausalLM checkpoints (config.json + safetensors, one file or "
+               "sharded; F32, F16 or BF16) to riftco model-state files and back. Grouped-query attention, tied "
+               "embeddings, rope_theta and rms_norm_eps carry over; anything else config.json asks for that this "
+               "model lacks (rope_scaling, biases, another activation) is refused naming the field.",
                "rt-convert");
-  std::string from_hf;
-  std::string to_hf;
-  std::string output;
-  bool allow_non_finite = false;
-  auto* from = app.add_option("--from-hf", from_hf, "transformers checkpoint directory to read")->type_name("DIR");
-  auto* to = app.add_option("--to-hf", to_hf, "model-state file to write as a transformers checkpoint")
-                 ->type_name("PATH");
+  rt_cli::style(app);
+  std::string from_hf, to_hf, output;
+  LoadOptions load;
+  CLI::Option* from = app.add_option("--from-hf", from_hf, "transformers checkpoint directory to read")->type_name("DIR");
+  CLI::Option* to = app.add_option("--to-hf", to_hf, "model-state file to write as a transformers checkpoint")
+                        ->type_name("PATH");
   from->excludes(to);
   app.add_option("--output", output,
-                 "with --from-hf: the model-state file to write; with --to-hf: the directory to write "
-                 "(config.json, model.safetensors)")
+                 "--from-hf: the model-state file to write; --to-hf: the directory to write (config.json and "
+                 "model.safetensors)")
       ->type_name("PATH")
       ->required();
-  app.add_flag("--allow-non-finite", allow_non_finite, "convert weights holding NaN or infinity (refused by default)");
-  try {
-    app.parse(argc, argv);
-    if (from_hf.empty() && to_hf.empty()) throw CLI::RequiredError("--from-hf DIR or --to-hf PATH");
-  } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
-    std::cerr << "rt-convert: usage error: " << e.what() << "\n"
-              << "  try: rt-convert --from-hf DIR --output model.safetensors  (or --help)\n";
-    return 2;
-  }
-  LoadOptions options;
-  options.allow_non_finite = allow_non_finite;
-  try {
+  app.add_flag("--allow-non-finite", load.allow_non_finite, "convert weights holding NaN or infinity (refused by default)");
+  return rt_cli::run_tool("rt-convert", app, argc, argv, [&](bool& running) {
+    if (from_hf.empty() && to_hf.empty()) throw rt_cli::UsageError("give --from-hf DIR or --to-hf PATH");
+    if (output.empty()) throw rt_cli::UsageError("--output must not be empty");
+    running = true;
     if (!from_hf.empty()) {
-      convert_from_hf(from_hf, output, options);
+      convert_from_hf(from_hf, output, load);
       std::cout << "rt-convert: wrote " << output << " from " << from_hf << "\n";
     } else {
-      convert_to_hf(to_hf, output, options);
+      convert_to_hf(to_hf, output, load);
       std::cout << "rt-convert: wrote " << output << "/config.json and " << output << "/model.safetensors from "
                 << to_hf << "\n";
     }
-  } catch (const std::exception& e) {
-    std::cerr << "rt-convert: error: " << e.what() << "\n";
-    return 1;
-  }
-  return 0;
+    return 0;
+  });
 }

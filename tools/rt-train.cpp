@@ -165,6 +165,12 @@ void add_pretrain(CLI::App& app, Commands& c) {
   add_number(*sub, "--feed-forward-width", d.feed_forward_width, "SwiGLU hidden width")
       ->check(rt_cli::integer_at_least(1))
       ->group(model);
+  add_number(*sub, "--key-value-heads", d.key_value_heads,
+             "key/value heads for grouped-query attention (0 = --heads; must divide --heads)")
+      ->check(rt_cli::integer_at_least(0))
+      ->group(model);
+  add_number(*sub, "--rope-base", d.rope_base, "RoPE base (theta)")->group(model);
+  sub->add_flag("--tie-embeddings", d.tie_embeddings, "the LM head is the token embedding (one matrix)")->group(model);
   add_number(*sub, "--norm-epsilon", p.norm_epsilon, "RMSNorm epsilon")->group(model);
   add_number(*sub, "--validation-fraction", p.validation_fraction, "tail of the text held out")->group(model);
   add_stage_options(*sub, p, c.pretrain_text);
@@ -175,7 +181,8 @@ int pretrain(const CLI::App& sub, Commands& c, bool& running) {
   apply_stage_text(sub, c.pretrain_text, p);
   p.validate();
   const TransformerDimensions& d = p.dimensions;
-  std::cerr << "[pretrain] " << d.layers << " layers, width " << d.model_width << ", " << d.heads << " heads, context "
+  std::cerr << "[pretrain] " << d.layers << " layers, width " << d.model_width << ", " << d.heads << " heads ("
+            << d.kv_heads() << " key/value), context "
             << d.context_length << "; attention " << attention_kind_name(p.attention) << ", checkpointing "
             << activation_checkpointing_name(p.activation_checkpointing) << "; data "
             << (p.data.empty() ? "default corpus" : p.data.string()) << " -> " << p.output_dir.string() << "\n";
