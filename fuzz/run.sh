@@ -12,16 +12,17 @@ release_build=${2:?usage: run.sh FUZZ_BUILD_DIR RELEASE_BUILD_DIR [SECONDS_EACH]
 seconds=${3:-60}
 here="$(cd "$(dirname "$0")" && pwd)"
 seeds="$fuzz_build/seeds"
-[ -d "$seeds/c_abi" ] || bash "$here/make_corpus.sh" "$release_build" "$seeds"
+[ -d "$seeds/hf_llama" ] || bash "$here/make_corpus.sh" "$release_build" "$seeds"
 mkdir -p "$fuzz_build/findings"
 status=0
 passed=0
 failed=0
-for name in model_state adapter_state training_checkpoint chat_data c_abi; do
+for name in model_state adapter_state training_checkpoint chat_data c_abi hf_llama; do
   corpus="$fuzz_build/corpus/$name"
   mkdir -p "$corpus"
   dict="$here/safetensors.dict"
   [ "$name" = chat_data ] && dict="$here/json.dict"
+  [ "$name" = hf_llama ] && dict="$here/json.dict"
   log="$fuzz_build/fuzz_$name.log"
   binary="$fuzz_build/fuzz/fuzz_$name"
   [ -x "$binary" ] || { echo "[fuzz] $binary not built"; exit 1; }

@@ -92,6 +92,14 @@ HfLlamaConfig parse_hf_llama_config(const std::filesystem::path& path, const std
   d.key_value_heads = config.contains("num_key_value_heads") && !config.at("num_key_value_heads").is_null()
                           ? integer_field(path, config, "num_key_value_heads")
                           : d.heads;
+  if (d.model_width % d.heads != 0 || (d.model_width / d.heads) % 2 != 0) {
+    refuse(path, "num_attention_heads", config.at("num_attention_heads"),
+           "hidden_size " + std::to_string(d.model_width) + " must split into that many heads of even width");
+  }
+  if (d.key_value_heads > d.heads || d.heads % d.key_value_heads != 0) {
+    refuse(path, "num_key_value_heads", config.at("num_key_value_heads"),
+           "must divide num_attention_heads " + std::to_string(d.heads));
+  }
   if (d.key_value_heads == d.heads) d.key_value_heads = 0;  // ordinary multi-head attention
   if (config.contains("head_dim") && !config.at("head_dim").is_null()) {
     const std::int64_t head_dim = integer_field(path, config, "head_dim");
@@ -106,7 +114,9 @@ HfLlamaConfig parse_hf_llama_config(const std::filesystem::path& path, const std
   d.rope_base = static_cast<float>(base);
   d.tie_embeddings = bool_field(path, config, "tie_word_embeddings", false);
   const double eps = number_field(path, config, "rms_norm_eps", 1.0e-6);
-  if (!(eps > 0.0) || !(eps < 1.0)) refuse(path, "rms_norm_eps", config.at("rms_norm_eps"), "must be in (0, 1)");
+  if (!(static_cast<float>(eps) > 0.0F) || !(eps < 1.0)) {
+    refuse(path, "rms_norm_eps", config.at("rms_norm_eps"), "must be in (0, 1) and representable as a float");
+  }
   out.norm_epsilon = static_cast<float>(eps);
   try {
     d.validate();

@@ -243,10 +243,19 @@ TEST_F(HfLlama, UnsupportedConfigFieldsAreRefusedByName) {
       {{{"hidden_act", "gelu"}}, "hidden_act"},
       {{{"head_dim", 4}}, "head_dim"},
       {{{"model_type", "mistral"}}, "model_type"},
-      {{{"num_key_value_heads", 3}}, "key_value_heads"},
+      {{{"num_key_value_heads", 3}}, "\"num_key_value_heads\" is 3"},
+      {{{"num_key_value_heads", 8}}, "num_key_value_heads"},
+      {{{"num_attention_heads", 3}}, "\"num_attention_heads\" is 3"},
+      {{{"num_attention_heads", 32}}, "num_attention_heads"},
+      {{{"max_position_embeddings", 0}}, "max_position_embeddings"},
+      {{{"vocab_size", 1e300}}, "vocab_size"},
+      {{{"tie_word_embeddings", "no"}}, "tie_word_embeddings"},
+      {{{"architectures", {"MistralForCausalLM"}}}, "architectures"},
+      {{{"attention_dropout", 0.1}}, "attention_dropout"},
       {{{"hidden_size", "32"}}, "hidden_size"},
       {{{"rope_theta", -5}}, "rope_theta"},
       {{{"rms_norm_eps", 0}}, "rms_norm_eps"},
+      {{{"rms_norm_eps", 1e-60}}, "rms_norm_eps"},
   };
   for (const auto& [patch, field] : cases) {
     json config = good;
