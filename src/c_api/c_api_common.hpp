@@ -73,12 +73,23 @@ struct TransformerConfig20 {
 };
 inline constexpr std::size_t kTransformerConfig20Size = sizeof(TransformerConfig20);
 static_assert(kTransformerConfig20Size == offsetof(rt_transformer_config, key_value_heads));
+/// rt_pretraining_config as ABI 2.0 laid it out (its `model` had the 2.0
+/// layout). A caller compiled against 2.0 passes this size.
+struct PretrainingConfig20 {
+  std::size_t struct_size;
+  rt_stage_settings stage;
+  TransformerConfig20 model;
+  double validation_fraction;
+};
+static_assert(sizeof(PretrainingConfig20) < sizeof(rt_pretraining_config));
 
 /// sizeof the struct in ABI 2.0 (structs that grew since say so here).
 template <typename T>
 constexpr std::size_t abi20_size() {
   if constexpr (std::is_same_v<T, rt_transformer_config>) {
     return kTransformerConfig20Size;
+  } else if constexpr (std::is_same_v<T, rt_pretraining_config>) {
+    return sizeof(PretrainingConfig20);
   } else {
     return sizeof(T);
   }

@@ -229,26 +229,12 @@ rt_status rt_generate(const rt_model* model, const int32_t* prompt, size_t promp
   });
 }
 
-namespace {
-
-/// rt_pretraining_config as ABI 2.0 laid it out: its `model` had no fields
-/// after norm_epsilon. A caller compiled against 2.0 passes this size.
-struct PretrainingConfig20 {
-  std::size_t struct_size;
-  rt_stage_settings stage;
-  rt_c::TransformerConfig20 model;
-  double validation_fraction;
-};
-static_assert(sizeof(PretrainingConfig20) < sizeof(rt_pretraining_config));
-
-}  // namespace
-
 rt_status rt_pretraining_config_init(rt_pretraining_config* config, size_t struct_size) {
   constexpr const char* f = "rt_pretraining_config_init";
   return guard(f, [&] {
     const rt::PretrainingConfig d;
-    if (config != nullptr && struct_size >= sizeof(PretrainingConfig20) && struct_size < sizeof(rt_pretraining_config)) {
-      PretrainingConfig20 old{};  // a 2.0 caller: the 2.0 layout
+    if (config != nullptr && struct_size >= sizeof(rt_c::PretrainingConfig20) && struct_size < sizeof(rt_pretraining_config)) {
+      rt_c::PretrainingConfig20 old{};  // a 2.0 caller: the 2.0 layout
       old.struct_size = struct_size;
       old.stage = stage_defaults(d);
       const rt::TransformerDimensions& m = d.dimensions;
@@ -286,8 +272,8 @@ rt_status rt_run_pretraining(const rt_pretraining_config* config, rt_progress_fn
   return guard(f, [&] {
     const rt_pretraining_config& given = require(config, f, "config");
     rt_pretraining_config c{};
-    if (given.struct_size >= sizeof(PretrainingConfig20) && given.struct_size < sizeof(rt_pretraining_config)) {
-      PretrainingConfig20 old{};  // a 2.0 caller: read its layout
+    if (given.struct_size >= sizeof(rt_c::PretrainingConfig20) && given.struct_size < sizeof(rt_pretraining_config)) {
+      rt_c::PretrainingConfig20 old{};  // a 2.0 caller: read its layout
       std::memcpy(&old, static_cast<const void*>(&given), sizeof old);
       c.struct_size = sizeof c;
       c.stage = old.stage;

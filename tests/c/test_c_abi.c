@@ -638,6 +638,31 @@ static void test_gqa_tied_and_hf_conversion(void) {
   OK(rt_pretraining_config_init((rt_pretraining_config*)&p20, sizeof p20));
   CHECK(p20.struct_size == sizeof p20 && p20.model.struct_size == sizeof p20.model);
   CHECK(p20.model.sizes[0] == 256 && p20.validation_fraction > 0.0 && p20.validation_fraction < 1.0);
+  /* ... and rt_run_pretraining reads it as such (a GQA-free 2.0 model). */
+  p20.model.sizes[1] = 32; /* context_length, model_width, heads, layers, feed_forward_width */
+  p20.model.sizes[2] = 16;
+  p20.model.sizes[3] = 2;
+  p20.model.sizes[4] = 1;
+  p20.model.sizes[5] = 32;
+  p20.stage.data = path_in("corpus.txt"); /* written by test_pipelines */
+  p20.stage.output_dir = path_in("pretrain20");
+  p20.stage.steps = 1;
+  p20.stage.batch = 2;
+  p20.stage.sequence_length = 16;
+  p20.stage.eval_batches = 1;
+  p20.stage.checkpoint_interval = 0;
+  rt_run_result r20;
+  r20.struct_size = sizeof r20;
+  OK(rt_run_pretraining((const rt_pretraining_config*)&p20, NULL, NULL, &r20));
+  CHECK(r20.completed == 1 && r20.steps == 1);
+  rt_model* m20 = NULL;
+  OK(rt_model_load_new(r20.weights, RT_ATTENTION_MATERIALIZED, RT_ACTIVATION_CHECKPOINTING_DISABLED, 0, &m20));
+  back.struct_size = sizeof back;
+  OK(rt_model_config(m20, &back));
+  CHECK(back.layers == 1 && back.model_width == 16 && back.key_value_heads == 0 && back.rope_base == 10000.0f);
+  rt_model_destroy(m20);
+  FAILS(rt_pretraining_config_init((rt_pretraining_config*)&p20, sizeof p20 - 8), RT_ERROR_INVALID_ARGUMENT,
+        "smaller than ABI 2.0");
 
   /* Hugging Face conversion: to_hf then from_hf gives the same weights. */
   OK(rt_model_save(model, path_in("gqa.safetensors")));

@@ -6,6 +6,7 @@ and the mean cross-entropy gradient of every parameter within 1e-5 relative
 norm error, for materialized and flash attention; the round trip back loads in
 transformers with identical logits; unsupported configs are refused by field
 name; LoRA post-training with block checkpointing runs on a converted model."""
+import pathlib
 import subprocess
 
 import numpy as np
@@ -33,7 +34,7 @@ TOL = 1e-5
 def build_hf(directory, overrides, shard=False):
     """A seeded random LlamaForCausalLM (norm weights randomized too) saved to `directory`."""
     torch.manual_seed(0)
-    config = transformers.LlamaConfig(**BASE, **overrides)
+    config = transformers.LlamaConfig(**{**BASE, **overrides})
     config._attn_implementation = "eager"
     model = transformers.LlamaForCausalLM(config).eval()
     with torch.no_grad():
@@ -192,6 +193,24 @@ def test_lora_post_training_with_block_checkpointing_on_a_converted_gqa_model(tm
         reference.step()
         opt.step()
     assert losses[-1] < losses[0] - 0.05, losses
+
+
+def test_post_training_pipeline_on_a_converted_model(build_dir, tmp_path):
+    """rt-convert, then rt-train post-train (LoRA on query/key/value, block checkpointing) on the result."""
+    convert, train = build_dir / "rt-convert", build_dir / "rt-train"
+    if not convert.exists() or not train.exists():
+        pytest.skip("rt-convert / rt-train not built")
+    build_hf(tmp_path / "hf", dict(CONFIGS["gqa_tied_sharded"], vocab_size=256), shard=True)  # byte tokens
+    r = subprocess.run([str(convert), "--from-hf", str(tmp_path / "hf"), "--output", str(tmp_path / "base.safetensors")],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    chat = pathlib.Path(__file__).resolve().parents[2] / "data" / "chat_example.jsonl"
+    r = subprocess.run([str(train), "post-train", "--base-model", str(tmp_path / "base.safetensors"), "--data",
+                        str(chat), "--steps", "4", "--batch", "2", "--sequence-length", "24", "--eval-batches", "1",
+                        "--lora-rank", "4", "--lora-targets", "query,key,value", "--activation-checkpointing", "block",
+                        "--output", str(tmp_path / "post"), "--quiet"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "post" / "adapter.safetensors").exists()
 
 
 def test_rt_convert_tool(build_dir, tmp_path):
