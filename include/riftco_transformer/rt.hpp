@@ -149,6 +149,14 @@ class Model {
   ModelHandle handle_;
 };
 
+/// Hugging Face Llama checkpoint directory → model-state file, and back.
+inline void convert_from_hf(const std::string& directory, const std::string& output, uint32_t flags = 0) {
+  check(rt_convert_from_hf(directory.c_str(), output.c_str(), flags));
+}
+inline void convert_to_hf(const std::string& model_state, const std::string& directory, uint32_t flags = 0) {
+  check(rt_convert_to_hf(model_state.c_str(), directory.c_str(), flags));
+}
+
 class Adam {
  public:
   explicit Adam(Model& model) {
