@@ -13,10 +13,15 @@ namespace fs = std::filesystem;
 
 namespace {
 
+/// A per-process path (rt_fuzz::input_path keeps one name per process).
+fs::path own_path(const char* name) {
+  return fs::temp_directory_path() / ("riftco_fuzz_" + std::to_string(::getpid()) + "_" + name);
+}
+
 /// A valid checkpoint made once: {dir}/single (one file) and {dir}/sharded.
 const fs::path& valid_checkpoint() {
   static const fs::path dir = [] {
-    const fs::path root = rt_fuzz::input_path("hf");
+    const fs::path root = own_path("hf_valid");
     const TransformerDimensions d{256, 32, 16, 2, 2, 32};  // the seeds' model (make_corpus.sh)
     Random random(0);
     DecoderOnlyTransformer model(d, random);
@@ -36,15 +41,16 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   if (size == 0) return 0;
   const fs::path& root = valid_checkpoint();
   const int mode = data[0] % 3;
-  const fs::path work = rt_fuzz::input_path("hf_work");
+  static const fs::path work = own_path("hf_work");
   std::error_code ec;
   fs::remove_all(work, ec);
   fs::copy(root / (mode == 2 ? "sharded" : "single"), work, fs::copy_options::recursive, ec);
   if (ec) std::abort();  // the harness itself failed
   const char* name = mode == 0 ? "config.json" : mode == 1 ? "model.safetensors" : "model.safetensors.index.json";
-  const fs::path& input = rt_fuzz::write_input(name, data + 1, size - 1);
-  fs::copy_file(input, work / name, fs::copy_options::overwrite_existing, ec);
-  if (ec) std::abort();
+  std::ofstream out(work / name, std::ios::binary | std::ios::trunc);
+  out.write(reinterpret_cast<const char*>(data + 1), static_cast<std::streamsize>(size - 1));
+  out.close();
+  if (!out) std::abort();
   try {
     load_hf_llama(work);
   } catch (const ModelStateError&) {
