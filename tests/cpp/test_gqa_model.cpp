@@ -166,13 +166,16 @@ TEST(GqaModel, FlashMatchesMaterializedAndCheckpointedGradientsAreBitIdentical) 
   };
   for (const bool lora : {false, true}) {
     const auto plain = grads(FullSequenceAttentionKind::Materialized, ActivationCheckpointingKind::Disabled, lora);
-    const auto block = grads(FullSequenceAttentionKind::Materialized, ActivationCheckpointingKind::TransformerBlock, lora);
     const auto flash = grads(FullSequenceAttentionKind::Flash, ActivationCheckpointingKind::Disabled, lora);
-    ASSERT_EQ(plain.size(), block.size());
-    for (std::size_t i = 0; i < plain.size(); ++i) {
-      EXPECT_TRUE(bit_equal(plain[i], block[i])) << i;
-      EXPECT_LT(max_abs_diff(plain[i], flash[i]), 1e-5F) << i;
+    for (const auto policy : {ActivationCheckpointingKind::TransformerBlock, ActivationCheckpointingKind::BlockSegments,
+                              ActivationCheckpointingKind::AttentionSubBlock, ActivationCheckpointingKind::MlpSubBlock}) {
+      const auto checkpointed = grads(FullSequenceAttentionKind::Materialized, policy, lora);
+      ASSERT_EQ(plain.size(), checkpointed.size());
+      for (std::size_t i = 0; i < plain.size(); ++i) {
+        EXPECT_TRUE(bit_equal(plain[i], checkpointed[i])) << activation_checkpointing_name(policy) << " " << i;
+      }
     }
+    for (std::size_t i = 0; i < plain.size(); ++i) EXPECT_LT(max_abs_diff(plain[i], flash[i]), 1e-5F) << i;
   }
 }
 
