@@ -2,7 +2,9 @@
 // The C ABI's plumbing (private): handle structs, argument checks, and the
 // one place where C++ exceptions become rt_status codes. The rt_* functions
 // are thin: check arguments, call the C++ API, copy results out.
+#include <cstddef>
 #include <cstring>
+#include <type_traits>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -20,6 +22,9 @@ struct rt_variable {
 };
 struct rt_adam {
   riftco_transformer::Adam adam;
+};
+struct rt_generation {
+  std::vector<riftco_transformer::GenerationResult> samples;
 };
 struct rt_decode_session {
   riftco_transformer::DecodeSession session;
@@ -62,13 +67,33 @@ T& require(T* pointer, const char* function, const char* name) {
   return *pointer;
 }
 
+/// sizeof the struct in ABI 2.0 (structs that grew since say so here: their
+/// first appended field's offset).
+template <typename T>
+constexpr std::size_t abi20_size() {
+  if constexpr (std::is_same_v<T, rt_generation_options>) {
+    return offsetof(rt_generation_options, top_p);
+  } else if constexpr (std::is_same_v<T, rt_pretraining_config>) {
+    return offsetof(rt_pretraining_config, gradient_accumulation_steps);
+  } else if constexpr (std::is_same_v<T, rt_post_training_config>) {
+    return offsetof(rt_post_training_config, gradient_accumulation_steps);
+  } else {
+    return sizeof(T);
+  }
+}
+
+/// Whether a caller's struct (its struct_size) holds `member`, a field
+/// appended after ABI 2.0; otherwise the caller gets the default.
+#define RT_C_COVERS(value, member) \
+  ((value).struct_size >= offsetof(std::remove_cvref_t<decltype(value)>, member) + sizeof((value).member))
+
 /// A caller's input struct: non-NULL and at least as large as ABI 2.0's.
 template <typename T>
 const T& require_struct(const T* pointer, const char* function, const char* name) {
   const T& value = require(pointer, function, name);
-  if (value.struct_size < sizeof(T)) {
+  if (value.struct_size < abi20_size<T>()) {
     bad_argument(function, std::string(name) + "->struct_size is " + std::to_string(value.struct_size) +
-                               ", smaller than ABI 2.0's " + std::to_string(sizeof(T)) +
+                               ", smaller than ABI 2.0's " + std::to_string(abi20_size<T>()) +
                                " (fill the struct with its *_default function)");
   }
   return value;
@@ -79,12 +104,13 @@ const T& require_struct(const T* pointer, const char* function, const char* name
 template <typename T>
 void init_struct(T* out, std::size_t size, T value, const char* function) {
   require(out, function, "the struct");
-  if (size < sizeof(T)) {
+  if (size < abi20_size<T>()) {
     bad_argument(function, "struct_size " + std::to_string(size) + " is smaller than ABI 2.0's " +
-                               std::to_string(sizeof(T)));
+                               std::to_string(abi20_size<T>()));
   }
   value.struct_size = size;
-  std::memcpy(static_cast<void*>(out), &value, sizeof(T));  // a newer caller's extra fields stay as they were
+  // An older caller's struct gets the fields it has; a newer caller's extra fields stay as they were.
+  std::memcpy(static_cast<void*>(out), &value, size < sizeof(T) ? size : sizeof(T));
 }
 
 /// Writes `value` into a caller's output struct, as much as its struct_size covers.
