@@ -47,6 +47,7 @@ from ._core import (  # noqa: F401  (re-exported)
     checkpoint,
     checkpoint_replay_count,
     cross_entropy,
+    default_parameter_groups,
     embedding,
     gelu,
     is_grad_enabled,
@@ -96,7 +97,7 @@ __all__ = [
     "DecodeSession", "DecoderOnlyTransformer", "Error", "GenerationResult", "GraphStatistics", "LoadOptions",
     "LoraConfig", "MemoryStats", "ModelStateError", "PostTrainingConfig", "PretrainingConfig", "RetainedNode",
     "RunResult", "ShapeError", "StaleGraphError", "StepReport", "TransformerConfig", "Variable",
-    "available_backends", "checkpoint", "checkpoint_replay_count", "load_model", "memory_stats",
+    "available_backends", "checkpoint", "default_parameter_groups", "checkpoint_replay_count", "load_model", "memory_stats",
     "model_fingerprint", "no_grad", "post_train", "pretrain", "read_model_config", "release_cached_memory",
     "reset_checkpoint_replay_count", "reset_peak_memory",
 ]

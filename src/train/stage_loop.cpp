@@ -202,6 +202,7 @@ RunResult run(StageRun& r, const ProgressCallback& progress) {
   // Adam holds the groups' order; checkpoints pair moments with names in it.
   r.trainable = in_adam_order(r.trainable, adam);
   r.facts["parameter_groups"] = groups_json(r.trainable, adam);
+  r.facts["effective_batch"] = s.batch * s.gradient_accumulation_steps;  // rows per optimizer step
   GradientAccumulator accumulator(adam.parameters());
   const std::int64_t micro_batches = s.gradient_accumulation_steps;
 

@@ -116,7 +116,6 @@ nlohmann::json settings_json(const StageSettings& s) {
           {"steps", s.steps},
           {"batch", s.batch},
           {"gradient_accumulation_steps", s.gradient_accumulation_steps},
-          {"effective_batch", s.batch * s.gradient_accumulation_steps},
           {"sequence_length", s.sequence_length},
           {"learning_rate", json_number(s.learning_rate)},
           {"warmup_steps", s.warmup_steps},

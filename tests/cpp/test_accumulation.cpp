@@ -235,7 +235,7 @@ TEST(GradientAccumulation, PretrainingMatchesTheLargerBatchAndIsDeterministic) {
   const nlohmann::json meta = nlohmann::json::parse(read_file(micro.output_dir / "metadata.json"));
   EXPECT_EQ(meta["config"]["gradient_accumulation_steps"], 2);
   EXPECT_EQ(meta["config"]["batch"], 2);
-  EXPECT_EQ(meta["config"]["effective_batch"], 4);
+  EXPECT_EQ(meta["facts"]["effective_batch"], 4);
   EXPECT_EQ(meta["config"]["decay_embeddings"], true);
   const nlohmann::json& groups = meta["facts"]["parameter_groups"];
   ASSERT_EQ(groups.size(), 2U);
