@@ -9,6 +9,7 @@ packages=(
   libopenblas-dev            # BLAS (sgemm) for every matmul
   libopenblas0-openmp        # the OpenMP OpenBLAS both sides of bench/run_benchmarks.py load
   nlohmann-json3-dev         # JSON: model-state headers, metadata
+  libcli11-dev               # command-line parsing of the rt-* tools (tools/cli.hpp)
   libgtest-dev               # C++ tests
   libbenchmark-dev           # kernel micro-benchmarks
   python3 python3-numpy python3-pytest  # independent file readers, Python tests

@@ -1,137 +1,126 @@
 #pragma once
-// A small command-line parser shared by the rt-* tools: --name VALUE or
-// --name=VALUE, flags without values, typed getters whose errors say which
-// option and what was expected. Header-only (tools/*.cpp are the programs).
-#include <charconv>
+// What the rt-* tools share on top of CLI11 (Debian libcli11-dev): the
+// validators every number option uses, the exit-code convention (usage
+// errors: one line, a hint, exit 2; failures during the work: exit 1), and
+// small formatting helpers. `--config FILE` (cli_config.hpp) is applied here,
+// after parsing, to the subcommand that was chosen.
+// Header-only: every tools/*.cpp is a program.
+#include <CLI/CLI.hpp>
+
 #include <cmath>
-#include <limits>
 #include <cstdint>
+#include <functional>
 #include <iomanip>
-#include <map>
-#include <optional>
+#include <iostream>
+#include <limits>
+#include <new>
 #include <sstream>
 #include <stdexcept>
 #include <string>
-#include <vector>
+
+#include "cli_config.hpp"
+#include "riftco_transformer/errors.hpp"
 
 namespace rt_cli {
 
-/// A usage error: the tool prints it with a hint and exits 2.
+/// A usage error found after parsing (a missing combination, a bad pairing):
+/// reported like CLI11's own parse errors.
 struct UsageError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-struct Option {
-  std::string name;  // without the leading dashes
-  std::string value_name;  // empty: a flag
-  std::string help;
-  std::string default_text;  // shown in --help
-};
-
-class Parser {
- public:
-  Parser(std::string program, std::string summary) : program_(std::move(program)), summary_(std::move(summary)) {}
-
-  void section(const std::string& title) { options_.push_back({"", "", title, ""}); }
-  void add(const std::string& name, const std::string& value_name, const std::string& help,
-           const std::string& default_text = "") {
-    options_.push_back({name, value_name, help, default_text});
-  }
-
-  void parse(int argc, char** argv, int first) {
-    for (int i = first; i < argc; ++i) {
-      std::string arg = argv[i];
-      if (arg == "-h" || arg == "--help") {
-        help_ = true;
-        continue;
+/// Every number option is a 32-bit float setting: inf, nan and values that
+/// overflow a float (1e39) are refused by name before anything runs.
+inline const CLI::Validator kFiniteFloat(
+    [](std::string& text) -> std::string {
+      std::size_t used = 0;
+      double value = 0;
+      try {
+        value = std::stod(text, &used);
+      } catch (const std::exception&) {
+        used = 0;
       }
-      if (arg.rfind("--", 0) != 0) throw UsageError("unexpected argument '" + arg + "'");
-      std::string name = arg.substr(2);
-      std::optional<std::string> value;
-      if (const auto eq = name.find('='); eq != std::string::npos) {
-        value = name.substr(eq + 1);
-        name = name.substr(0, eq);
+      if (text.empty() || used != text.size()) return "expects a number, got '" + text + "'";
+      if (!std::isfinite(value) || std::fabs(value) > static_cast<double>(std::numeric_limits<float>::max())) {
+        return "expects a finite number, got '" + text + "'";
       }
-      const Option* opt = find(name);
-      if (opt == nullptr) throw UsageError("unknown option '--" + name + "'");
-      if (opt->value_name.empty()) {
-        if (value) throw UsageError("option '--" + name + "' takes no value");
-        values_[name] = "1";
-        continue;
-      }
-      if (!value) {
-        if (i + 1 >= argc) throw UsageError("option '--" + name + "' needs a value (" + opt->value_name + ")");
-        value = argv[++i];
-      }
-      values_[name] = *value;
-    }
-  }
+      return "";
+    },
+    "", "finite float");
 
-  bool help() const { return help_; }
-  bool has(const std::string& name) const { return values_.contains(name); }
-  std::string text(const std::string& name, const std::string& fallback = "") const {
-    auto it = values_.find(name);
-    return it == values_.end() ? fallback : it->second;
-  }
-  std::int64_t integer(const std::string& name, std::int64_t fallback) const {
-    if (!has(name)) return fallback;
-    const std::string& v = values_.at(name);
-    std::int64_t out = 0;
-    const auto r = std::from_chars(v.data(), v.data() + v.size(), out);
-    if (r.ec != std::errc() || r.ptr != v.data() + v.size()) {
-      throw UsageError("option '--" + name + "' expects an integer, got '" + v + "'");
-    }
-    return out;
-  }
-  double number(const std::string& name, double fallback) const {
-    if (!has(name)) return fallback;
-    const std::string& v = values_.at(name);
-    std::size_t used = 0;
-    double out = 0;
+/// An integer option's lower bound, checked on the text so the message says
+/// what was expected: "expects an integer >= 1, got 'many'".
+inline CLI::Validator integer_at_least(long long minimum) {
+  return CLI::Validator(
+      [minimum](std::string& text) -> std::string {
+        long long value = 0;
+        std::size_t used = 0;
+        try {
+          value = std::stoll(text, &used);
+        } catch (const std::exception&) {
+          used = 0;
+        }
+        if (text.empty() || used != text.size() || value < minimum) {
+          return "expects an integer >= " + std::to_string(minimum) + ", got '" + text + "'";
+        }
+        return "";
+      },
+      "", "integer >= " + std::to_string(minimum));
+}
+
+/// Runs `body` with the tools' exit-code convention. `parse` parses argv
+/// (CLI11 errors → exit 2 with a hint naming the subcommand's --help);
+/// `body` does the work: a ValueError before `running` is set is still a
+/// usage error (a bad option value the library refused), after it exit 1.
+inline int run_tool(const std::string& tool, CLI::App& app, int argc, char** argv,
+                    const std::function<int(bool& running)>& body) {
+  auto hint = [&]() {
+    std::string command = tool;
+    for (const CLI::App* sub : app.get_subcommands()) command += " " + sub->get_name();
+    return "Try '" + command + " --help'.";
+  };
+  bool running = false;
+  try {
     try {
-      out = std::stod(v, &used);
-    } catch (const std::exception&) {
-      used = 0;
+      app.parse(argc, argv);
+    } catch (const CLI::Success& e) {  // --help
+      return app.exit(e);
+    } catch (const CLI::ParseError& e) {
+      std::cerr << tool << ": " << e.what() << "\n" << hint() << "\n";
+      return 2;
     }
-    if (used != v.size() || v.empty()) throw UsageError("option '--" + name + "' expects a number, got '" + v + "'");
-    // Every number option is a 32-bit float setting: inf, nan and values
-    // that overflow a float (1e39) are refused here, by name.
-    if (!std::isfinite(out) || std::fabs(out) > static_cast<double>(std::numeric_limits<float>::max())) {
-      throw UsageError("option '--" + name + "' expects a finite number, got '" + v + "'");
+    CLI::App* target = app.get_subcommands().empty() ? &app : app.get_subcommands().front();
+    if (const CLI::Option* config = target->get_option_no_throw("--config"); config && config->count() > 0) {
+      apply_config_file(*target, config->as<std::string>());
     }
-    return out;
+    return body(running);
+  } catch (const CLI::ParseError& e) {  // from a --config file
+    std::cerr << tool << ": " << e.what() << "\n" << hint() << "\n";
+    return 2;
+  } catch (const UsageError& e) {
+    std::cerr << tool << ": " << e.what() << "\n" << hint() << "\n";
+    return 2;
+  } catch (const riftco_transformer::ValueError& e) {
+    if (running) {
+      std::cerr << "\n" << tool << ": error: " << e.what() << "\n";
+      return 1;
+    }
+    std::cerr << tool << ": " << e.what() << "\n" << hint() << "\n";
+    return 2;
+  } catch (const std::bad_alloc&) {
+    std::cerr << "\n" << tool << ": error: out of memory (a smaller model, batch or sequence length needs less)\n";
+    return 1;
+  } catch (const std::exception& e) {
+    std::cerr << "\n" << tool << ": error: " << e.what() << "\n";
+    return 1;
   }
+}
 
-  std::string usage(const std::string& synopsis) const {
-    std::ostringstream out;
-    out << "usage: " << program_ << " " << synopsis << "\n\n" << summary_ << "\n";
-    for (const Option& o : options_) {
-      if (o.name.empty()) {
-        out << "\n" << o.help << ":\n";
-        continue;
-      }
-      std::string left = "  --" + o.name + (o.value_name.empty() ? "" : " " + o.value_name);
-      out << std::left << std::setw(38) << left << " " << o.help;
-      if (!o.default_text.empty()) out << " [" << o.default_text << "]";
-      out << "\n";
-    }
-    out << "  " << std::left << std::setw(37) << "-h, --help" << " show this help\n";
-    return out.str();
-  }
-
- private:
-  const Option* find(const std::string& name) const {
-    for (const Option& o : options_) {
-      if (!o.name.empty() && o.name == name) return &o;
-    }
-    return nullptr;
-  }
-  std::string program_;
-  std::string summary_;
-  std::vector<Option> options_;
-  std::map<std::string, std::string> values_;
-  bool help_ = false;
-};
+/// The project's help layout: wide enough for the long option names.
+inline void style(CLI::App& app) {
+  app.get_formatter()->column_width(44);
+  app.option_defaults()->always_capture_default();
+}
 
 /// "1h02m", "3m05s", "12s".
 inline std::string duration(double seconds) {

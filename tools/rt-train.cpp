@@ -6,6 +6,8 @@
 #include <cmath>
 #include <cstdio>
 #include <iostream>
+#include <memory>
+#include <type_traits>
 
 #include "cli.hpp"
 #include "riftco_transformer/data.hpp"
@@ -16,69 +18,91 @@ using namespace riftco_transformer;
 
 namespace {
 
-bool g_running = false;  // errors before the run are usage errors (exit 2), during it failures (exit 1)
+/// Options whose C++ type is not what CLI11 binds (paths, enums), kept as
+/// text until the run's settings are assembled.
+struct StageText {
+  std::string attention, activation_checkpointing, checkpoint_segment_blocks = "sqrt", data, output;
+  bool quiet = false;
+};
 
-void add_stage_options(rt_cli::Parser& p, const StageSettings& d) {
-  p.section("Execution policy");
-  p.add("attention", "KIND", "materialized | flash", attention_kind_name(d.attention));
-  p.add("activation-checkpointing", "POLICY", "disabled | block | segments",
-        activation_checkpointing_name(d.activation_checkpointing));
-  p.add("checkpoint-segment-blocks", "N|sqrt", "blocks per segment for 'segments'", "sqrt");
-  p.add("dropout", "P", "residual dropout probability", rt_cli::num(d.dropout));
-  p.section("Training");
-  p.add("data", "PATH", "training data file");
-  p.add("steps", "N", "optimizer steps", std::to_string(d.steps));
-  p.add("batch", "N", "sequences per step", std::to_string(d.batch));
-  p.add("sequence-length", "T", "tokens per sequence", std::to_string(d.sequence_length));
-  p.add("learning-rate", "LR", "peak learning rate", rt_cli::num(d.learning_rate));
-  p.add("warmup-steps", "N", "linear warmup steps", std::to_string(d.warmup_steps));
-  p.add("min-learning-rate-ratio", "R", "cosine decay ends at lr*R", rt_cli::num(d.min_learning_rate_ratio));
-  p.add("weight-decay", "W", "decoupled weight decay", rt_cli::num(d.weight_decay));
-  p.add("max-grad-norm", "G", "global gradient-norm clip (0: off)", rt_cli::num(d.max_grad_norm));
-  p.add("beta1", "B", "Adam beta1", rt_cli::num(d.beta1));
-  p.add("beta2", "B", "Adam beta2", rt_cli::num(d.beta2));
-  p.add("seed", "S", "seed for initialization, batches and dropout", std::to_string(d.seed));
-  p.add("eval-interval", "N", "steps between validation losses (0: end only)", std::to_string(d.eval_interval));
-  p.add("eval-batches", "N", "batches per validation loss", std::to_string(d.eval_batches));
-  p.add("checkpoint-interval", "N", "steps between resumable training checkpoints (0: none)",
-        std::to_string(d.checkpoint_interval));
-  p.add("output", "DIR", "output directory", d.output_dir.string());
-  p.add("resume", "", "continue from DIR/training_checkpoint.safetensors if present");
-  p.add("quiet", "", "no progress line");
+template <typename T>
+CLI::Option* add_number(CLI::App& app, const std::string& name, T& value, const std::string& help) {
+  CLI::Option* o = app.add_option(name, value, help);
+  if constexpr (std::is_floating_point_v<T>) {
+    o->check(rt_cli::kFiniteFloat)->type_name("FLOAT");
+  } else if constexpr (std::is_unsigned_v<T>) {
+    o->check(rt_cli::integer_at_least(0))->type_name("INT");
+  } else {
+    o->type_name("INT");
+  }
+  return o;
 }
 
-void read_stage_options(const rt_cli::Parser& p, StageSettings& s) {
-  if (p.has("attention")) s.attention = parse_attention_kind(p.text("attention"), "--attention");
-  if (p.has("activation-checkpointing")) {
-    s.activation_checkpointing =
-        parse_activation_checkpointing(p.text("activation-checkpointing"), "--activation-checkpointing");
+void add_stage_options(CLI::App& app, StageSettings& s, StageText& t) {
+  t.attention = attention_kind_name(s.attention);
+  t.activation_checkpointing = activation_checkpointing_name(s.activation_checkpointing);
+  t.output = s.output_dir.string();
+  const std::string policy = "Execution policy";
+  app.add_option("--attention", t.attention, "full-sequence attention kernel (docs/checkpointing.md)")
+      ->type_name("KIND")
+      ->check(CLI::IsMember({"materialized", "flash"}))
+      ->group(policy);
+  app.add_option("--activation-checkpointing", t.activation_checkpointing,
+                 "what a training forward keeps (docs/checkpointing.md)")
+      ->type_name("POLICY")
+      ->check(CLI::IsMember({"disabled", "block", "segments"}))
+      ->group(policy);
+  app.add_option("--checkpoint-segment-blocks", t.checkpoint_segment_blocks,
+                 "blocks per segment for 'segments' (sqrt or 0: round(sqrt(layers)))")
+      ->type_name("N|sqrt")
+      ->check(CLI::IsMember({"sqrt"}) | rt_cli::integer_at_least(0))
+      ->group(policy);
+  add_number(app, "--dropout", s.dropout, "residual dropout probability")->group(policy);
+  const std::string training = "Training";
+  app.add_option("--data", t.data, "training data file")->type_name("PATH")->group(training);
+  add_number(app, "--steps", s.steps, "optimizer steps")->check(rt_cli::integer_at_least(1))->group(training);
+  add_number(app, "--batch", s.batch, "sequences per step")->check(rt_cli::integer_at_least(1))->group(training);
+  add_number(app, "--sequence-length", s.sequence_length, "tokens per sequence")
+      ->check(rt_cli::integer_at_least(1))
+      ->group(training);
+  add_number(app, "--learning-rate", s.learning_rate, "peak learning rate")->group(training);
+  add_number(app, "--warmup-steps", s.warmup_steps, "linear warmup steps")
+      ->check(rt_cli::integer_at_least(0))
+      ->group(training);
+  add_number(app, "--min-learning-rate-ratio", s.min_learning_rate_ratio, "cosine decay ends at lr*R")
+      ->group(training);
+  add_number(app, "--weight-decay", s.weight_decay, "decoupled weight decay")->group(training);
+  add_number(app, "--max-grad-norm", s.max_grad_norm, "global gradient-norm clip (0: off)")->group(training);
+  add_number(app, "--beta1", s.beta1, "Adam beta1")->group(training);
+  add_number(app, "--beta2", s.beta2, "Adam beta2")->group(training);
+  add_number(app, "--seed", s.seed, "seed for initialization, batches and dropout")->group(training);
+  add_number(app, "--eval-interval", s.eval_interval, "steps between validation losses (0: end only)")
+      ->check(rt_cli::integer_at_least(0))
+      ->group(training);
+  add_number(app, "--eval-batches", s.eval_batches, "batches per validation loss")
+      ->check(rt_cli::integer_at_least(1))
+      ->group(training);
+  add_number(app, "--checkpoint-interval", s.checkpoint_interval,
+             "steps between resumable training checkpoints (0: none)")
+      ->check(rt_cli::integer_at_least(0))
+      ->group(training);
+  app.add_option("--output", t.output, "output directory")->type_name("DIR")->group(training);
+  app.add_flag("--resume", s.resume, "continue from DIR/training_checkpoint.safetensors if present")
+      ->group(training);
+  app.add_flag("--quiet", t.quiet, "no progress line")->group(training);
+  rt_cli::add_config_option(app);
+}
+
+/// The text options into the settings (after parsing).
+void apply_stage_text(const CLI::App& app, const StageText& t, StageSettings& s) {
+  s.attention = parse_attention_kind(t.attention, "--attention");
+  s.activation_checkpointing = parse_activation_checkpointing(t.activation_checkpointing, "--activation-checkpointing");
+  s.checkpoint_segment_blocks = t.checkpoint_segment_blocks == "sqrt" ? 0 : std::stoll(t.checkpoint_segment_blocks);
+  if (app.count("--data") > 0) {
+    if (t.data.empty()) throw rt_cli::UsageError("option '--data' must name a file (leave it out for the default)");
+    s.data = t.data;
   }
-  if (p.text("checkpoint-segment-blocks") != "sqrt") {
-    s.checkpoint_segment_blocks = p.integer("checkpoint-segment-blocks", s.checkpoint_segment_blocks);
-  }
-  s.dropout = static_cast<float>(p.number("dropout", s.dropout));
-  if (p.has("data")) {
-    s.data = p.text("data");
-    if (s.data.empty()) throw rt_cli::UsageError("option '--data' must name a file (leave it out for the default)");
-  }
-  s.steps = p.integer("steps", s.steps);
-  s.batch = p.integer("batch", s.batch);
-  s.sequence_length = p.integer("sequence-length", s.sequence_length);
-  s.learning_rate = static_cast<float>(p.number("learning-rate", s.learning_rate));
-  s.warmup_steps = p.integer("warmup-steps", s.warmup_steps);
-  s.min_learning_rate_ratio = static_cast<float>(p.number("min-learning-rate-ratio", s.min_learning_rate_ratio));
-  s.weight_decay = static_cast<float>(p.number("weight-decay", s.weight_decay));
-  s.max_grad_norm = static_cast<float>(p.number("max-grad-norm", s.max_grad_norm));
-  s.beta1 = static_cast<float>(p.number("beta1", s.beta1));
-  s.beta2 = static_cast<float>(p.number("beta2", s.beta2));
-  const std::int64_t seed = p.integer("seed", static_cast<std::int64_t>(s.seed));
-  if (seed < 0) throw rt_cli::UsageError("option '--seed' must be >= 0");
-  s.seed = static_cast<std::uint64_t>(seed);
-  s.eval_interval = p.integer("eval-interval", s.eval_interval);
-  s.eval_batches = p.integer("eval-batches", s.eval_batches);
-  s.checkpoint_interval = p.integer("checkpoint-interval", s.checkpoint_interval);
-  if (p.has("output")) s.output_dir = p.text("output");
-  s.resume = p.has("resume");
+  s.output_dir = t.output;
 }
 
 /// A live progress line on a terminal; periodic plain lines otherwise.
@@ -114,124 +138,125 @@ void print_result(const RunResult& r) {
             << "\n";
 }
 
-int pretrain(int argc, char** argv) {
-  PretrainingConfig c;
-  c.output_dir = "runs/pretrain";
-  rt_cli::Parser p("rt-train pretrain",
-                   "Trains a decoder-only transformer from scratch on UTF-8 text (byte tokens). Without --data it "
-                   "uses the default corpus, Debian's fortunes (/usr/share/games/fortunes).");
-  p.section("Model");
-  p.add("context-length", "T", "maximum sequence length", std::to_string(c.dimensions.context_length));
-  p.add("model-width", "C", "residual width", std::to_string(c.dimensions.model_width));
-  p.add("heads", "H", "attention heads", std::to_string(c.dimensions.heads));
-  p.add("layers", "L", "transformer blocks", std::to_string(c.dimensions.layers));
-  p.add("feed-forward-width", "F", "SwiGLU hidden width", std::to_string(c.dimensions.feed_forward_width));
-  p.add("norm-epsilon", "E", "RMSNorm epsilon", "1e-05");
-  p.add("validation-fraction", "F", "tail of the text held out", "0.1");
-  add_stage_options(p, c);
-  p.parse(argc, argv, 2);
-  if (p.help()) {
-    std::cout << p.usage("[options]");
-    return 0;
-  }
-  TransformerDimensions& d = c.dimensions;
-  d.context_length = p.integer("context-length", d.context_length);
-  d.model_width = p.integer("model-width", d.model_width);
-  d.heads = p.integer("heads", d.heads);
-  d.layers = p.integer("layers", d.layers);
-  d.feed_forward_width = p.integer("feed-forward-width", d.feed_forward_width);
-  c.norm_epsilon = static_cast<float>(p.number("norm-epsilon", c.norm_epsilon));
-  c.validation_fraction = p.number("validation-fraction", c.validation_fraction);
-  read_stage_options(p, c);
-  c.validate();
+struct Commands {
+  PretrainingConfig pretrain;
+  StageText pretrain_text;
+  PostTrainingConfig post;
+  StageText post_text;
+  std::string base_model, method = "lora", lora_targets;
+};
+
+void add_pretrain(CLI::App& app, Commands& c) {
+  CLI::App* sub = app.add_subcommand(
+      "pretrain",
+      "Trains a decoder-only transformer from scratch on UTF-8 text (byte tokens). Without --data it uses the "
+      "default corpus, Debian's fortunes (/usr/share/games/fortunes).");
+  rt_cli::style(*sub);
+  PretrainingConfig& p = c.pretrain;
+  p.output_dir = "runs/pretrain";
+  TransformerDimensions& d = p.dimensions;
+  const std::string model = "Model";
+  add_number(*sub, "--context-length", d.context_length, "maximum sequence length")
+      ->check(rt_cli::integer_at_least(1))
+      ->group(model);
+  add_number(*sub, "--model-width", d.model_width, "residual width")->check(rt_cli::integer_at_least(1))->group(model);
+  add_number(*sub, "--heads", d.heads, "attention heads")->check(rt_cli::integer_at_least(1))->group(model);
+  add_number(*sub, "--layers", d.layers, "transformer blocks")->check(rt_cli::integer_at_least(1))->group(model);
+  add_number(*sub, "--feed-forward-width", d.feed_forward_width, "SwiGLU hidden width")
+      ->check(rt_cli::integer_at_least(1))
+      ->group(model);
+  add_number(*sub, "--norm-epsilon", p.norm_epsilon, "RMSNorm epsilon")->group(model);
+  add_number(*sub, "--validation-fraction", p.validation_fraction, "tail of the text held out")->group(model);
+  add_stage_options(*sub, p, c.pretrain_text);
+}
+
+int pretrain(const CLI::App& sub, Commands& c, bool& running) {
+  PretrainingConfig& p = c.pretrain;
+  apply_stage_text(sub, c.pretrain_text, p);
+  p.validate();
+  const TransformerDimensions& d = p.dimensions;
   std::cerr << "[pretrain] " << d.layers << " layers, width " << d.model_width << ", " << d.heads << " heads, context "
-            << d.context_length << "; attention " << attention_kind_name(c.attention) << ", checkpointing "
-            << activation_checkpointing_name(c.activation_checkpointing) << "; data "
-            << (c.data.empty() ? "default corpus" : c.data.string()) << " -> " << c.output_dir.string() << "\n";
-  g_running = true;
-  print_result(run_pretraining(c, progress_printer("pretrain", p.has("quiet"))));
+            << d.context_length << "; attention " << attention_kind_name(p.attention) << ", checkpointing "
+            << activation_checkpointing_name(p.activation_checkpointing) << "; data "
+            << (p.data.empty() ? "default corpus" : p.data.string()) << " -> " << p.output_dir.string() << "\n";
+  running = true;
+  print_result(run_pretraining(p, progress_printer("pretrain", c.pretrain_text.quiet)));
   return 0;
 }
 
-int post_train(int argc, char** argv) {
-  PostTrainingConfig c;
-  c.output_dir = "runs/post-train";
-  c.sequence_length = 128;
-  rt_cli::Parser p("rt-train post-train",
-                   "Fine-tunes a saved model on JSON Lines of {\"prompt\": ..., \"response\": ...} (loss on the "
-                   "response only), with LoRA adapters (default) or all weights.");
-  p.section("Fine-tuning");
-  p.add("base-model", "PATH", "model-state file to start from (required)");
-  p.add("method", "lora|full", "fine-tuning method", "lora");
-  p.add("lora-rank", "R", "adapter rank", std::to_string(c.lora.rank));
-  p.add("lora-alpha", "A", "adapter scale numerator (scale = alpha/rank)", rt_cli::num(c.lora.alpha));
-  p.add("lora-targets", "LIST", "query,key,value,output,gate,up,down | attention | mlp | all",
-        lora_targets_string(c.lora.targets));
-  p.add("allow-non-finite", "", "accept a base model holding NaN or infinite weights (refused by default)");
-  add_stage_options(p, c);
-  p.parse(argc, argv, 2);
-  if (p.help()) {
-    std::cout << p.usage("--base-model PATH --data FILE.jsonl [options]");
-    return 0;
+void add_post_train(CLI::App& app, Commands& c) {
+  CLI::App* sub = app.add_subcommand(
+      "post-train",
+      "Fine-tunes a saved model on JSON Lines of {\"prompt\": ..., \"response\": ...} (loss on the response "
+      "only), with LoRA adapters (default) or all weights.");
+  rt_cli::style(*sub);
+  PostTrainingConfig& p = c.post;
+  p.output_dir = "runs/post-train";
+  p.sequence_length = 128;
+  c.lora_targets = lora_targets_string(p.lora.targets);
+  const std::string group = "Fine-tuning";
+  sub->add_option("--base-model", c.base_model, "model-state file to start from (required)")
+      ->type_name("PATH")
+      ->group(group);
+  sub->add_option("--method", c.method, "fine-tuning method")
+      ->type_name("METHOD")
+      ->check(CLI::IsMember({"lora", "full"}))
+      ->group(group);
+  add_number(*sub, "--lora-rank", p.lora.rank, "adapter rank")->check(rt_cli::integer_at_least(1))->group(group);
+  add_number(*sub, "--lora-alpha", p.lora.alpha, "adapter scale numerator (scale = alpha/rank)")->group(group);
+  sub->add_option("--lora-targets", c.lora_targets, "query,key,value,output,gate,up,down | attention | mlp | all")
+      ->type_name("LIST")
+      ->group(group);
+  sub->add_flag("--allow-non-finite", p.allow_non_finite,
+                "accept a base model holding NaN or infinite weights (refused by default)")
+      ->group(group);
+  add_stage_options(*sub, p, c.post_text);
+}
+
+int post_train(const CLI::App& sub, Commands& c, bool& running) {
+  PostTrainingConfig& p = c.post;
+  if (sub.count("--base-model") == 0) throw rt_cli::UsageError("--base-model PATH is required");
+  if (sub.count("--data") == 0) {
+    throw rt_cli::UsageError("--data FILE.jsonl is required (example: data/chat_example.jsonl)");
   }
-  if (!p.has("base-model")) throw rt_cli::UsageError("--base-model PATH is required");
-  if (!p.has("data")) throw rt_cli::UsageError("--data FILE.jsonl is required (example: data/chat_example.jsonl)");
-  c.base_model = p.text("base-model");
-  if (p.has("method")) c.fine_tuning_method = parse_fine_tuning_method(p.text("method"), "--method");
-  if (c.fine_tuning_method == FineTuningMethod::Lora) {
-    c.lora.rank = p.integer("lora-rank", c.lora.rank);
-    c.lora.alpha = static_cast<float>(p.number("lora-alpha", c.lora.alpha));
-    if (p.has("lora-targets")) c.lora.targets = parse_lora_targets(p.text("lora-targets"), "--lora-targets");
-  } else if (p.has("lora-rank") || p.has("lora-alpha") || p.has("lora-targets")) {
+  p.base_model = c.base_model;
+  p.fine_tuning_method = parse_fine_tuning_method(c.method, "--method");
+  if (p.fine_tuning_method == FineTuningMethod::Lora) {
+    p.lora.targets = parse_lora_targets(c.lora_targets, "--lora-targets");
+  } else if (sub.count("--lora-rank") + sub.count("--lora-alpha") + sub.count("--lora-targets") > 0) {
     throw rt_cli::UsageError("--lora-* options apply to --method lora only");
   }
-  c.allow_non_finite = p.has("allow-non-finite");
-  read_stage_options(p, c);
+  apply_stage_text(sub, c.post_text, p);
   // Settings against the base's dimensions (its header only) before the run:
   // a sequence longer than its context is a usage error, not a failed run.
-  c.validate_for(read_model_dimensions(c.base_model));
-  std::cerr << "[post-train] " << fine_tuning_method_name(c.fine_tuning_method) << " on " << c.base_model.string()
-            << " with " << c.data.string() << "; checkpointing "
-            << activation_checkpointing_name(c.activation_checkpointing) << " -> " << c.output_dir.string() << "\n";
-  g_running = true;
-  print_result(run_post_training(c, progress_printer("post-train", p.has("quiet"))));
+  p.validate_for(read_model_dimensions(p.base_model));
+  std::cerr << "[post-train] " << fine_tuning_method_name(p.fine_tuning_method) << " on " << p.base_model.string()
+            << " with " << p.data.string() << "; checkpointing "
+            << activation_checkpointing_name(p.activation_checkpointing) << " -> " << p.output_dir.string() << "\n";
+  running = true;
+  print_result(run_post_training(p, progress_printer("post-train", c.post_text.quiet)));
   return 0;
 }
-
-const char* kUsage =
-    "usage: rt-train pretrain [options]\n"
-    "       rt-train post-train --base-model PATH --data FILE.jsonl [options]\n"
-    "\n"
-    "Stage pipelines of riftco. 'rt-train pretrain --help' and 'rt-train post-train --help' list the options.\n";
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 2 || std::string(argv[1]) == "-h" || std::string(argv[1]) == "--help") {
-    std::cout << kUsage;
-    return argc < 2 ? 2 : 0;
-  }
-  const std::string command = argv[1];
-  try {
-    if (command == "pretrain") return pretrain(argc, argv);
-    if (command == "post-train") return post_train(argc, argv);
-    throw rt_cli::UsageError("unknown command '" + command + "' (expected 'pretrain' or 'post-train')");
-  } catch (const rt_cli::UsageError& e) {
-    std::cerr << "rt-train: " << e.what() << "\nTry 'rt-train " << (command.rfind("-", 0) == 0 ? "" : command + " ")
-              << "--help'.\n";
+  if (argc >= 2 && argv[1][0] != '-' && std::string(argv[1]) != "pretrain" && std::string(argv[1]) != "post-train") {
+    std::cerr << "rt-train: unknown command '" << argv[1] << "' (expected pretrain or post-train)\n"
+              << "Try 'rt-train --help'.\n";
     return 2;
-  } catch (const ValueError& e) {  // a bad option value (policy, attention, target names, ranges)
-    if (g_running) {
-      std::cerr << "\nrt-train: error: " << e.what() << "\n";
-      return 1;
-    }
-    std::cerr << "rt-train: " << e.what() << "\nTry 'rt-train " << command << " --help'.\n";
-    return 2;
-  } catch (const std::bad_alloc&) {
-    std::cerr << "\nrt-train: error: out of memory (a smaller model, batch or sequence length needs less)\n";
-    return 1;
-  } catch (const std::exception& e) {
-    std::cerr << "\nrt-train: error: " << e.what() << "\n";
-    return 1;
   }
+  CLI::App app("Stage pipelines of riftco: pretrain a model, then post-train it. "
+               "'rt-train <command> --help' lists a command's options.",
+               "rt-train");
+  rt_cli::style(app);
+  app.require_subcommand(1);
+  auto commands = std::make_unique<Commands>();
+  add_pretrain(app, *commands);
+  add_post_train(app, *commands);
+  return rt_cli::run_tool("rt-train", app, argc, argv, [&](bool& running) {
+    const CLI::App* sub = app.get_subcommands().front();
+    if (sub->get_name() == "pretrain") return pretrain(*sub, *commands, running);
+    return post_train(*sub, *commands, running);
+  });
 }

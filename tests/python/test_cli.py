@@ -71,23 +71,30 @@ def test_help_reads_well(tools):
     for args in (["pretrain", "--help"], ["post-train", "--help"]):
         r = run(tools[0], *args)
         assert r.returncode == 0
-        assert "--activation-checkpointing POLICY" in r.stdout
-        assert "disabled | block | segments" in r.stdout
+        assert "--activation-checkpointing POLICY:{disabled,block,segments}=disabled" in r.stdout
+        assert "--config FILE" in r.stdout
+    assert "--seed INT=1234" in run(tools[0], "pretrain", "--help").stdout  # defaults shown
+    assert "--base-model PATH" in run(tools[0], "post-train", "--help").stdout
+    assert "pretrain" in run(tools[0], "--help").stdout and "post-train" in run(tools[0], "--help").stdout
     assert run(tools[1], "--help").returncode == 0
 
 
 @pytest.mark.parametrize("args,exit_code,needle", [
-    (["pretrain", "--bogus"], 2, "unknown option '--bogus'"),
-    (["pretrain", "--activation-checkpointing", "sometimes"], 2, "unknown activation checkpointing policy"),
-    (["pretrain", "--attention", "sparse"], 2, "sparse"),
-    (["pretrain", "--steps", "many"], 2, "expects an integer"),
+    (["pretrain", "--bogus"], 2, "not expected: --bogus"),
+    (["pretrain", "--activation-checkpointing", "sometimes"], 2, "sometimes not in {disabled,block,segments}"),
+    (["pretrain", "--attention", "sparse"], 2, "sparse not in {materialized,flash}"),
+    (["pretrain", "--steps", "many"], 2, "--steps: expects an integer >= 1, got 'many'"),
+    (["pretrain", "--steps", "0"], 2, "--steps: expects an integer >= 1, got '0'"),
+    (["pretrain", "--seed", "-1"], 2, "--seed: expects an integer >= 0, got '-1'"),
     (["pretrain", "--batch", "4611686018427387904"], 2, "batch must be in"),
-    (["pretrain", "--weight-decay", "inf"], 2, "'--weight-decay' expects a finite number"),
+    (["pretrain", "--weight-decay", "inf"], 2, "--weight-decay: expects a finite number, got 'inf'"),
+    (["pretrain", "--steps"], 2, "--steps: 1 required INT missing"),
+    ([], 2, "A subcommand is required"),
     (["post-train", "--base-model", "x", "--data", "x.jsonl", "--method", "full", "--lora-rank", "4"], 2,
      "apply to --method lora only"),
     (["frobnicate"], 2, "unknown command"),
     (["post-train", "--data", "x.jsonl"], 2, "--base-model PATH is required"),
-    (["post-train", "--base-model", "x", "--data", "x.jsonl", "--method", "qlora"], 2, "unknown fine-tuning method"),
+    (["post-train", "--base-model", "x", "--data", "x.jsonl", "--method", "qlora"], 2, "qlora not in {lora,full}"),
 ])
 def test_bad_arguments_get_one_clear_line(tools, args, exit_code, needle):
     r = run(tools[0], *args)
@@ -125,11 +132,11 @@ def test_bad_files_fail_cleanly_and_leave_outputs_intact(tools, pretrained, corp
 
 
 @pytest.mark.parametrize("args,needle", [
-    (["--top-k", "-1"], "'--top-k' must be >= 0"),
-    (["--temperature", "nan"], "'--temperature' expects a finite number"),
+    (["--top-k", "-1"], "--top-k: expects an integer >= 0, got '-1'"),
+    (["--temperature", "nan"], "--temperature: expects a finite number, got 'nan'"),
     (["--temperature", "-0.5"], "'--temperature' must be >= 0"),
-    (["--max-new-tokens", "-1"], "'--max-new-tokens' must be >= 0"),
-    (["--seed", "-1"], "'--seed' must be >= 0"),
+    (["--max-new-tokens", "-1"], "--max-new-tokens: expects an integer >= 0, got '-1'"),
+    (["--seed", "-1"], "--seed: expects an integer >= 0, got '-1'"),
 ])
 def test_generate_bad_arguments_exit_2_with_a_hint(tools, pretrained, args, needle):
     r = run(tools[1], "--model", pretrained / "model.safetensors", *args)
@@ -138,10 +145,11 @@ def test_generate_bad_arguments_exit_2_with_a_hint(tools, pretrained, args, need
 
 
 @pytest.mark.parametrize("args,needle", [
-    (["--norm-epsilon", "inf"], "'--norm-epsilon' expects a finite number"),
-    (["--norm-epsilon", "1e39"], "'--norm-epsilon' expects a finite number"),
-    (["--learning-rate", "1e39"], "'--learning-rate' expects a finite number"),
-    (["--learning-rate", "nan"], "'--learning-rate' expects a finite number"),
+    (["--norm-epsilon", "inf"], "--norm-epsilon: expects a finite number, got 'inf'"),
+    (["--norm-epsilon", "1e39"], "--norm-epsilon: expects a finite number, got '1e39'"),
+    (["--learning-rate", "1e39"], "--learning-rate: expects a finite number, got '1e39'"),
+    (["--learning-rate", "nan"], "--learning-rate: expects a finite number, got 'nan'"),
+    (["--learning-rate", "0.1x"], "--learning-rate: expects a number, got '0.1x'"),
     (["--norm-epsilon", "0"], "norm_epsilon must be a finite number > 0"),
 ])
 def test_non_finite_settings_exit_2_naming_the_option(tools, tmp_path, args, needle):
@@ -205,3 +213,73 @@ def test_an_adapter_for_another_base_is_refused_unless_allowed(tools, corpus, pr
     r = run(tools[1], "--model", other / "model.safetensors", "--adapter", lora / "adapter.safetensors",
             "--allow-base-mismatch", "--max-new-tokens", 2)
     assert r.returncode == 0, r.stderr
+
+
+def test_a_runs_metadata_replays_it_bit_for_bit(tools, pretrained, tmp_path):
+    # --config metadata.json gives every recorded setting back; the command line wins over the file.
+    r = run(tools[0], "pretrain", "--config", pretrained / "metadata.json", "--output", tmp_path / "again", "--quiet")
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "again" / "model.safetensors").read_bytes() == (pretrained / "model.safetensors").read_bytes()
+    replayed = json.loads((tmp_path / "again" / "metadata.json").read_text())["config"]
+    original = json.loads((pretrained / "metadata.json").read_text())["config"]
+    assert {k: v for k, v in replayed.items() if k != "output_dir"} == \
+        {k: v for k, v in original.items() if k != "output_dir"}
+    r = run(tools[0], "pretrain", "--config", pretrained / "metadata.json", "--steps", 1,
+            "--output", tmp_path / "shorter", "--quiet")
+    assert r.returncode == 0, r.stderr
+    assert json.loads((tmp_path / "shorter" / "metadata.json").read_text())["config"]["steps"] == 1
+
+
+def test_post_train_metadata_replays_too(tools, pretrained, tmp_path):
+    first = tmp_path / "first"
+    assert run(tools[0], "post-train", "--base-model", pretrained / "model.safetensors", "--data", CHAT,
+               "--steps", 2, "--batch", 2, "--sequence-length", 32, "--eval-batches", 1, "--lora-rank", 2,
+               "--lora-targets", "query,value", "--output", first, "--quiet").returncode == 0
+    r = run(tools[0], "post-train", "--config", first / "metadata.json", "--output", tmp_path / "second", "--quiet")
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "second" / "adapter.safetensors").read_bytes() == (first / "adapter.safetensors").read_bytes()
+
+
+def test_a_toml_config_file(tools, corpus, tmp_path):
+    config = tmp_path / "run.toml"
+    config.write_text(f"""# a run
+steps = 2
+sequence_length = 32
+batch = 2
+eval-batches = 1
+data = "{corpus}"
+activation_checkpointing = "segments"
+
+[dimensions]
+layers = 2
+model_width = 16
+heads = 2
+context_length = 32
+feed_forward_width = 16
+""")
+    r = run(tools[0], "pretrain", "--config", config, "--output", tmp_path / "out", "--quiet")
+    assert r.returncode == 0, r.stderr
+    meta = json.loads((tmp_path / "out" / "metadata.json").read_text())["config"]
+    assert meta["dimensions"]["layers"] == 2 and meta["steps"] == 2
+    assert meta["activation_checkpointing"] == "segments"
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("bogus_key = 3\n", "'bogus_key' is not an option of pretrain"),
+    ("steps = \"many\"\n", "--steps: expects an integer >= 1, got 'many'"),
+    ("activation_checkpointing = \"often\"\n", "often not in {disabled,block,segments}"),
+    ("learning_rate = inf\n", "--learning-rate: expects a finite number"),
+    ('{"steps": [1', "not valid JSON"),
+    ('{"steps": 2, "lora": {"rank": [1, 2]}}', "'lora.rank' is not an option of pretrain"),
+    ('{"steps": {"a": [[1]]}}', "must be a string, number or boolean"),
+    ('{"stage": "post_training", "config": {"steps": 2}}', "cannot configure pretrain"),
+])
+def test_bad_config_files_exit_2_naming_the_setting(tools, tmp_path, text, needle):
+    config = tmp_path / "bad.cfg"
+    config.write_text(text)
+    r = run(tools[0], "pretrain", "--config", config, "--output", tmp_path / "out")
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    assert needle in r.stderr and "Try 'rt-train pretrain --help'." in r.stderr, r.stderr
+    assert not (tmp_path / "out").exists()
+    r = run(tools[0], "pretrain", "--config", tmp_path / "missing.toml")
+    assert r.returncode == 2 and "missing.toml" in r.stderr
