@@ -24,8 +24,8 @@ class GradientAccumulator {
 
   /// buffer_i += weight · grad_i for every parameter with a committed
   /// gradient (others add nothing), element by element in a fixed order, so
-  /// the sums are deterministic. The first add into an empty buffer stores
-  /// weight · grad exactly (weight 1: a copy). Checks every gradient's shape
+  /// the sums are deterministic (for any thread count). The first add into an
+  /// empty buffer stores weight · grad (weight 1: an exact copy). Checks every gradient's shape
   /// and backend (ShapeError) and the weight (finite, ValueError) before any
   /// buffer changes.
   void add(float weight = 1.0F);

@@ -2,7 +2,7 @@
 
 #include <cmath>
 #include <string>
-#include <utility>
+#include <utility>  // std::as_const
 
 namespace riftco_transformer {
 
@@ -34,14 +34,17 @@ void GradientAccumulator::add(float weight) {
   for (std::size_t i = 0; i < params_.size(); ++i) {
     const Tensor& g = params_[i].grad();
     if (!g.defined()) continue;
-    const float* src = g.data();
+    const float* src = std::as_const(g).data();
     const std::int64_t n = g.numel();
     if (!sums_[i].defined()) {
       sums_[i] = Tensor::zeros(g.shape(), Backend::Cpu);
       float* dst = sums_[i].data();
-      for (std::int64_t j = 0; j < n; ++j) dst[j] = weight == 1.0F ? src[j] : weight * src[j];
+      // Elementwise: the bits do not depend on the thread count.
+#pragma omp parallel for schedule(static) if (n > 65536)
+      for (std::int64_t j = 0; j < n; ++j) dst[j] = weight * src[j];
     } else {
       float* dst = sums_[i].data();
+#pragma omp parallel for schedule(static) if (n > 65536)
       for (std::int64_t j = 0; j < n; ++j) dst[j] += weight * src[j];
     }
   }
