@@ -1,6 +1,7 @@
 // Adam (adam.hpp): bias-corrected, decoupled weight decay, optional clipping.
 #include "common.hpp"
 #include "riftco_transformer/adam.hpp"
+#include "riftco_transformer/gradient_accumulator.hpp"
 #include "riftco_transformer/pipelines.hpp"
 
 namespace riftco_python {
@@ -39,6 +40,42 @@ rt::ParameterGroup group_from_dict(const nb::dict& d, std::size_t index) {
 }  // namespace
 
 void init_optim(nb::module_& m) {
+  nb::class_<rt::GradientAccumulator>(
+      m, "GradientAccumulator",
+      "Explicit gradient accumulation: backward() replaces gradients (no implicit += as in PyTorch), so\n"
+      "after each micro-batch's backward() call add(weight), then Adam.step(accumulator), then clear().")
+      .def(
+          "__init__",
+          [](rt::GradientAccumulator* self, nb::iterable parameters) {
+            std::vector<rt::Variable> params;
+            for (nb::handle p : parameters) params.push_back(nb::cast<rt::Variable>(p));
+            new (self) rt::GradientAccumulator(std::move(params));
+          },
+          "parameters"_a, "Use the Adam's own .parameters (the order must match).")
+      .def(
+          "add",
+          [](rt::GradientAccumulator& a, float weight) {
+            nb::gil_scoped_release release;
+            a.add(weight);
+          },
+          "weight"_a = 1.0F, "Adds weight * each parameter's current gradient to its sum.")
+      .def_prop_ro("count", &rt::GradientAccumulator::count, "add() calls since the last clear()")
+      .def_prop_ro(
+          "gradients",
+          [](const rt::GradientAccumulator& a) {
+            nb::list out;
+            for (const rt::Tensor& t : a.gradients()) {
+              if (t.defined()) {
+                out.append(to_numpy(t));
+              } else {
+                out.append(nb::none());
+              }
+            }
+            return out;
+          },
+          "The sums as read-only numpy views (a later add() changes them), None where nothing was added.")
+      .def("clear", &rt::GradientAccumulator::clear, "Drops every sum.");
+
   m.def(
       "default_parameter_groups",
       [](nb::iterable parameters, float weight_decay, bool decay_embeddings) {
@@ -94,12 +131,14 @@ void init_optim(nb::module_& m) {
           "(riftco.default_parameter_groups builds the pipelines' split). max_grad_norm 0: no clipping.")
       .def(
           "step",
-          [](rt::Adam& adam) {
+          [](rt::Adam& adam, const rt::GradientAccumulator* accumulated) {
             nb::gil_scoped_release release;
-            return adam.step();
+            return accumulated == nullptr ? adam.step() : adam.step(accumulated->gradients());
           },
+          "accumulated"_a = nb::none(),
           "One update of every parameter that has a gradient; returns the gradient norm before clipping.\n"
-          "Releases the GIL.")
+          "accumulated: a GradientAccumulator over this Adam's parameters (in .parameters order): step with\n"
+          "its sums instead of the parameters' gradients. Releases the GIL.")
       .def("zero_grad", &rt::Adam::zero_grad, "Drops every parameter's gradient.")
       .def_prop_rw("learning_rate", [](const rt::Adam& a) { return short_double(a.options().learning_rate); },
                    &rt::Adam::set_learning_rate)

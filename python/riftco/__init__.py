@@ -25,6 +25,7 @@ from ._core import (  # noqa: F401  (re-exported)
     DecoderOnlyTransformer,
     Error,
     GenerationResult,
+    GradientAccumulator,
     GraphStatistics,
     LoadOptions,
     LoraConfig,
@@ -94,7 +95,7 @@ del _name, _obj
 __all__ = [
     "ACTIVATION_CHECKPOINTING_KINDS", "ATTENTION_KINDS", "FINE_TUNING_METHODS", "Adam", "BackendError",
     "BackwardError", "ByteTokenizer", "CheckpointContractError", "CheckpointViolation", "DataError",
-    "DecodeSession", "DecoderOnlyTransformer", "Error", "GenerationResult", "GraphStatistics", "LoadOptions",
+    "DecodeSession", "DecoderOnlyTransformer", "Error", "GenerationResult", "GradientAccumulator", "GraphStatistics", "LoadOptions",
     "LoraConfig", "MemoryStats", "ModelStateError", "PostTrainingConfig", "PretrainingConfig", "RetainedNode",
     "RunResult", "ShapeError", "StaleGraphError", "StepReport", "TransformerConfig", "Variable",
     "available_backends", "checkpoint", "default_parameter_groups", "checkpoint_replay_count", "load_model", "memory_stats",

@@ -126,3 +126,32 @@ def test_bad_sampling_options_are_value_errors(kwargs, needle):
 def test_num_samples_must_be_positive():
     with pytest.raises(ValueError, match="num_samples must be in"):
         tiny_model().generate_samples("Hi", num_samples=0, max_new_tokens=2)
+
+
+def test_gradient_accumulator_sums_weighted_micro_batches_like_one_batch():
+    model = tiny_model(seed=4)
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(0, 256, size=(4, 10))
+    targets = np.roll(tokens, -1, axis=1)
+    targets[0, :7] = -100  # unequal real-target counts per micro-batch
+    model.loss(tokens, targets).backward()
+    params = model.trainable_parameters()
+    reference = [p.grad.copy() for p in params]
+    opt = riftco.Adam(params, learning_rate=1e-2)
+    acc = riftco.GradientAccumulator(opt.parameters)
+    counts = [(targets[:2] != -100).sum(), (targets[2:] != -100).sum()]
+    for rows, count in zip([slice(0, 2), slice(2, 4)], counts):
+        model.loss(tokens[rows], targets[rows]).backward()
+        acc.add(float(count / sum(counts)))
+    assert acc.count == 2
+    by_name = {p.name: g for p, g in zip(opt.parameters, acc.gradients)}
+    for p, ref in zip(params, reference):
+        np.testing.assert_allclose(by_name[p.name], ref, rtol=1e-5, atol=1e-6 * np.abs(ref).max())
+    opt.zero_grad()
+    before = params[0].numpy().copy()
+    assert opt.step(acc) > 0
+    assert not np.array_equal(params[0].numpy(), before)
+    acc.clear()
+    assert acc.count == 0 and acc.gradients[0] is None
+    with pytest.raises(ValueError, match="weight must be finite"):
+        acc.add(float("nan"))
