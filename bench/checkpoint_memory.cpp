@@ -145,9 +145,7 @@ int main(int argc, char** argv) {
               {"S2 w128 h4 L32 T256 B8 (deep)", dims(128, 4, 32, 256), 8, 256},
               {"S3 w768 h12 L12 T128 B4", dims(768, 12, 12, 128), 4, 128}};
   }
-  const ActivationCheckpointingKind policies[] = {ActivationCheckpointingKind::Disabled,
-                                                  ActivationCheckpointingKind::TransformerBlock,
-                                                  ActivationCheckpointingKind::BlockSegments};
+  const auto policies = activation_checkpointing_kinds();  // disabled first: the ratios' base
   nlohmann::json out = nlohmann::json::array();
   std::string md =
       "| shape | policy | peak MiB | peak / disabled | graph nodes | graph elements / disabled | replays | step s | "

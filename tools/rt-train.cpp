@@ -38,6 +38,14 @@ CLI::Option* add_number(CLI::App& app, const std::string& name, T& value, const 
   return o;
 }
 
+std::vector<std::string> policy_names() {
+  std::vector<std::string> names;
+  for (const ActivationCheckpointingKind k : activation_checkpointing_kinds()) {
+    names.emplace_back(activation_checkpointing_name(k));
+  }
+  return names;
+}
+
 void add_stage_options(CLI::App& app, StageSettings& s, StageText& t) {
   t.attention = attention_kind_name(s.attention);
   t.activation_checkpointing = activation_checkpointing_name(s.activation_checkpointing);
@@ -50,7 +58,7 @@ void add_stage_options(CLI::App& app, StageSettings& s, StageText& t) {
   app.add_option("--activation-checkpointing", t.activation_checkpointing,
                  "what a training forward keeps (docs/checkpointing.md)")
       ->type_name("POLICY")
-      ->check(CLI::IsMember({"disabled", "block", "segments"}))
+      ->check(CLI::IsMember(policy_names()))
       ->group(policy);
   app.add_option("--checkpoint-segment-blocks", t.checkpoint_segment_blocks,
                  "blocks per segment for 'segments' (sqrt or 0: round(sqrt(layers)))")

@@ -59,6 +59,8 @@ typedef enum rt_activation_checkpointing {
   RT_ACTIVATION_CHECKPOINTING_DISABLED = 0,
   RT_ACTIVATION_CHECKPOINTING_TRANSFORMER_BLOCK = 1,
   RT_ACTIVATION_CHECKPOINTING_BLOCK_SEGMENTS = 2,
+  RT_ACTIVATION_CHECKPOINTING_ATTENTION = 3, /* recompute each block's attention sub-block */
+  RT_ACTIVATION_CHECKPOINTING_MLP = 4,       /* recompute each block's MLP sub-block */
   RT_ACTIVATION_CHECKPOINTING_MAX_ENUM = 0x7FFFFFFF
 } rt_activation_checkpointing;
 

@@ -45,8 +45,17 @@ enum class ActivationCheckpointingKind : std::uint8_t {
   Disabled = 0,          ///< ordinary graph (the compatibility default)
   TransformerBlock = 1,  ///< checkpoint every transformer block
   BlockSegments = 2,     ///< checkpoint every k consecutive blocks as one segment
+  /// Checkpoint each block's attention sub-block (norm, q/k/v, attention,
+  /// output projection, residual): its internals are replayed in backward;
+  /// the block input and the MLP side's values are kept.
+  AttentionSubBlock = 3,
+  /// Checkpoint each block's MLP sub-block (norm, gate/up, SwiGLU, down,
+  /// residual): the attention side's values are kept.
+  MlpSubBlock = 4,
 };
-/// "disabled" / "block" / "segments".
+/// Every policy, in enum order.
+std::span<const ActivationCheckpointingKind> activation_checkpointing_kinds();
+/// "disabled" / "block" / "segments" / "attention" / "mlp".
 const char* activation_checkpointing_name(ActivationCheckpointingKind kind);
 ActivationCheckpointingKind parse_activation_checkpointing(const std::string& name,
                                                            const char* op = "activation_checkpointing");

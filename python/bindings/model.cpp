@@ -33,9 +33,7 @@ void init_model(nb::module_& m) {
   nb::list attention, checkpointing;
   for (auto k : {rt::FullSequenceAttentionKind::Materialized, rt::FullSequenceAttentionKind::Flash})
     attention.append(rt::attention_kind_name(k));
-  for (auto k : {rt::ActivationCheckpointingKind::Disabled, rt::ActivationCheckpointingKind::TransformerBlock,
-                 rt::ActivationCheckpointingKind::BlockSegments})
-    checkpointing.append(rt::activation_checkpointing_name(k));
+  for (auto k : rt::activation_checkpointing_kinds()) checkpointing.append(rt::activation_checkpointing_name(k));
   m.attr("ATTENTION_KINDS") = nb::tuple(attention);
   m.attr("ACTIVATION_CHECKPOINTING_KINDS") = nb::tuple(checkpointing);
 
@@ -92,7 +90,7 @@ void init_model(nb::module_& m) {
           "config"_a = Dims{}, nb::kw_only(), "attention"_a = "materialized", "activation_checkpointing"_a = "disabled",
           "seed"_a = 0, "norm_epsilon"_a = 1.0e-5F,
           "Weights drawn from a generator seeded with `seed`. attention: 'materialized' | 'flash';\n"
-          "activation_checkpointing: 'disabled' | 'block' | 'segments' (execution policy, not architecture).")
+          "activation_checkpointing: 'disabled' | 'block' | 'segments' | 'attention' | 'mlp' (execution policy, not architecture).")
       .def_prop_ro("config", [](const DecoderOnlyTransformer& model) { return model.dimensions(); })
       .def_prop_ro("norm_epsilon", [](const DecoderOnlyTransformer& model) { return short_double(model.norm_epsilon()); })
       .def_prop_rw(

@@ -21,7 +21,7 @@ ConfigClass<C>& stage_fields(ConfigClass<C>& c) {
       .choice("attention", &StageSettings::attention, &rt::parse_attention_kind, &rt::attention_kind_name,
               "'flash' | 'materialized'")
       .choice("activation_checkpointing", &StageSettings::activation_checkpointing, &rt::parse_activation_checkpointing,
-              &rt::activation_checkpointing_name, "'disabled' | 'block' | 'segments' (recorded in metadata.json)")
+              &rt::activation_checkpointing_name, "'disabled' | 'block' | 'segments' | 'attention' | 'mlp' (recorded in metadata.json)")
       .field("checkpoint_segment_blocks", &StageSettings::checkpoint_segment_blocks, "int",
              "'segments': blocks per segment (0: round(sqrt(layers)))")
       .real("dropout", &StageSettings::dropout)

@@ -24,9 +24,11 @@ riftco_transformer::ActivationCheckpointingKind policy(const rt_activation_check
   if (value == RT_ACTIVATION_CHECKPOINTING_DISABLED) return ActivationCheckpointingKind::Disabled;
   if (value == RT_ACTIVATION_CHECKPOINTING_TRANSFORMER_BLOCK) return ActivationCheckpointingKind::TransformerBlock;
   if (value == RT_ACTIVATION_CHECKPOINTING_BLOCK_SEGMENTS) return ActivationCheckpointingKind::BlockSegments;
+  if (value == RT_ACTIVATION_CHECKPOINTING_ATTENTION) return ActivationCheckpointingKind::AttentionSubBlock;
+  if (value == RT_ACTIVATION_CHECKPOINTING_MLP) return ActivationCheckpointingKind::MlpSubBlock;
   bad_argument(function, "activation checkpointing " + std::to_string(value) +
                              " is not an rt_activation_checkpointing value (0 disabled, 1 transformer block, "
-                             "2 block segments)");
+                             "2 block segments, 3 attention sub-blocks, 4 MLP sub-blocks)");
 }
 
 riftco_transformer::FullSequenceAttentionKind attention(const rt_attention& kind, const char* function) {

@@ -50,6 +50,14 @@ void TransformerDimensions::validate() const {
   }
 }
 
+std::span<const ActivationCheckpointingKind> activation_checkpointing_kinds() {
+  static constexpr ActivationCheckpointingKind kinds[] = {
+      ActivationCheckpointingKind::Disabled, ActivationCheckpointingKind::TransformerBlock,
+      ActivationCheckpointingKind::BlockSegments, ActivationCheckpointingKind::AttentionSubBlock,
+      ActivationCheckpointingKind::MlpSubBlock};
+  return kinds;
+}
+
 const char* activation_checkpointing_name(ActivationCheckpointingKind kind) {
   switch (kind) {
     case ActivationCheckpointingKind::Disabled:
@@ -58,16 +66,22 @@ const char* activation_checkpointing_name(ActivationCheckpointingKind kind) {
       return "block";
     case ActivationCheckpointingKind::BlockSegments:
       return "segments";
+    case ActivationCheckpointingKind::AttentionSubBlock:
+      return "attention";
+    case ActivationCheckpointingKind::MlpSubBlock:
+      return "mlp";
   }
   return "unknown";
 }
 
 ActivationCheckpointingKind parse_activation_checkpointing(const std::string& name, const char* op) {
-  if (name == "disabled") return ActivationCheckpointingKind::Disabled;
-  if (name == "block") return ActivationCheckpointingKind::TransformerBlock;
-  if (name == "segments") return ActivationCheckpointingKind::BlockSegments;
-  throw ValueError(std::string("[") + op + "] unknown activation checkpointing policy '" + name +
-                   "' (expected 'disabled', 'block' or 'segments')");
+  std::string expected;
+  for (const ActivationCheckpointingKind k : activation_checkpointing_kinds()) {
+    if (name == activation_checkpointing_name(k)) return k;
+    expected += std::string(expected.empty() ? "'" : ", '") + activation_checkpointing_name(k) + "'";
+  }
+  throw ValueError(std::string("[") + op + "] unknown activation checkpointing policy '" + name + "' (expected " +
+                   expected + ")");
 }
 
 DecoderOnlyTransformer::DecoderOnlyTransformer(const TransformerDimensions& dimensions, Random& random,
@@ -124,8 +138,8 @@ void DecoderOnlyTransformer::set_attention_kind(FullSequenceAttentionKind kind) 
 }
 
 void DecoderOnlyTransformer::set_activation_checkpointing_kind(ActivationCheckpointingKind kind) {
-  if (kind != ActivationCheckpointingKind::Disabled && kind != ActivationCheckpointingKind::TransformerBlock &&
-      kind != ActivationCheckpointingKind::BlockSegments) {
+  const auto kinds = activation_checkpointing_kinds();
+  if (std::find(kinds.begin(), kinds.end(), kind) == kinds.end()) {
     throw ValueError("[set_activation_checkpointing_kind] unknown policy " + std::to_string(static_cast<int>(kind)));
   }
   core_->checkpointing = kind;

@@ -32,7 +32,14 @@ struct TransformerCore {
   /// block's weights as they are now. `drop` > 0 applies residual dropout
   /// drawing from dropout_random.
   Variable block_forward(std::size_t index, const Variable& h, FullSequenceAttentionKind kind, float drop);
+  /// block_forward's two halves: h1 = h + attention(norm(h)), then
+  /// h1 + mlp(norm(h1)). Each is what a sub-block checkpoint replays.
+  Variable attention_sub_block(std::size_t index, const Variable& h, FullSequenceAttentionKind kind, float drop);
+  Variable mlp_sub_block(std::size_t index, const Variable& h1, float drop);
   std::vector<Variable> block_dependencies(std::size_t index) const;
+  /// The leaves one half reads: its norm and projections, and the active
+  /// adapters on those projections.
+  std::vector<Variable> sub_block_dependencies(std::size_t index, bool attention) const;
   /// x Wᵀ for the block's `target` projection, plus its active adapter.
   Variable project(const BlockWeights& block, LoraTarget target, const Variable& x) const;
   /// Every leaf decode and forward read: base parameters and active adapters.

@@ -47,6 +47,26 @@ std::vector<Variable> TransformerCore::block_dependencies(std::size_t index) con
   return deps;
 }
 
+std::vector<Variable> TransformerCore::sub_block_dependencies(std::size_t index, bool attention) const {
+  if (index >= blocks.size()) {
+    throw ValueError("[sub_block_dependencies] block " + std::to_string(index) + " of " +
+                     std::to_string(blocks.size()));
+  }
+  const BlockWeights& b = blocks[index];
+  std::vector<Variable> deps = attention ? std::vector<Variable>{b.attention_norm, b.query, b.key, b.value, b.output}
+                                         : std::vector<Variable>{b.mlp_norm, b.gate, b.up, b.down};
+  if (lora_active) {
+    for (const LoraAdapter& adapter : b.adapters) {
+      const bool attention_target = adapter.target == LoraTarget::Query || adapter.target == LoraTarget::Key ||
+                                    adapter.target == LoraTarget::Value || adapter.target == LoraTarget::Output;
+      if (attention_target != attention) continue;
+      deps.push_back(adapter.a);
+      deps.push_back(adapter.b);
+    }
+  }
+  return deps;
+}
+
 std::vector<Variable> TransformerCore::all_leaves() const {
   std::vector<Variable> out{token_embedding, final_norm, lm_head};
   for (std::size_t i = 0; i < blocks.size(); ++i) {
@@ -113,18 +133,17 @@ Variable normed_projections(const TransformerCore& core, const BlockWeights& blo
 
 }  // namespace
 
-Variable TransformerCore::block_forward(std::size_t index, const Variable& h, FullSequenceAttentionKind kind,
-                                        float drop) {
+Variable TransformerCore::attention_sub_block(std::size_t index, const Variable& h, FullSequenceAttentionKind kind,
+                                              float drop) {
   const BlockWeights& w = blocks.at(index);
   const std::int64_t b = h.shape()[0];
   const std::int64_t t = h.shape()[1];
   const std::int64_t heads = dims.heads;
   const std::int64_t d = dims.head_width();
   const std::int64_t c = dims.model_width;
-  // Without dropout the residual adds fuse with the projection before them
+  // Without dropout the residual add fuses with the projection before it
   // (the projection is then a temporary, not a graph value).
   const bool fuse_residual = drop == 0.0F;
-  // Attention sub-block.
   Variable merged;  // (B, T, C)
   if (kind == FullSequenceAttentionKind::Flash) {
     // q, k, v side by side in one tensor; rope and the flash kernel read them
@@ -143,10 +162,15 @@ Variable TransformerCore::block_forward(std::size_t index, const Variable& h, Fu
     const Variable a = causal_attention(q, k, v, kind);                    // (B, H, T, D)
     merged = reshape(permute(a, {0, 2, 1, 3}), {b, t, c});
   }
-  const Variable h1 = fuse_residual && !adapted(*this, w, LoraTarget::Output)
-                          ? fused::linear_residual(h, merged, w.output)
-                          : add(h, dropout(project(w, LoraTarget::Output, merged), drop, dropout_random));  // (B, T, C)
-  // MLP sub-block: gate and up side by side, SwiGLU reads both halves.
+  return fuse_residual && !adapted(*this, w, LoraTarget::Output)
+             ? fused::linear_residual(h, merged, w.output)
+             : add(h, dropout(project(w, LoraTarget::Output, merged), drop, dropout_random));  // (B, T, C)
+}
+
+Variable TransformerCore::mlp_sub_block(std::size_t index, const Variable& h1, float drop) {
+  const BlockWeights& w = blocks.at(index);
+  const bool fuse_residual = drop == 0.0F;
+  // Gate and up side by side, SwiGLU reads both halves.
   const Variable gate_up =
       normed_projections(*this, w, h1, w.mlp_norm, {LoraTarget::Gate, LoraTarget::Up});  // (B, T, 2F)
   if (fuse_residual && !adapted(*this, w, LoraTarget::Down)) {
@@ -154,6 +178,11 @@ Variable TransformerCore::block_forward(std::size_t index, const Variable& h, Fu
   }
   const Variable m = fused::swiglu_packed(gate_up);                                  // (B, T, F)
   return add(h1, dropout(project(w, LoraTarget::Down, m), drop, dropout_random));  // (B, T, C)
+}
+
+Variable TransformerCore::block_forward(std::size_t index, const Variable& h, FullSequenceAttentionKind kind,
+                                        float drop) {
+  return mlp_sub_block(index, attention_sub_block(index, h, kind, drop), drop);
 }
 
 namespace {
@@ -176,6 +205,18 @@ Variable checkpointed_blocks(const std::shared_ptr<TransformerCore>& core, std::
   options.name = last - first == 1 ? "block " + std::to_string(first)
                                    : "blocks " + std::to_string(first) + "-" + std::to_string(last - 1);
   return checkpoint(h, deps, recompute, options);
+}
+
+/// Block `index`'s attention (attention = true) or MLP sub-block as one
+/// checkpoint whose dependencies are the leaves that sub-block reads.
+Variable checkpointed_sub_block(const std::shared_ptr<TransformerCore>& core, std::size_t index, bool attention,
+                                const Variable& h, FullSequenceAttentionKind kind, float drop) {
+  auto recompute = [core, index, attention, kind, drop](const Variable& input) {
+    return attention ? core->attention_sub_block(index, input, kind, drop) : core->mlp_sub_block(index, input, drop);
+  };
+  CheckpointOptions options;  // dropout masks replay by default (preserve_random_state)
+  options.name = "block " + std::to_string(index) + (attention ? " attention" : " mlp");
+  return checkpoint(h, core->sub_block_dependencies(index, attention), recompute, options);
 }
 
 }  // namespace
@@ -201,8 +242,17 @@ Variable DecoderOnlyTransformer::forward(std::span<const std::int32_t> tokens, s
   if (grad && m.checkpointing == ActivationCheckpointingKind::BlockSegments) {
     step = static_cast<std::size_t>(checkpoint_segment_blocks());
   }
+  const bool sub_block = grad && (m.checkpointing == ActivationCheckpointingKind::AttentionSubBlock ||
+                                  m.checkpointing == ActivationCheckpointingKind::MlpSubBlock);
   for (std::size_t i = 0; i < layers;) {
-    if (step == 0) {
+    if (sub_block) {
+      if (m.checkpointing == ActivationCheckpointingKind::AttentionSubBlock) {
+        h = m.mlp_sub_block(i, checkpointed_sub_block(core_, i, true, h, m.attention, drop), drop);
+      } else {
+        h = checkpointed_sub_block(core_, i, false, m.attention_sub_block(i, h, m.attention, drop), m.attention, drop);
+      }
+      ++i;
+    } else if (step == 0) {
       h = m.block_forward(i, h, m.attention, drop);
       ++i;
     } else {

@@ -50,8 +50,16 @@ MemoryEstimate estimate_training_memory(const TransformerDimensions& d, std::int
                                : std::max<std::int64_t>(1, std::llround(std::sqrt(dd(d.layers))));
     live_blocks = dd(k);
   }
+  double kept = live_blocks * one_block;
+  // Sub-block policies keep every block's other half, and replay one half.
+  if (s.activation_checkpointing == ActivationCheckpointingKind::AttentionSubBlock) {
+    kept = dd(d.layers) * rows * 2.0 * dd(d.feed_forward_width) + one_block;
+  }
+  if (s.activation_checkpointing == ActivationCheckpointingKind::MlpSubBlock) {
+    kept = dd(d.layers) * (rows * 4.0 * dd(d.model_width) + scores) + one_block;
+  }
   const double logits = 2.0 * rows * dd(d.vocab_size);  // logits and their softmax
-  e.activations = f * (boundaries + live_blocks * one_block + logits);
+  e.activations = f * (boundaries + kept + logits);
   return e;
 }
 

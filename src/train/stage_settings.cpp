@@ -100,9 +100,8 @@ void validate_settings(const StageSettings& s, std::int64_t context_length, cons
   if (s.attention != FullSequenceAttentionKind::Materialized && s.attention != FullSequenceAttentionKind::Flash) {
     bad("unknown attention kind " + std::to_string(static_cast<int>(s.attention)));
   }
-  if (s.activation_checkpointing != ActivationCheckpointingKind::Disabled &&
-      s.activation_checkpointing != ActivationCheckpointingKind::TransformerBlock &&
-      s.activation_checkpointing != ActivationCheckpointingKind::BlockSegments) {
+  const auto kinds = activation_checkpointing_kinds();
+  if (std::find(kinds.begin(), kinds.end(), s.activation_checkpointing) == kinds.end()) {
     bad("unknown activation checkpointing policy " + std::to_string(static_cast<int>(s.activation_checkpointing)));
   }
 }

@@ -185,20 +185,22 @@ static void test_policy_and_parity(void) {
   FAILS(rt_model_set_dropout(model, 1.5f, 3), RT_ERROR_VALUE, "set_dropout");
   rt_model_destroy(model);
 
-  /* Loss and every gradient bit-identical between the three policies. */
+  /* Loss and every gradient bit-identical between the five policies. */
   for (int a = 0; a < 2; ++a) {
     rt_attention att = a == 0 ? RT_ATTENTION_MATERIALIZED : RT_ATTENTION_FLASH;
-    float loss[3];
-    size_t n[3];
-    float* grads[3];
-    grads[0] = loss_and_gradients(RT_ACTIVATION_CHECKPOINTING_DISABLED, att, &loss[0], &n[0]);
-    grads[1] = loss_and_gradients(RT_ACTIVATION_CHECKPOINTING_TRANSFORMER_BLOCK, att, &loss[1], &n[1]);
-    grads[2] = loss_and_gradients(RT_ACTIVATION_CHECKPOINTING_BLOCK_SEGMENTS, att, &loss[2], &n[2]);
-    for (int k = 1; k < 3; ++k) {
+    const rt_activation_checkpointing policies[5] = {
+        RT_ACTIVATION_CHECKPOINTING_DISABLED, RT_ACTIVATION_CHECKPOINTING_TRANSFORMER_BLOCK,
+        RT_ACTIVATION_CHECKPOINTING_BLOCK_SEGMENTS, RT_ACTIVATION_CHECKPOINTING_ATTENTION,
+        RT_ACTIVATION_CHECKPOINTING_MLP};
+    float loss[5];
+    size_t n[5];
+    float* grads[5];
+    for (int k = 0; k < 5; ++k) grads[k] = loss_and_gradients(policies[k], att, &loss[k], &n[k]);
+    for (int k = 1; k < 5; ++k) {
       CHECK(memcmp(&loss[0], &loss[k], sizeof(float)) == 0);
       CHECK(n[0] == n[k] && memcmp(grads[0], grads[k], n[0] * sizeof(float)) == 0);
     }
-    for (int k = 0; k < 3; ++k) free(grads[k]);
+    for (int k = 0; k < 5; ++k) free(grads[k]);
   }
 }
 
@@ -550,8 +552,8 @@ static void test_pipelines(void) {
     FAILS(rt_run_pretraining(&fresh_dir, NULL, NULL, &small), RT_ERROR_INVALID_ARGUMENT, "result->struct_size");
     CHECK(access(path_in("never"), F_OK) != 0); /* refused before anything was trained or written */
   }
-  c.stage.activation_checkpointing = (rt_activation_checkpointing)3;
-  FAILS(rt_run_pretraining(&c, NULL, NULL, &r), RT_ERROR_INVALID_ARGUMENT, "activation checkpointing 3");
+  c.stage.activation_checkpointing = (rt_activation_checkpointing)5;
+  FAILS(rt_run_pretraining(&c, NULL, NULL, &r), RT_ERROR_INVALID_ARGUMENT, "activation checkpointing 5");
   c.stage.activation_checkpointing = RT_ACTIVATION_CHECKPOINTING_DISABLED;
   c.stage.learning_rate = -1.0f;
   c.stage.resume = 0;

@@ -78,6 +78,19 @@ TEST_P(PolicyParity, DropoutReplaysTheSameMasks) {
                        "segments + dropout");
 }
 
+TEST_P(PolicyParity, SubBlockPoliciesEqualDisabledBitForBit) {
+  const FullSequenceAttentionKind attention = GetParam();
+  const StepResult disabled = train_step(ActivationCheckpointingKind::Disabled, attention);
+  expect_bit_identical(disabled, train_step(ActivationCheckpointingKind::AttentionSubBlock, attention), "attention");
+  expect_bit_identical(disabled, train_step(ActivationCheckpointingKind::MlpSubBlock, attention), "mlp");
+  // With dropout both halves draw masks; each replay draws the same ones.
+  const StepResult dropped = train_step(ActivationCheckpointingKind::Disabled, attention, 3, 0.3F);
+  expect_bit_identical(dropped, train_step(ActivationCheckpointingKind::AttentionSubBlock, attention, 3, 0.3F),
+                       "attention + dropout");
+  expect_bit_identical(dropped, train_step(ActivationCheckpointingKind::MlpSubBlock, attention, 3, 0.3F),
+                       "mlp + dropout");
+}
+
 INSTANTIATE_TEST_SUITE_P(Attention, PolicyParity,
                          ::testing::Values(FullSequenceAttentionKind::Materialized, FullSequenceAttentionKind::Flash),
                          [](const auto& info) { return std::string(attention_kind_name(info.param)); });
@@ -181,4 +194,96 @@ TEST(ModelCheckpointing, StaleAfterValueChangeAdamOrReshapedParameter) {
   reset_checkpoint_replay_count();
   EXPECT_THROW(stale2.backward(), StaleGraphError);
   EXPECT_EQ(checkpoint_replay_count(), 0);
+}
+
+TEST(ModelCheckpointing, SubBlockPoliciesReplayOneHalfPerBlock) {
+  Random random(31);
+  DecoderOnlyTransformer model(tiny_dims(3), random, 1e-5F, FullSequenceAttentionKind::Flash,
+                               ActivationCheckpointingKind::AttentionSubBlock);
+  const auto b = random_batch(2, 16, 32, 32);
+  for (auto policy : {ActivationCheckpointingKind::AttentionSubBlock, ActivationCheckpointingKind::MlpSubBlock}) {
+    model.set_activation_checkpointing_kind(policy);
+    const Variable loss = model.loss(b.tokens, b.targets, 2);
+    std::int64_t checkpoints = 0;
+    for (const RetainedNode& row : loss.retained_nodes()) checkpoints += row.kind == "checkpoint";
+    EXPECT_EQ(checkpoints, 3) << activation_checkpointing_name(policy);
+    reset_checkpoint_replay_count();
+    loss.backward();
+    EXPECT_EQ(checkpoint_replay_count(), 3) << activation_checkpointing_name(policy);
+  }
+}
+
+TEST(ModelCheckpointing, SubBlockPoliciesKeepLessThanDisabledAndMoreThanBlock) {
+  // Retained elements of the graph (what backward keeps alive): each
+  // sub-block policy drops one half's internals, block drops both.
+  TransformerDimensions d = tiny_dims(4);
+  d.model_width = 32;
+  d.feed_forward_width = 96;
+  d.context_length = 64;
+  const auto b = random_batch(2, 64, 32, 33);
+  auto retained = [&](ActivationCheckpointingKind policy, FullSequenceAttentionKind attention) {
+    Random random(34);
+    DecoderOnlyTransformer model(d, random, 1e-5F, attention, policy);
+    return model.loss(b.tokens, b.targets, 2).graph_statistics().element_count;
+  };
+  for (auto attention : {FullSequenceAttentionKind::Materialized, FullSequenceAttentionKind::Flash}) {
+    const std::int64_t disabled = retained(ActivationCheckpointingKind::Disabled, attention);
+    const std::int64_t block = retained(ActivationCheckpointingKind::TransformerBlock, attention);
+    const std::int64_t att = retained(ActivationCheckpointingKind::AttentionSubBlock, attention);
+    const std::int64_t mlp = retained(ActivationCheckpointingKind::MlpSubBlock, attention);
+    EXPECT_LT(att, disabled) << attention_kind_name(attention);
+    EXPECT_LT(mlp, disabled) << attention_kind_name(attention);
+    EXPECT_GT(att, block) << attention_kind_name(attention);
+    EXPECT_GT(mlp, block) << attention_kind_name(attention);
+  }
+}
+
+TEST(ModelCheckpointing, SubBlockPoliciesWithLoraEqualDisabled) {
+  auto run = [](ActivationCheckpointingKind policy) {
+    Random random(35);
+    DecoderOnlyTransformer model(tiny_dims(2), random, 1e-5F, FullSequenceAttentionKind::Flash, policy);
+    LoraConfig lora;
+    lora.rank = 2;
+    lora.targets = parse_lora_targets("all");
+    Random lora_random(36);
+    model.add_lora(lora, lora_random);
+    for (NamedParameter& p : model.lora_parameters()) {  // B starts at zero: make the adapters matter
+      Tensor v = p.variable.value().clone();
+      for (std::int64_t i = 0; i < v.numel(); ++i) v.data()[i] = 0.01F * static_cast<float>((i * 7) % 13 - 6);
+      p.variable.mutable_value("test").copy_from(v);
+    }
+    model.set_base_trainable(false);
+    const auto b = random_batch(2, 12, 32, 37);
+    model.loss(b.tokens, b.targets, 2).backward();
+    std::vector<Tensor> grads;
+    for (const NamedParameter& p : model.lora_parameters()) grads.push_back(p.variable.grad().clone());
+    return grads;
+  };
+  const auto disabled = run(ActivationCheckpointingKind::Disabled);
+  for (auto policy : {ActivationCheckpointingKind::AttentionSubBlock, ActivationCheckpointingKind::MlpSubBlock}) {
+    const auto other = run(policy);
+    ASSERT_EQ(other.size(), disabled.size());
+    for (std::size_t i = 0; i < other.size(); ++i) {
+      EXPECT_TRUE(bit_equal(other[i], disabled[i])) << activation_checkpointing_name(policy) << " adapter " << i;
+    }
+  }
+}
+
+TEST(ModelCheckpointing, PolicyNamesRoundTripAndUnknownNamesListEveryPolicy) {
+  for (const ActivationCheckpointingKind k : activation_checkpointing_kinds()) {
+    EXPECT_EQ(parse_activation_checkpointing(activation_checkpointing_name(k)), k);
+  }
+  EXPECT_EQ(activation_checkpointing_kinds().size(), 5U);
+  try {
+    parse_activation_checkpointing("selective");
+    FAIL() << "no error";
+  } catch (const ValueError& e) {
+    const std::string what = e.what();
+    for (const char* name : {"disabled", "block", "segments", "attention", "mlp"}) {
+      EXPECT_NE(what.find(std::string("'") + name + "'"), std::string::npos) << what;
+    }
+  }
+  Random random(38);
+  DecoderOnlyTransformer model(tiny_dims(1), random);
+  EXPECT_THROW(model.set_activation_checkpointing_kind(static_cast<ActivationCheckpointingKind>(5)), ValueError);
 }

@@ -49,6 +49,19 @@ def test_pretrain_writes_outputs_and_records_the_policy(pretrained):
     assert (pretrained / "loss_curve.svg").read_text().rstrip().endswith("</svg>")
 
 
+@pytest.mark.parametrize("policy", ["attention", "mlp"])
+def test_sub_block_policies_train_the_same_model_as_disabled(tools, corpus, tmp_path, policy):
+    outputs = {}
+    for p in ("disabled", policy):
+        out = tmp_path / p
+        r = run(tools[0], "pretrain", "--data", corpus, "--steps", 2, "--output", out,
+                "--activation-checkpointing", p, *TINY)
+        assert r.returncode == 0, r.stderr
+        assert json.loads((out / "metadata.json").read_text())["config"]["activation_checkpointing"] == p
+        outputs[p] = (out / "model.safetensors").read_bytes()
+    assert outputs[policy] == outputs["disabled"]  # same bits: checkpointing changes memory, not results
+
+
 def test_post_train_lora_then_generate(tools, pretrained, tmp_path):
     out = tmp_path / "lora"
     r = run(tools[0], "post-train", "--base-model", pretrained / "model.safetensors", "--data", CHAT,
@@ -71,7 +84,7 @@ def test_help_reads_well(tools):
     for args in (["pretrain", "--help"], ["post-train", "--help"]):
         r = run(tools[0], *args)
         assert r.returncode == 0
-        assert "--activation-checkpointing POLICY:{disabled,block,segments}=disabled" in r.stdout
+        assert "--activation-checkpointing POLICY:{disabled,block,segments,attention,mlp}=disabled" in r.stdout
         assert "--config FILE" in r.stdout
     assert "--seed INT=1234" in run(tools[0], "pretrain", "--help").stdout  # defaults shown
     assert "--base-model PATH" in run(tools[0], "post-train", "--help").stdout
@@ -81,7 +94,7 @@ def test_help_reads_well(tools):
 
 @pytest.mark.parametrize("args,exit_code,needle", [
     (["pretrain", "--bogus"], 2, "not expected: --bogus"),
-    (["pretrain", "--activation-checkpointing", "sometimes"], 2, "sometimes not in {disabled,block,segments}"),
+    (["pretrain", "--activation-checkpointing", "sometimes"], 2, "sometimes not in {disabled,block,segments,attention,mlp}"),
     (["pretrain", "--attention", "sparse"], 2, "sparse not in {materialized,flash}"),
     (["pretrain", "--steps", "many"], 2, "--steps: expects an integer >= 1, got 'many'"),
     (["pretrain", "--steps", "0"], 2, "--steps: expects an integer >= 1, got '0'"),
@@ -267,7 +280,7 @@ feed_forward_width = 16
 @pytest.mark.parametrize("text,needle", [
     ("bogus_key = 3\n", "'bogus_key' is not an option of pretrain"),
     ("steps = \"many\"\n", "--steps: expects an integer >= 1, got 'many'"),
-    ("activation_checkpointing = \"often\"\n", "often not in {disabled,block,segments}"),
+    ("activation_checkpointing = \"often\"\n", "often not in {disabled,block,segments,attention,mlp}"),
     ("learning_rate = inf\n", "--learning-rate: expects a finite number"),
     ('{"steps": [1', "not valid JSON"),
     ('{"steps": 2, "lora": {"rank": [1, 2]}}', "'lora.rank' is not an option of pretrain"),

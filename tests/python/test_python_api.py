@@ -67,12 +67,12 @@ def test_absent_backend_is_a_backend_error_naming_what_the_build_has(backend):
 
 
 @pytest.mark.parametrize("make,accepted", [
-    (lambda m: m.set_activation_checkpointing("blocks"), ["'disabled'", "'block'", "'segments'"]),
-    (lambda m: setattr(m, "activation_checkpointing", "on"), ["'disabled'", "'block'", "'segments'"]),
+    (lambda m: m.set_activation_checkpointing("blocks"), ["'disabled'", "'block'", "'segments'", "'attention'", "'mlp'"]),
+    (lambda m: setattr(m, "activation_checkpointing", "on"), ["'disabled'", "'block'", "'segments'", "'attention'", "'mlp'"]),
     (lambda m: riftco.DecoderOnlyTransformer(riftco.TransformerConfig(**TINY), attention="fast"),
      ['"materialized"', '"flash"']),
     (lambda m: riftco.PretrainingConfig(attention="sdpa"), ['"materialized"', '"flash"']),
-    (lambda m: riftco.PostTrainingConfig(activation_checkpointing="all"), ["'disabled'", "'block'", "'segments'"]),
+    (lambda m: riftco.PostTrainingConfig(activation_checkpointing="all"), ["'disabled'", "'block'", "'segments'", "'attention'", "'mlp'"]),
     (lambda m: riftco.PostTrainingConfig(fine_tuning_method="qlora"), ["'lora'", "'full'"]),
     (lambda m: m.to("tpu"), ["'cpu'", "'cuda'"]),
 ])

@@ -35,7 +35,8 @@ def torch_outputs(model_path, arrays_path, out_path):
 
 
 @pytest.mark.parametrize("attention,policy", [("materialized", "disabled"), ("flash", "block"),
-                                              ("flash", "segments")])
+                                              ("flash", "segments"), ("materialized", "attention"),
+                                              ("flash", "mlp")])
 def test_logits_loss_and_every_gradient_match_pytorch(tmp_path, attention, policy):
     config = riftco.TransformerConfig(vocab_size=64, context_length=16, model_width=32, heads=4, layers=3,
                                       feed_forward_width=48)

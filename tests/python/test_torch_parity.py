@@ -12,7 +12,8 @@ from torch_reference import Transformer, read_safetensors  # noqa: E402
 
 
 @pytest.mark.parametrize("attention,policy", [("materialized", "disabled"), ("flash", "block"),
-                                              ("materialized", "segments")])
+                                              ("materialized", "segments"), ("flash", "attention"),
+                                              ("materialized", "mlp")])
 def test_matches_pytorch(build_dir, tmp_path, attention, policy):
     tool = build_dir / "tests" / "rt-parity-dump"
     if not tool.exists():
