@@ -69,7 +69,14 @@ void add_stage_options(CLI::App& app, StageSettings& s, StageText& t) {
   const std::string training = "Training";
   app.add_option("--data", t.data, "training data file")->type_name("PATH")->group(training);
   add_number(app, "--steps", s.steps, "optimizer steps")->check(rt_cli::integer_at_least(1))->group(training);
-  add_number(app, "--batch", s.batch, "sequences per step")->check(rt_cli::integer_at_least(1))->group(training);
+  add_number(app, "--batch", s.batch, "sequences per micro-batch (effective batch: batch x K)")
+      ->check(rt_cli::integer_at_least(1))
+      ->group(training);
+  add_number(app, "--gradient-accumulation-steps", s.gradient_accumulation_steps,
+             "K micro-batches per optimizer step, gradients summed as one K-times-larger batch")
+      ->type_name("K")
+      ->check(rt_cli::integer_at_least(1))
+      ->group(training);
   add_number(app, "--sequence-length", s.sequence_length, "tokens per sequence")
       ->check(rt_cli::integer_at_least(1))
       ->group(training);
@@ -79,7 +86,12 @@ void add_stage_options(CLI::App& app, StageSettings& s, StageText& t) {
       ->group(training);
   add_number(app, "--min-learning-rate-ratio", s.min_learning_rate_ratio, "cosine decay ends at lr*R")
       ->group(training);
-  add_number(app, "--weight-decay", s.weight_decay, "decoupled weight decay")->group(training);
+  add_number(app, "--weight-decay", s.weight_decay, "decoupled weight decay (never on norm weights)")->group(training);
+  app.add_option("--decay-embeddings", s.decay_embeddings, "weight-decay the token embedding and LM head too")
+      ->type_name("true|false")
+      ->check(CLI::IsMember({"true", "false"}))
+      ->default_str(s.decay_embeddings ? "true" : "false")
+      ->group(training);
   add_number(app, "--max-grad-norm", s.max_grad_norm, "global gradient-norm clip (0: off)")->group(training);
   add_number(app, "--beta1", s.beta1, "Adam beta1")->group(training);
   add_number(app, "--beta2", s.beta2, "Adam beta2")->group(training);

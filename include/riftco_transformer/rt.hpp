@@ -171,6 +171,18 @@ class Adam {
     check(rt_adam_create(model.get(), &options, &a));
     handle_.reset(a);
   }
+  /// Two parameter groups: no weight decay on norm weights (and on the
+  /// embedding and LM head unless decay_embeddings); rt_adam_create_grouped.
+  Adam(Model& model, const rt_adam_options& options, bool decay_embeddings) {
+    rt_adam* a = nullptr;
+    check(rt_adam_create_grouped(model.get(), &options, decay_embeddings ? 1 : 0, &a));
+    handle_.reset(a);
+  }
+  float weight_decay(const std::string& parameter_name) const {
+    float wd = 0.0F;
+    check(rt_adam_weight_decay(handle_.get(), parameter_name.c_str(), &wd));
+    return wd;
+  }
   float step() {
     float norm = 0.0F;
     check(rt_adam_step(handle_.get(), &norm));

@@ -25,6 +25,7 @@ from ._core import (  # noqa: F401  (re-exported)
     DecoderOnlyTransformer,
     Error,
     GenerationResult,
+    GradientAccumulator,
     GraphStatistics,
     LoadOptions,
     LoraConfig,
@@ -49,6 +50,7 @@ from ._core import (  # noqa: F401  (re-exported)
     convert_to_hf,
     checkpoint_replay_count,
     cross_entropy,
+    default_parameter_groups,
     embedding,
     gelu,
     is_grad_enabled,
@@ -97,10 +99,10 @@ del _name, _obj
 __all__ = [
     "ACTIVATION_CHECKPOINTING_KINDS", "ATTENTION_KINDS", "FINE_TUNING_METHODS", "Adam", "BackendError",
     "BackwardError", "ByteTokenizer", "CheckpointContractError", "CheckpointViolation", "DataError",
-    "DecodeSession", "DecoderOnlyTransformer", "Error", "GenerationResult", "GraphStatistics", "LoadOptions",
+    "DecodeSession", "DecoderOnlyTransformer", "Error", "GenerationResult", "GradientAccumulator", "GraphStatistics", "LoadOptions",
     "LoraConfig", "MemoryStats", "ModelStateError", "PostTrainingConfig", "PretrainingConfig", "RetainedNode",
     "RunResult", "ShapeError", "StaleGraphError", "StepReport", "TransformerConfig", "Variable",
-    "available_backends", "checkpoint", "checkpoint_replay_count", "load_model", "memory_stats",
+    "available_backends", "checkpoint", "default_parameter_groups", "checkpoint_replay_count", "load_model", "memory_stats",
     "model_fingerprint", "no_grad", "post_train", "pretrain", "read_model_config", "release_cached_memory",
     "reset_checkpoint_replay_count", "reset_peak_memory",
 ]

@@ -24,6 +24,9 @@ struct rt_variable {
 struct rt_adam {
   riftco_transformer::Adam adam;
 };
+struct rt_generation {
+  std::vector<riftco_transformer::GenerationResult> samples;
+};
 struct rt_decode_session {
   riftco_transformer::DecodeSession session;
 };
@@ -81,19 +84,29 @@ struct PretrainingConfig20 {
   TransformerConfig20 model;
   double validation_fraction;
 };
-static_assert(sizeof(PretrainingConfig20) < sizeof(rt_pretraining_config));
+static_assert(sizeof(PretrainingConfig20) < offsetof(rt_pretraining_config, gradient_accumulation_steps));
 
-/// sizeof the struct in ABI 2.0 (structs that grew since say so here).
+/// sizeof the struct in ABI 2.0 (structs that grew since say so here: their
+/// first appended field's offset, or the 2.0 layout's size).
 template <typename T>
 constexpr std::size_t abi20_size() {
   if constexpr (std::is_same_v<T, rt_transformer_config>) {
     return kTransformerConfig20Size;
   } else if constexpr (std::is_same_v<T, rt_pretraining_config>) {
     return sizeof(PretrainingConfig20);
+  } else if constexpr (std::is_same_v<T, rt_generation_options>) {
+    return offsetof(rt_generation_options, top_p);
+  } else if constexpr (std::is_same_v<T, rt_post_training_config>) {
+    return offsetof(rt_post_training_config, gradient_accumulation_steps);
   } else {
     return sizeof(T);
   }
 }
+
+/// Whether a caller's struct (its struct_size) holds `member`, a field
+/// appended after ABI 2.0; otherwise the caller gets the default.
+#define RT_C_COVERS(value, member) \
+  ((value).struct_size >= offsetof(std::remove_cvref_t<decltype(value)>, member) + sizeof((value).member))
 
 /// A caller's input struct: non-NULL and at least as large as ABI 2.0's.
 template <typename T>

@@ -173,7 +173,9 @@ rt_status rt_adam_options_init(rt_adam_options* options, size_t struct_size) {
 rt_status rt_generation_options_init(rt_generation_options* options, size_t struct_size) {
   return guard("rt_generation_options_init", [&] {
     const rt::GenerationOptions d;
-    init_struct(options, struct_size, rt_generation_options{0, d.max_new_tokens, d.temperature, d.top_k, d.seed},
+    init_struct(options, struct_size,
+                rt_generation_options{0, d.max_new_tokens, d.temperature, d.top_k, d.seed, d.top_p,
+                                      d.repetition_penalty, nullptr, 0, d.num_samples},
                 "rt_generation_options_init");
   });
 }

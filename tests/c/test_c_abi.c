@@ -684,6 +684,159 @@ static void test_gqa_tied_and_hf_conversion(void) {
   rt_model_destroy(model);
 }
 
+/* Appended after ABI 2.0: parameter groups, gradient accumulation, sampling options. */
+static void test_groups_accumulation_and_sampling(void) {
+  rt_transformer_config c = tiny_config();
+  rt_model* model = NULL;
+  OK(rt_model_create(&c, 5, RT_ATTENTION_FLASH, RT_ACTIVATION_CHECKPOINTING_DISABLED, &model));
+  rt_adam_options options;
+  OK(rt_adam_options_default(&options));
+  options.weight_decay = 0.1f;
+  rt_adam* adam = NULL;
+  float wd = -1.0f;
+  OK(rt_adam_create_grouped(model, &options, 1, &adam));
+  OK(rt_adam_weight_decay(adam, "blocks.0.attention_norm.weight", &wd));
+  CHECK(wd == 0.0f);
+  OK(rt_adam_weight_decay(adam, "blocks.1.attention.query.weight", &wd));
+  CHECK(wd == 0.1f);
+  OK(rt_adam_weight_decay(adam, "token_embedding.weight", &wd));
+  CHECK(wd == 0.1f);
+  FAILS(rt_adam_weight_decay(adam, "no.such.weight", &wd), RT_ERROR_VALUE, "no parameter named 'no.such.weight'");
+  FAILS(rt_adam_weight_decay(adam, NULL, &wd), RT_ERROR_INVALID_ARGUMENT, "parameter_name is NULL");
+  rt_adam_destroy(adam);
+  OK(rt_adam_create_grouped(model, &options, 0, &adam));
+  OK(rt_adam_weight_decay(adam, "lm_head.weight", &wd));
+  CHECK(wd == 0.0f);
+  rt_variable* loss = NULL;
+  OK(rt_model_loss(model, g_tokens, g_targets, B, T, &loss));
+  OK(rt_variable_backward(loss));
+  OK(rt_adam_step(adam, NULL));
+  rt_variable_destroy(loss);
+  rt_adam_destroy(adam);
+  /* The plain Adam keeps decaying everything. */
+  OK(rt_adam_create(model, &options, &adam));
+  OK(rt_adam_weight_decay(adam, "final_norm.weight", &wd));
+  CHECK(wd == 0.1f);
+  rt_adam_destroy(adam);
+  options.weight_decay = -1.0f;
+  FAILS(rt_adam_create_grouped(model, &options, 1, &adam), RT_ERROR_VALUE, "weight_decay");
+
+  /* Sampling options. */
+  rt_generation_options g;
+  OK(rt_generation_options_default(&g));
+  CHECK(g.top_p == 1.0f && g.repetition_penalty == 1.0f && g.stop == NULL && g.stop_count == 0 && g.num_samples == 1);
+  g.max_new_tokens = 6;
+  g.seed = 3;
+  int32_t prompt[2] = {72, 105};
+  int32_t plain[6], old_layout[6];
+  size_t count = 0;
+  OK(rt_generate(model, prompt, 2, &g, plain, 6, &count, NULL));
+  rt_generation_options old = g; /* an ABI 2.0 caller: the appended fields are not read */
+  old.struct_size = offsetof(rt_generation_options, top_p);
+  old.top_p = 0.0f; /* invalid, but beyond its struct_size */
+  OK(rt_generate(model, prompt, 2, &old, old_layout, 6, &count, NULL));
+  CHECK(memcmp(plain, old_layout, sizeof plain) == 0);
+  rt_generation_options init_old;
+  memset(&init_old, 0x55, sizeof init_old);
+  OK(rt_generation_options_init(&init_old, offsetof(rt_generation_options, top_p)));
+  CHECK(init_old.max_new_tokens == 64 && init_old.num_samples == 0x5555555555555555LL); /* untouched */
+
+  char stop_text[2] = {(char)plain[2], 0};
+  const char* stops[1] = {stop_text};
+  g.stop = stops;
+  g.stop_count = 1;
+  g.num_samples = 3;
+  g.top_p = 0.9f;
+  g.repetition_penalty = 1.2f;
+  rt_generation* samples = NULL;
+  OK(rt_generate_samples(model, prompt, 2, &g, &samples));
+  size_t n = 0;
+  OK(rt_generation_sample_count(samples, &n));
+  CHECK(n == 3);
+  for (size_t i = 0; i < n; ++i) {
+    const int32_t* tokens = NULL;
+    const char* text = NULL;
+    size_t token_count = 0, text_length = 0;
+    int64_t stop_index = 7;
+    OK(rt_generation_sample(samples, i, &tokens, &token_count, &text, &text_length, &stop_index, NULL));
+    CHECK(token_count <= 6 && text_length <= token_count);
+    CHECK(stop_index == -1 || (stop_index == 0 && memchr(text, stop_text[0], text_length) == NULL));
+  }
+  const int32_t* tokens = NULL;
+  const char* text = NULL;
+  size_t token_count = 0, text_length = 0;
+  FAILS(rt_generation_sample(samples, 3, &tokens, &token_count, &text, &text_length, NULL, NULL),
+        RT_ERROR_INVALID_ARGUMENT, "index 3 is out of range");
+  rt_generation_destroy(samples);
+  /* Greedy with a stop string at the third token: two tokens of text. */
+  g.temperature = 0.0f;
+  g.num_samples = 1;
+  g.top_p = 1.0f;
+  g.repetition_penalty = 1.0f;
+  g.stop_count = 0;
+  OK(rt_generate(model, prompt, 2, &g, plain, 6, &count, NULL));
+  stop_text[0] = (char)plain[2];
+  size_t first = 0;
+  while (plain[first] != plain[2]) ++first;
+  g.stop_count = 1;
+  OK(rt_generate(model, prompt, 2, &g, plain, 6, &count, NULL));
+  CHECK(count == first + 1);
+  OK(rt_generate_samples(model, prompt, 2, &g, &samples));
+  int64_t which = -1;
+  OK(rt_generation_sample(samples, 0, &tokens, &token_count, &text, &text_length, &which, NULL));
+  CHECK(token_count == count && text_length == first && which == 0);
+  rt_generation_destroy(samples);
+  g.num_samples = 2;
+  FAILS(rt_generate(model, prompt, 2, &g, plain, 6, &count, NULL), RT_ERROR_VALUE, "generate_samples");
+  g.num_samples = 1;
+  g.top_p = 0.0f;
+  FAILS(rt_generate_samples(model, prompt, 2, &g, &samples), RT_ERROR_VALUE, "top_p must be in (0, 1]");
+  g.top_p = 1.0f;
+  g.repetition_penalty = -2.0f;
+  FAILS(rt_generate_samples(model, prompt, 2, &g, &samples), RT_ERROR_VALUE, "repetition_penalty");
+  g.repetition_penalty = 1.0f;
+  g.stop = NULL;
+  FAILS(rt_generate_samples(model, prompt, 2, &g, &samples), RT_ERROR_INVALID_ARGUMENT, "stop is NULL");
+  const char* empty[1] = {""};
+  g.stop = empty;
+  FAILS(rt_generate_samples(model, prompt, 2, &g, &samples), RT_ERROR_VALUE, "stop string 0 is empty");
+  rt_model_destroy(model);
+
+  /* Gradient accumulation in a pipeline: recorded in metadata.json. */
+  rt_pretraining_config p;
+  OK(rt_pretraining_config_default(&p));
+  CHECK(p.gradient_accumulation_steps == 1 && p.decay_embeddings == 1);
+  p.model.context_length = 32;
+  p.model.model_width = 16;
+  p.model.heads = 2;
+  p.model.layers = 2;
+  p.model.feed_forward_width = 32;
+  p.stage.data = path_in("corpus.txt");
+  p.stage.output_dir = path_in("accumulate");
+  p.stage.steps = 2;
+  p.stage.batch = 2;
+  p.stage.sequence_length = 16;
+  p.stage.eval_batches = 1;
+  p.gradient_accumulation_steps = 2;
+  p.decay_embeddings = 0;
+  rt_run_result r;
+  r.struct_size = sizeof r;
+  OK(rt_run_pretraining(&p, NULL, NULL, &r));
+  CHECK(r.completed == 1);
+  FILE* f = fopen(path_in("accumulate/metadata.json"), "r");
+  char metadata[16384] = {0};
+  CHECK(f != NULL);
+  if (f != NULL) {
+    CHECK(fread(metadata, 1, sizeof metadata - 1, f) > 0);
+    fclose(f);
+  }
+  CHECK(strstr(metadata, "\"gradient_accumulation_steps\": 2") != NULL);
+  CHECK(strstr(metadata, "\"decay_embeddings\": false") != NULL);
+  CHECK(strstr(metadata, "\"token_embedding.weight\"") != NULL); /* listed in no_decay */
+  p.gradient_accumulation_steps = 0;
+  FAILS(rt_run_pretraining(&p, NULL, NULL, &r), RT_ERROR_VALUE, "gradient_accumulation_steps");
+}
+
 int main(void) {
   snprintf(g_dir, sizeof g_dir, "/tmp/rt_c_abi_XXXXXX");
   if (mkdtemp(g_dir) == NULL) return 2;
@@ -697,6 +850,7 @@ int main(void) {
   test_training_lora_and_files();
   test_pipelines();
   test_gqa_tied_and_hf_conversion();
+  test_groups_accumulation_and_sampling();
   char command[600];
   snprintf(command, sizeof command, "rm -rf '%s'", g_dir);
   if (system(command) != 0) fprintf(stderr, "could not remove %s\n", g_dir);

@@ -54,6 +54,15 @@ TEST(CAbiRaii, TrainsOneStepAndDecodesThroughHandles) {
         << e.what();
   }
   EXPECT_THROW(loss.backward(), rt::Error);  // stale: Adam stepped since
+
+  rt_adam_options options;
+  ASSERT_EQ(rt_adam_options_default(&options), RT_OK);
+  options.weight_decay = 0.25F;
+  const rt::Adam grouped(model, options, false);
+  EXPECT_EQ(grouped.weight_decay("final_norm.weight"), 0.0F);
+  EXPECT_EQ(grouped.weight_decay("token_embedding.weight"), 0.0F);
+  EXPECT_EQ(grouped.weight_decay("blocks.0.mlp.gate.weight"), 0.25F);
+  EXPECT_THROW(grouped.weight_decay("nothing"), rt::Error);
 }
 
 TEST(CAbiStatus, EveryExceptionClassHasItsStatusAndKeepsItsMessage) {
