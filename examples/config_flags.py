@@ -27,12 +27,20 @@ def flat_fields(config):
     return out
 
 
+def _true_or_false(text):
+    if text not in ("true", "false"):
+        raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+    return text == "true"
+
+
 def parser_for(cls, description):
     parser = argparse.ArgumentParser(description=description,
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     for name, default in flat_fields(cls()).items():
         flag = "--" + name.replace("_", "-")
-        if isinstance(default, bool):
+        if isinstance(default, bool) and default:  # on by default: --flag true|false, as rt-train takes it
+            parser.add_argument(flag, type=_true_or_false, default=True, metavar="true|false", help=name)
+        elif isinstance(default, bool):
             parser.add_argument(flag, action="store_true", help=f"{name} (default off)")
         elif name in CHOICES:
             parser.add_argument(flag, choices=CHOICES[name], default=default)

@@ -13,7 +13,7 @@ root="$(cd "$(dirname "$0")/.." && pwd)"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
-for c in model_state adapter_state training_checkpoint chat_data c_abi tokenizer; do mkdir -p "$out/$c"; done
+for c in model_state adapter_state training_checkpoint chat_data c_abi hf_llama tokenizer; do mkdir -p "$out/$c"; done
 seq 1 300 | sed 's/^/the quick brown fox jumps over the lazy dog /' > "$work/corpus.txt"
 tiny=(--data "$work/corpus.txt" --context-length 32 --model-width 16 --heads 2 --layers 2
       --feed-forward-width 32 --batch 2 --sequence-length 16 --eval-batches 1 --eval-interval 0 --quiet)
@@ -34,6 +34,15 @@ cp "$work/post/adapter.safetensors" "$out/adapter_state/seed-adapter"
 cp "$work/post/adapter.safetensors" "$out/model_state/seed-adapter"
 cp "$work/pre/model.safetensors" "$out/c_abi/seed-model"              # the C ABI's file entry points
 cp "$work/post/adapter.safetensors" "$out/c_abi/seed-adapter"
+
+# Hugging Face checkpoint files, each behind the byte that picks its slot (fuzz_hf_llama.cpp).
+"$build/rt-convert" --to-hf "$work/pre/model.safetensors" --output "$work/hf" >/dev/null
+{ printf '\000'; cat "$work/hf/config.json"; } > "$out/hf_llama/seed-config"
+{ printf '\001'; cat "$work/hf/model.safetensors"; } > "$out/hf_llama/seed-weights"
+{ printf '\002'; python3 -c 'import json, struct, sys
+f = open(sys.argv[1], "rb"); n = struct.unpack("<Q", f.read(8))[0]; names = json.loads(f.read(n))
+print(json.dumps({"metadata": {}, "weight_map": {k: "shard-1.safetensors" for k in names if k != "__metadata__"}}))' \
+  "$work/hf/model.safetensors"; } > "$out/hf_llama/seed-index"
 
 head -c 4096 "$root/data/chat_example.jsonl" > "$out/chat_data/seed-example"
 head -c 2048 "$work/corpus.txt" > "$out/chat_data/seed-text"            # a text corpus for TextDataset

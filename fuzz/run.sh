@@ -17,11 +17,12 @@ mkdir -p "$fuzz_build/findings"
 status=0
 passed=0
 failed=0
-for name in model_state adapter_state training_checkpoint chat_data c_abi tokenizer; do
+for name in model_state adapter_state training_checkpoint chat_data c_abi hf_llama tokenizer; do
   corpus="$fuzz_build/corpus/$name"
   mkdir -p "$corpus"
   dict=(-dict="$here/safetensors.dict")
   [ "$name" = chat_data ] && dict=(-dict="$here/json.dict")
+  [ "$name" = hf_llama ] && dict=(-dict="$here/json.dict")
   [ "$name" = tokenizer ] && dict=()  # protobuf: no dictionary
   log="$fuzz_build/fuzz_$name.log"
   binary="$fuzz_build/fuzz/fuzz_$name"

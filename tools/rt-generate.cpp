@@ -54,7 +54,22 @@ int main(int argc, char** argv) {
   app.add_option("--top-k", o.top_k, "sample from the K most likely (0 = all)")
       ->type_name("K")
       ->check(rt_cli::integer_at_least(0));
-  app.add_option("--seed", o.seed, "sampling seed")->type_name("S")->check(rt_cli::integer_at_least(0));
+  app.add_option("--seed", o.seed, "sampling seed (sample i of --num-samples uses seed + i*0x9E3779B97F4A7C15)")
+      ->type_name("S")
+      ->check(rt_cli::integer_at_least(0));
+  app.add_option("--top-p", o.top_p, "nucleus sampling: the smallest set of tokens with mass >= P (1 = off)")
+      ->type_name("P")
+      ->check(rt_cli::kFiniteFloat);
+  app.add_option("--repetition-penalty", o.repetition_penalty,
+                 "divide positive / multiply negative logits of tokens already seen (1 = off)")
+      ->type_name("R")
+      ->check(rt_cli::kFiniteFloat);
+  app.add_option("--stop", o.stop, "stop when the generated text contains TEXT (repeatable; not printed)")
+      ->type_name("TEXT")
+      ->allow_extra_args(false);
+  app.add_option("--num-samples", o.num_samples, "independent samples, printed one after another")
+      ->type_name("N")
+      ->check(rt_cli::integer_at_least(1));
   app.add_flag("--allow-non-finite", load.allow_non_finite,
                "load weights holding NaN or infinity (refused by default)");
   app.add_flag("--allow-base-mismatch", load.allow_base_mismatch,
@@ -63,9 +78,18 @@ int main(int argc, char** argv) {
   return rt_cli::run_tool("rt-generate", app, argc, argv, [&](bool& running) {
     if (prompt.empty()) throw rt_cli::UsageError("--prompt must not be empty");
     if (o.temperature < 0.0F) throw rt_cli::UsageError("option '--temperature' must be >= 0 (0 = greedy)");
+    if (!(o.top_p > 0.0F && o.top_p <= 1.0F)) throw rt_cli::UsageError("option '--top-p' must be in (0, 1]");
+    if (!(o.repetition_penalty > 0.0F)) throw rt_cli::UsageError("option '--repetition-penalty' must be > 0");
+    for (const std::string& stop : o.stop) {
+      if (stop.empty()) throw rt_cli::UsageError("option '--stop' must not be empty");
+    }
+    o.validate();
     // The model's tokenizer: the given one must be the recorded one (a
     // mismatch is a usage error: exit 2).
     const Tokenizer tokenizer = tokenizer_for_model(model_path, tokenizer_path, true);
+    if (!tokenizer.is_bytes()) {  // text and stop strings through the subword decoder
+      o.detokenize = [tokenizer](std::span<const std::int32_t> ids) { return tokenizer.decode(ids); };
+    }
     running = true;
     std::unique_ptr<DecoderOnlyTransformer> model =
         load_model(model_path, FullSequenceAttentionKind::Materialized, ActivationCheckpointingKind::Disabled, load);
@@ -77,9 +101,14 @@ int main(int argc, char** argv) {
                 << " (the context length)\n";
       ids.erase(ids.begin(), ids.end() - context);
     }
-    const GenerationResult r = generate(*model, ids, o);
-    std::cout << printable(prompt + tokenizer.decode(r.tokens)) << "\n";
-    if (r.reached_context) std::cerr << "rt-generate: " << r.message << "\n";
+    const std::vector<GenerationResult> samples = generate_samples(*model, ids, o);
+    for (std::size_t i = 0; i < samples.size(); ++i) {
+      const GenerationResult& r = samples[i];
+      // Several samples: a header line before each, so they split clearly.
+      if (samples.size() > 1) std::cout << "=== sample " << i + 1 << "/" << samples.size() << " ===\n";
+      std::cout << printable(prompt + r.text) << "\n";  // r.text ends before a matched --stop
+      if (r.reached_context) std::cerr << "rt-generate: " << (samples.size() > 1 ? "sample " + std::to_string(i + 1) + ": " : "") << r.message << "\n";
+    }
     return 0;
   });
 }

@@ -74,7 +74,14 @@ void add_stage_options(CLI::App& app, StageSettings& s, StageText& t) {
       ->type_name("PATH")
       ->group(training);
   add_number(app, "--steps", s.steps, "optimizer steps")->check(rt_cli::integer_at_least(1))->group(training);
-  add_number(app, "--batch", s.batch, "sequences per step")->check(rt_cli::integer_at_least(1))->group(training);
+  add_number(app, "--batch", s.batch, "sequences per micro-batch (effective batch: batch x K)")
+      ->check(rt_cli::integer_at_least(1))
+      ->group(training);
+  add_number(app, "--gradient-accumulation-steps", s.gradient_accumulation_steps,
+             "K micro-batches per optimizer step, gradients summed as one K-times-larger batch")
+      ->type_name("K")
+      ->check(rt_cli::integer_at_least(1))
+      ->group(training);
   add_number(app, "--sequence-length", s.sequence_length, "tokens per sequence")
       ->check(rt_cli::integer_at_least(1))
       ->group(training);
@@ -84,7 +91,12 @@ void add_stage_options(CLI::App& app, StageSettings& s, StageText& t) {
       ->group(training);
   add_number(app, "--min-learning-rate-ratio", s.min_learning_rate_ratio, "cosine decay ends at lr*R")
       ->group(training);
-  add_number(app, "--weight-decay", s.weight_decay, "decoupled weight decay")->group(training);
+  add_number(app, "--weight-decay", s.weight_decay, "decoupled weight decay (never on norm weights)")->group(training);
+  app.add_option("--decay-embeddings", s.decay_embeddings, "weight-decay the token embedding and LM head too")
+      ->type_name("true|false")
+      ->check(CLI::IsMember({"true", "false"}))
+      ->default_str(s.decay_embeddings ? "true" : "false")
+      ->group(training);
   add_number(app, "--max-grad-norm", s.max_grad_norm, "global gradient-norm clip (0: off)")->group(training);
   add_number(app, "--beta1", s.beta1, "Adam beta1")->group(training);
   add_number(app, "--beta2", s.beta2, "Adam beta2")->group(training);
@@ -179,6 +191,12 @@ void add_pretrain(CLI::App& app, Commands& c) {
   add_number(*sub, "--feed-forward-width", d.feed_forward_width, "SwiGLU hidden width")
       ->check(rt_cli::integer_at_least(1))
       ->group(model);
+  add_number(*sub, "--key-value-heads", d.key_value_heads,
+             "key/value heads for grouped-query attention (0 = --heads; must divide --heads)")
+      ->check(rt_cli::integer_at_least(0))
+      ->group(model);
+  add_number(*sub, "--rope-base", d.rope_base, "RoPE base (theta)")->group(model);
+  sub->add_flag("--tie-embeddings", d.tie_embeddings, "the LM head is the token embedding (one matrix)")->group(model);
   add_number(*sub, "--norm-epsilon", p.norm_epsilon, "RMSNorm epsilon")->group(model);
   add_number(*sub, "--validation-fraction", p.validation_fraction, "tail of the text held out")->group(model);
   add_stage_options(*sub, p, c.pretrain_text);
@@ -189,7 +207,8 @@ int pretrain(const CLI::App& sub, Commands& c, bool& running) {
   apply_stage_text(sub, c.pretrain_text, p);
   p.validate();
   const TransformerDimensions& d = p.dimensions;
-  std::cerr << "[pretrain] " << d.layers << " layers, width " << d.model_width << ", " << d.heads << " heads, context "
+  std::cerr << "[pretrain] " << d.layers << " layers, width " << d.model_width << ", " << d.heads << " heads ("
+            << d.kv_heads() << " key/value), context "
             << d.context_length << "; attention " << attention_kind_name(p.attention) << ", checkpointing "
             << activation_checkpointing_name(p.activation_checkpointing) << "; data "
             << (p.data.empty() ? "default corpus" : p.data.string()) << "; tokenizer "

@@ -5,9 +5,13 @@
 //   m  ← β1 m + (1-β1) g ;  v ← β2 v + (1-β2) g²
 //   m̂ = m / (1-β1ᵗ) ;  v̂ = v / (1-β2ᵗ)
 //   θ  ← θ - lr·wd·θ - lr · m̂ / (√v̂ + ε)
+// wd is per parameter group (ParameterGroup): e.g. 0 for norm weights.
 // Each step changes parameter values in place and bumps their versions, so a
 // graph built before the step is rejected as stale by backward().
 #include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
 #include <vector>
 
 #include "riftco_transformer/variable.hpp"
@@ -25,10 +29,25 @@ struct AdamOptions {
   void validate() const;  // ValueError naming the field
 };
 
+/// A parameter group (PyTorch's param_groups): parameters that share a
+/// weight decay. `weight_decay` unset: AdamOptions::weight_decay. The usual
+/// split (nanoGPT, Hugging Face) puts norm weights in a group with no decay;
+/// default_parameter_groups() in pipelines.hpp builds it from names.
+struct ParameterGroup {
+  std::string name;  // for metadata and error messages ("decay", "no_decay")
+  std::vector<Variable> parameters;
+  std::optional<float> weight_decay;
+};
+
 class Adam {
  public:
   /// Parameters must be leaves that require grad (ValueError otherwise).
+  /// One group: every parameter decays by options.weight_decay.
   Adam(std::vector<Variable> parameters, AdamOptions options = {});
+  /// Several groups, each with its own weight decay (ValueError naming the
+  /// group for a bad decay or a parameter listed twice). parameters(),
+  /// state() and step(gradients) use the groups' order, concatenated.
+  Adam(std::vector<ParameterGroup> groups, AdamOptions options);
 
   /// One update of every parameter that has a gradient. Parameters without a
   /// gradient are skipped (their moments do not move). Returns the global
@@ -39,6 +58,11 @@ class Adam {
   /// gradient (NaN/inf anywhere, or a norm that overflows) is a ValueError
   /// naming the parameter, and nothing changes either.
   float step();
+  /// The same update with explicit gradients, one per parameter in
+  /// parameters() order (an undefined Tensor skips that parameter), instead
+  /// of the parameters' committed gradients. Gradient accumulation hands
+  /// GradientAccumulator::gradients() here. Same checks and guarantees.
+  float step(std::span<const Tensor> gradients);
   /// Drops every parameter's gradient.
   void zero_grad();
 
@@ -46,6 +70,16 @@ class Adam {
   void set_learning_rate(float lr);
   std::int64_t step_count() const { return steps_; }
   const std::vector<Variable>& parameters() const { return params_; }
+  /// The weight decay Adam applies to parameters()[index].
+  float weight_decay_of(std::size_t index) const;
+  /// Group names and sizes, in order (one group "all" for the first constructor).
+  struct GroupInfo {
+    std::string name;
+    float weight_decay = 0.0F;
+    std::size_t begin = 0;  // index range into parameters()
+    std::size_t end = 0;
+  };
+  const std::vector<GroupInfo>& groups() const { return groups_; }
 
   /// Moments, for saving and restoring a training run.
   struct State {
@@ -58,8 +92,13 @@ class Adam {
   void set_state(const State& state);
 
  private:
+  void add_parameters(std::vector<Variable> parameters);
+  float update(std::span<const Tensor* const> gradients);
+
   std::vector<Variable> params_;
   AdamOptions options_;
+  std::vector<GroupInfo> groups_;
+  std::vector<float> weight_decay_;  // per parameter
   std::int64_t steps_ = 0;
   std::vector<Tensor> m_;
   std::vector<Tensor> v_;

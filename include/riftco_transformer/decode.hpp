@@ -3,6 +3,7 @@
 // decode_token() builds no graph and never checkpoints: it mutates the cache,
 // so it is not replay-safe (spec "Replay contract").
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -39,6 +40,15 @@ class DecodeSession {
   std::int64_t position_ = 0;
 };
 
+/// Turns generated token ids into text, for stop strings and
+/// GenerationResult::text. A subword tokenizer plugs its decoder in here.
+using Detokenizer = std::function<std::string(std::span<const std::int32_t>)>;
+/// The default: id i < 256 is the byte i (the byte tokenizer); larger ids
+/// become U+FFFD.
+std::string bytes_detokenizer(std::span<const std::int32_t> tokens);
+
+/// Sampling follows Hugging Face's order of logits processors: repetition
+/// penalty, then temperature, top-k, top-p; then one draw.
 struct GenerationOptions {
   std::int64_t max_new_tokens = 64;
   /// 0 = greedy (argmax); otherwise logits are divided by it before sampling.
@@ -46,16 +56,58 @@ struct GenerationOptions {
   /// Keep only the k most likely tokens when sampling; 0 = all.
   std::int64_t top_k = 0;
   std::uint64_t seed = 0;
+  /// Nucleus sampling: keep the smallest set of the most likely tokens whose
+  /// probability (after temperature and top-k) adds up to at least top_p.
+  /// In (0, 1]; 1 = off.
+  float top_p = 1.0F;
+  /// CTRL / Hugging Face: the logit of every token already in the prompt or
+  /// generated (each once) is divided by it when positive, multiplied by it
+  /// when negative, before anything else (greedy too). > 0 and finite; 1 = off.
+  float repetition_penalty = 1.0F;
+  /// Text-level stop strings (non-empty): generation stops as soon as the
+  /// detokenized new text contains one; GenerationResult::text ends before
+  /// it. A stop string may span several tokens.
+  std::vector<std::string> stop;
+  /// Independent samples for generate_samples(): sample i draws from
+  /// Random(seed + i · 0x9E3779B97F4A7C15) (mod 2^64), so sample 0 is what
+  /// generate() gives with the same seed. generate() needs 1.
+  std::int64_t num_samples = 1;
+  /// Empty: bytes_detokenizer.
+  Detokenizer detokenize;
+  /// ValueError naming the option.
+  void validate() const;
 };
 
 struct GenerationResult {
-  std::vector<std::int32_t> tokens;  // the new tokens only
+  /// The new tokens only. With a stop string: up to and including the token
+  /// that completed it (text excludes the stop string itself).
+  std::vector<std::int32_t> tokens;
   bool reached_context = false;      // stopped early: the context is full
   std::string message;               // why it stopped, for a person
+  std::string text;                  // detokenize(tokens), cut before a matched stop string
+  std::int64_t stop_index = -1;      // which of options.stop matched; -1: none
 };
 
 /// Feeds `prompt` (non-empty) through a DecodeSession, then samples.
+/// options.num_samples must be 1 (see generate_samples).
 GenerationResult generate(const DecoderOnlyTransformer& model, std::span<const std::int32_t> prompt,
                           const GenerationOptions& options);
+/// options.num_samples independent continuations of `prompt`, in order.
+std::vector<GenerationResult> generate_samples(const DecoderOnlyTransformer& model,
+                                               std::span<const std::int32_t> prompt, const GenerationOptions& options);
+
+/// The distribution one sampling step draws from, for inspection and tests:
+/// `logits` after the repetition penalty over `history`, temperature (> 0),
+/// top-k and top-p; candidates in descending probability order (ties: lower
+/// id first), probabilities normalized to sum to 1.
+struct SamplingCandidates {
+  std::vector<std::int32_t> tokens;
+  std::vector<double> probabilities;
+};
+SamplingCandidates sampling_candidates(std::span<const float> logits, std::span<const std::int32_t> history,
+                                       const GenerationOptions& options);
+/// The repetition penalty in place (each token of `history` once; ids
+/// outside `logits` are a ValueError).
+void apply_repetition_penalty(std::span<float> logits, std::span<const std::int32_t> history, float penalty);
 
 }  // namespace riftco_transformer

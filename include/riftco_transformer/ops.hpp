@@ -36,6 +36,10 @@ Variable mean(const Variable& x);  // all elements → scalar
 Variable reshape(const Variable& x, const Shape& shape);
 Variable transpose(const Variable& x, std::int64_t dim0, std::int64_t dim1);
 Variable permute(const Variable& x, const std::vector<std::int64_t>& dims);
+/// x (B, G, T, D) → (B, G·groups, T, D): head h of the result is head
+/// h / groups of x (grouped-query attention shares each key/value head among
+/// `groups` query heads). The backward sums the gradients of each group.
+Variable repeat_heads(const Variable& x, std::int64_t groups);
 
 // ---- transformer pieces ---------------------------------------------------
 /// weight (V, C), ids with shape ids_shape → (ids_shape..., C). Backward

@@ -18,6 +18,7 @@
 #include <optional>
 #include <string>
 
+#include "riftco_transformer/adam.hpp"
 #include "riftco_transformer/lora.hpp"
 #include "riftco_transformer/tokenizer.hpp"
 #include "riftco_transformer/transformer.hpp"
@@ -36,14 +37,26 @@ struct StageSettings {
   /// A SentencePiece model file (train_tokenizer, `rt-train tokenizer`);
   /// empty: the byte tokenizer. The model's vocabulary must match it.
   std::filesystem::path tokenizer;
-  std::int64_t steps = 200;
+  std::int64_t steps = 200;  // optimizer steps
+  /// Rows per micro-batch (Hugging Face's per_device_train_batch_size): one
+  /// forward/backward pass. Each optimizer step sums the gradients of
+  /// gradient_accumulation_steps micro-batches, so the effective batch is
+  /// batch × gradient_accumulation_steps rows.
   std::int64_t batch = 8;
+  /// K micro-batches per optimizer step (1: no accumulation). The gradient
+  /// equals that of one K×batch batch: micro-batch k's mean loss is weighted
+  /// by its share of the real (non-ignored) targets. Checkpoints are written
+  /// only between optimizer steps; resume refuses a different K.
+  std::int64_t gradient_accumulation_steps = 1;
   std::int64_t sequence_length = 64;
 
   float learning_rate = 3.0e-3F;  // peak, after linear warmup
   std::int64_t warmup_steps = 20;
   float min_learning_rate_ratio = 0.1F;  // cosine decay ends at lr · ratio
-  float weight_decay = 0.01F;
+  float weight_decay = 0.01F;  // decoupled; never applied to norm weights (see default_parameter_groups)
+  /// Decay the token embedding and the LM head too (nanoGPT and Hugging
+  /// Face do: true). false puts them in the "no_decay" group.
+  bool decay_embeddings = true;
   float max_grad_norm = 1.0F;  // 0 disables clipping
   float beta1 = 0.9F;
   float beta2 = 0.95F;
@@ -60,6 +73,14 @@ struct StageSettings {
   /// cosine decay to learning_rate · min_learning_rate_ratio at the last step.
   float learning_rate_at(std::int64_t step) const;
 };
+
+/// Adam's parameter groups for a stage, from the parameters' names:
+/// "decay" (weight_decay) and "no_decay" (0), in that order, each keeping
+/// the given order. no_decay holds every RMSNorm weight (a name containing
+/// "norm"), plus token_embedding.weight and lm_head.weight when
+/// decay_embeddings is false. LoRA adapters are decayed like any weight.
+std::vector<ParameterGroup> default_parameter_groups(const std::vector<NamedParameter>& parameters,
+                                                     float weight_decay, bool decay_embeddings);
 
 struct PretrainingConfig : StageSettings {
   /// vocab_size must match the tokenizer; left at 256 with a subword
@@ -101,11 +122,11 @@ struct PostTrainingConfig : StageSettings {
 struct StepReport {
   std::int64_t step = 0;  // 1-based: steps completed
   std::int64_t total_steps = 0;
-  float loss = 0.0F;
+  float loss = 0.0F;  // mean over the step's K micro-batches' real targets
   std::optional<float> validation_loss;  // on evaluation steps
   float learning_rate = 0.0F;
   float grad_norm = 0.0F;
-  double tokens_per_second = 0.0;  // over this run's steps so far
+  double tokens_per_second = 0.0;  // over this run's steps so far, every micro-batch counted
   double elapsed_seconds = 0.0;
   double eta_seconds = 0.0;
   std::int64_t peak_bytes = 0;  // allocator peak so far in this run

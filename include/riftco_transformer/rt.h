@@ -114,6 +114,16 @@ typedef struct rt_transformer_config {
   int64_t layers;
   int64_t feed_forward_width;
   float norm_epsilon;
+  /* Appended after ABI 2.0 (a struct_size that ends before them gets the
+   * defaults): key/value heads for grouped-query attention (0 = heads), the
+   * RoPE base (10000), and nonzero tie_embeddings for an LM head that is the
+   * token embedding. Inside rt_pretraining_config: a caller whose
+   * rt_pretraining_config struct_size is ABI 2.0's has the 2.0 layout there
+   * (the library reads and writes it as such); a newer caller's `model` has
+   * these fields too. */
+  int64_t key_value_heads;
+  float rope_base;
+  int32_t tie_embeddings;
 } rt_transformer_config;
 /* Fills the first struct_size bytes with the defaults and sets struct_size;
  * use the inline rt_transformer_config_default, which passes the caller's sizeof. */
@@ -151,6 +161,17 @@ typedef struct rt_generation_options {
   float temperature; /* 0 = greedy */
   int64_t top_k;     /* 0 = all */
   uint64_t seed;
+  /* Appended after ABI 2.0 (a struct_size that ends before a field gets its
+   * default). top_p: nucleus sampling in (0, 1], 1 = off. repetition_penalty:
+   * > 0, 1 = off (CTRL / Hugging Face). stop: stop_count NUL-terminated
+   * strings (NULL when stop_count is 0): generation stops when the new text
+   * (bytes) contains one. num_samples: rt_generate_samples makes that many
+   * (sample i seeded seed + i * 0x9E3779B97F4A7C15); rt_generate needs 1. */
+  float top_p;
+  float repetition_penalty;
+  const char* const* stop;
+  size_t stop_count;
+  int64_t num_samples;
 } rt_generation_options;
 /* Fills the first struct_size bytes with the defaults and sets struct_size;
  * use the inline rt_generation_options_default, which passes the caller's sizeof. */
@@ -172,6 +193,7 @@ typedef struct rt_model rt_model;                   /* a DecoderOnlyTransformer 
 typedef struct rt_variable rt_variable;             /* a graph node: a loss, logits, a parameter */
 typedef struct rt_adam rt_adam;                     /* an optimizer over some parameters */
 typedef struct rt_decode_session rt_decode_session; /* incremental decoding with a K/V cache */
+typedef struct rt_generation rt_generation;         /* the samples of one rt_generate_samples call */
 
 /* ---- model ---------------------------------------------------------------------------- */
 
@@ -221,6 +243,14 @@ RT_API rt_status rt_model_has_lora(const rt_model* model, int* has_lora);
 /* State files (safetensors). flags: RT_LOAD_* bits. */
 RT_API rt_status rt_model_save(const rt_model* model, const char* path);
 RT_API rt_status rt_model_load(rt_model* model, const char* path, uint32_t flags);
+/* Hugging Face transformers Llama checkpoints (LlamaForCausalLM; config.json
+ * plus model.safetensors or model.safetensors.index.json and shards; F32, F16
+ * or BF16). from_hf: checkpoint directory → model-state file. to_hf:
+ * model-state file → directory (created when missing) holding config.json and
+ * model.safetensors. Unsupported config fields (rope_scaling, biases, ...) are
+ * RT_ERROR_MODEL_STATE naming the field. flags: RT_LOAD_ALLOW_NON_FINITE. */
+RT_API rt_status rt_convert_from_hf(const char* directory, const char* output, uint32_t flags);
+RT_API rt_status rt_convert_to_hf(const char* model_state, const char* directory, uint32_t flags);
 /* A new model of the file's dimensions with its weights. */
 RT_API rt_status rt_model_load_new(const char* path, rt_attention attention,
                                    rt_activation_checkpointing activation_checkpointing, uint32_t flags,
@@ -258,6 +288,14 @@ RT_API rt_status rt_variable_leaf(const rt_variable* variable, size_t index, rt_
 /* Over every parameter of the model that requires grad now (base weights and
  * active adapters; frozen ones are left out). */
 RT_API rt_status rt_adam_create(rt_model* model, const rt_adam_options* options, rt_adam** out);
+/* The same parameters in two groups, as the stage pipelines use them:
+ * "decay" (options->weight_decay) and "no_decay" (0: every RMSNorm weight,
+ * plus the token embedding and LM head when decay_embeddings is 0). */
+RT_API rt_status rt_adam_create_grouped(rt_model* model, const rt_adam_options* options, int decay_embeddings,
+                                        rt_adam** out);
+/* The weight decay Adam applies to the named parameter (RT_ERROR_VALUE when
+ * this Adam does not train it). */
+RT_API rt_status rt_adam_weight_decay(const rt_adam* adam, const char* parameter_name, float* weight_decay);
 RT_API rt_status rt_adam_destroy(rt_adam* adam);
 /* *grad_norm (may be NULL): the global gradient norm before clipping. */
 RT_API rt_status rt_adam_step(rt_adam* adam, float* grad_norm);
@@ -280,6 +318,20 @@ RT_API rt_status rt_decode_session_position(const rt_decode_session* session, in
 RT_API rt_status rt_generate(const rt_model* model, const int32_t* prompt, size_t prompt_length,
                              const rt_generation_options* options, int32_t* tokens, size_t capacity, size_t* count,
                              int* reached_context);
+/* options->num_samples independent samples; read them with
+ * rt_generation_sample, free with rt_generation_destroy. */
+RT_API rt_status rt_generate_samples(const rt_model* model, const int32_t* prompt, size_t prompt_length,
+                                     const rt_generation_options* options, rt_generation** out);
+RT_API rt_status rt_generation_sample_count(const rt_generation* generation, size_t* count);
+/* Sample `index`: its new tokens (with a stop string: up to and including the
+ * token that completed it), its text as bytes (cut before the stop string;
+ * not NUL-terminated, text_length bytes), and (each may be NULL) stop_index
+ * (which of options->stop matched, -1 none) and reached_context. The
+ * pointers stay valid until rt_generation_destroy. */
+RT_API rt_status rt_generation_sample(const rt_generation* generation, size_t index, const int32_t** tokens,
+                                      size_t* token_count, const char** text, size_t* text_length,
+                                      int64_t* stop_index, int* reached_context);
+RT_API rt_status rt_generation_destroy(rt_generation* generation);
 
 /* ---- memory ------------------------------------------------------------------------------------- */
 
@@ -316,14 +368,21 @@ typedef struct rt_stage_settings {
   int resume;
 } rt_stage_settings;
 
+/* A caller compiled against ABI 2.0 passes 2.0's (smaller) struct_size and
+ * its `model` has the 2.0 layout; the library honours both. */
 typedef struct rt_pretraining_config {
   size_t struct_size;
   rt_stage_settings stage;
   rt_transformer_config model; /* its own struct_size must be set too */
   double validation_fraction;
-  /* Appended after 2.0: a SentencePiece model file (rt_train_tokenizer); NULL or "": the
-   * byte tokenizer. model.vocab_size left at 256 takes the tokenizer's. A
-   * 2.0 caller's smaller struct_size reads it as NULL. */
+  /* Appended after ABI 2.0 (a smaller struct_size gets the defaults 1 and 1):
+   * micro-batches per optimizer step (stage.batch is the micro-batch), and
+   * whether the token embedding and LM head are weight-decayed. */
+  int64_t gradient_accumulation_steps;
+  int decay_embeddings;
+  /* Appended after the fields above: a SentencePiece model file
+   * (rt_train_tokenizer); NULL or "": the byte tokenizer. model.vocab_size
+   * left at 256 takes the tokenizer's. A smaller struct_size reads it as NULL. */
   const char* tokenizer;
 } rt_pretraining_config;
 /* Fills the first struct_size bytes with the defaults and sets struct_size;
@@ -338,9 +397,13 @@ typedef struct rt_post_training_config {
   int allow_non_finite;
   rt_fine_tuning_method fine_tuning_method;
   rt_lora_config lora; /* its own struct_size must be set too */
-  /* Appended after 2.0: the SentencePiece model file the base model records (NULL or "":
-   * bytes); another one, or none for a base that records one, is
-   * RT_ERROR_VALUE naming both checksums. */
+  /* Appended after ABI 2.0, as in rt_pretraining_config. */
+  int64_t gradient_accumulation_steps;
+  int decay_embeddings;
+  /* Appended after the fields above: the SentencePiece model file the base
+   * model records (NULL or "": bytes); another one, or none for a base that
+   * records one, is RT_ERROR_VALUE naming both checksums. A smaller
+   * struct_size reads it as NULL. */
   const char* tokenizer;
 } rt_post_training_config;
 /* Fills the first struct_size bytes with the defaults and sets struct_size;

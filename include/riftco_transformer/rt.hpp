@@ -149,6 +149,14 @@ class Model {
   ModelHandle handle_;
 };
 
+/// Hugging Face Llama checkpoint directory → model-state file, and back.
+inline void convert_from_hf(const std::string& directory, const std::string& output, uint32_t flags = 0) {
+  check(rt_convert_from_hf(directory.c_str(), output.c_str(), flags));
+}
+inline void convert_to_hf(const std::string& model_state, const std::string& directory, uint32_t flags = 0) {
+  check(rt_convert_to_hf(model_state.c_str(), directory.c_str(), flags));
+}
+
 class Adam {
  public:
   explicit Adam(Model& model) {
@@ -162,6 +170,18 @@ class Adam {
     rt_adam* a = nullptr;
     check(rt_adam_create(model.get(), &options, &a));
     handle_.reset(a);
+  }
+  /// Two parameter groups: no weight decay on norm weights (and on the
+  /// embedding and LM head unless decay_embeddings); rt_adam_create_grouped.
+  Adam(Model& model, const rt_adam_options& options, bool decay_embeddings) {
+    rt_adam* a = nullptr;
+    check(rt_adam_create_grouped(model.get(), &options, decay_embeddings ? 1 : 0, &a));
+    handle_.reset(a);
+  }
+  float weight_decay(const std::string& parameter_name) const {
+    float wd = 0.0F;
+    check(rt_adam_weight_decay(handle_.get(), parameter_name.c_str(), &wd));
+    return wd;
   }
   float step() {
     float norm = 0.0F;

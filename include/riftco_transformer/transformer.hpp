@@ -2,7 +2,10 @@
 // Decoder-only transformer: token embedding → L blocks of
 //   [RMSNorm → causal multi-head self-attention with RoPE → residual;
 //    RMSNorm → SwiGLU MLP → residual]
-// → final RMSNorm → untied LM head. No biases.
+// → final RMSNorm → LM head (untied by default). No biases. Optional
+// grouped-query attention (fewer key/value heads than query heads, query head
+// h reads key/value head h / (heads / key_value_heads)), a configurable RoPE
+// base and an LM head tied to the token embedding.
 //
 // Initialization: every weight matrix ~ N(0, 0.02²); the two residual
 // projections of each block (attention output, MLP down) ~ N(0, (0.02/√(2L))²);
@@ -26,17 +29,36 @@ struct TransformerDimensions {
   std::int64_t heads = 4;
   std::int64_t layers = 4;
   std::int64_t feed_forward_width = 344;
+  /// Key/value heads (grouped-query attention). 0 (the default) or `heads`
+  /// is ordinary multi-head attention; otherwise heads % key_value_heads == 0.
+  std::int64_t key_value_heads = 0;
+  /// RoPE base: pair i of a head rotates by position · rope_base^(-2i/D).
+  float rope_base = 10000.0F;
+  /// The LM head is the token embedding (one parameter, both uses' gradients add).
+  bool tie_embeddings = false;
 
-  /// Throws ValueError naming the bad field: every field > 0, model_width
-  /// divisible by heads, an even head width (RoPE rotates pairs).
+  /// Throws ValueError naming the bad field: every size > 0, model_width
+  /// divisible by heads, an even head width (RoPE rotates pairs), heads
+  /// divisible by key_value_heads, a finite rope_base > 1.
   void validate() const;
   std::int64_t head_width() const { return model_width / heads; }
+  /// The effective key/value head count (key_value_heads, 0 meaning heads).
+  std::int64_t kv_heads() const { return key_value_heads == 0 ? heads : key_value_heads; }
+  /// Rows of the key and value projections: kv_heads() · head_width().
+  std::int64_t kv_width() const { return kv_heads() * head_width(); }
   /// Parameters a model of these dimensions has (no adapters).
   std::int64_t parameter_count() const {
     const std::int64_t c = model_width;
-    return 2 * vocab_size * c + c + layers * (2 * c + 4 * c * c + 3 * c * feed_forward_width);
+    const std::int64_t kv = heads > 0 ? kv_width() : 0;
+    return (tie_embeddings ? 1 : 2) * vocab_size * c + c +
+           layers * (2 * c + 2 * c * c + 2 * kv * c + 3 * c * feed_forward_width);
   }
-  bool operator==(const TransformerDimensions&) const = default;
+  /// Field by field, key_value_heads compared by kv_heads() (0 == heads).
+  bool operator==(const TransformerDimensions& o) const {
+    return vocab_size == o.vocab_size && context_length == o.context_length && model_width == o.model_width &&
+           heads == o.heads && layers == o.layers && feed_forward_width == o.feed_forward_width &&
+           kv_heads() == o.kv_heads() && rope_base == o.rope_base && tie_embeddings == o.tie_embeddings;
+  }
 };
 
 /// How a training forward retains activations. Not architecture: it is not in
@@ -69,7 +91,7 @@ struct NamedParameter {
 /// (added by the LoRA layer) sit beside the projection they adapt.
 struct BlockWeights {
   Variable attention_norm;               // (C)
-  Variable query, key, value, output;    // (C, C)
+  Variable query, key, value, output;    // query, output (C, C); key, value (KVH·D, C)
   Variable mlp_norm;                     // (C)
   Variable gate, up;                     // (F, C)
   Variable down;                         // (C, F)
@@ -131,6 +153,7 @@ class DecoderOnlyTransformer {
 
   const Variable& token_embedding() const;
   const Variable& final_norm() const;
+  /// The LM head weight (the token embedding itself when tie_embeddings).
   const Variable& lm_head() const;
   const std::vector<BlockWeights>& blocks() const;
   /// The leaves block `index` uses, in a fixed order (its checkpoint

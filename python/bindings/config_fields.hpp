@@ -20,7 +20,15 @@ class ConfigClass {
   template <class T, class Base>
   ConfigClass& field(const char* name, T Base::*member, const char* type, const char* doc = "") {
     cls_.def_rw(name, static_cast<T C::*>(member), doc);
-    add(name, type, [member](C& c, nb::handle v) { c.*member = nb::cast<T>(v); },
+    const std::string label = name_ + "." + name + " expects " + type;
+    add(name, type,
+        [member, label](C& c, nb::handle v) {
+          try {
+            c.*member = nb::cast<T>(v);
+          } catch (const nb::cast_error&) {  // a TypeError naming the field, as attribute assignment gives
+            throw nb::type_error((label + ", got " + nb::cast<std::string>(nb::str(v.type().attr("__name__")))).c_str());
+          }
+        },
         [member](const C& c) { return nb::cast(c.*member, nb::rv_policy::copy); });
     return *this;
   }

@@ -1,4 +1,6 @@
 // Incremental decoding, generation and the byte tokenizer (decode.hpp, data.hpp).
+#include <optional>
+
 #include "common.hpp"
 #include "riftco_transformer/data.hpp"
 #include "riftco_transformer/decode.hpp"
@@ -11,12 +13,58 @@ struct Generated {
   std::string text;
   bool reached_context = false;
   std::string message;
+  std::optional<std::int64_t> stop_index;
 };
 
 nb::str decode_text(const std::vector<std::int32_t>& ids) {
   const std::string bytes = rt::ByteTokenizer{}.decode(ids);
   nb::bytes raw(bytes.data(), bytes.size());
   return nb::str(raw.attr("decode")("utf-8", "replace"));
+}
+
+nb::str text_of_bytes(const std::string& bytes) {
+  nb::bytes raw(bytes.data(), bytes.size());
+  return nb::str(raw.attr("decode")("utf-8", "replace"));
+}
+
+Generated to_python(const rt::GenerationResult& r) {
+  Generated g{r.tokens, "", r.reached_context, r.message, std::nullopt};
+  if (r.stop_index >= 0) {
+    g.stop_index = r.stop_index;
+    g.text = nb::cast<std::string>(text_of_bytes(r.text));  // cut before the stop string
+  } else {
+    g.text = nb::cast<std::string>(decode_text(r.tokens));
+  }
+  return g;
+}
+
+/// generate()'s keyword arguments as GenerationOptions (stop: a str or a list of str).
+rt::GenerationOptions options_of(std::int64_t max_new_tokens, float temperature, std::int64_t top_k, std::uint64_t seed,
+                                 float top_p, float repetition_penalty, nb::handle stop, std::int64_t num_samples) {
+  rt::GenerationOptions o;
+  o.max_new_tokens = max_new_tokens;
+  o.temperature = temperature;
+  o.top_k = top_k;
+  o.seed = seed;
+  o.top_p = top_p;
+  o.repetition_penalty = repetition_penalty;
+  o.num_samples = num_samples;
+  if (nb::isinstance<nb::str>(stop)) {
+    o.stop.push_back(nb::cast<std::string>(stop));
+  } else if (!stop.is_none()) {
+    if (!nb::isinstance<nb::iterable>(stop)) throw rt::ValueError("[generate] stop must be a str or a list of str");
+    for (nb::handle s : nb::borrow<nb::iterable>(stop)) {
+      if (!nb::isinstance<nb::str>(s)) throw rt::ValueError("[generate] stop must be a str or a list of str");
+      o.stop.push_back(nb::cast<std::string>(s));
+    }
+  }
+  o.validate();
+  return o;
+}
+
+std::vector<std::int32_t> prompt_ids(nb::handle prompt) {
+  return nb::isinstance<nb::str>(prompt) ? rt::ByteTokenizer{}.encode(nb::cast<std::string>(prompt))
+                                         : tokens_from_python(prompt, "generate").ids;
 }
 
 }  // namespace
@@ -54,33 +102,56 @@ void init_decode(nb::module_& m) {
       .def_ro("text", &Generated::text)
       .def_ro("reached_context", &Generated::reached_context)
       .def_ro("message", &Generated::message)
+      .def_ro("stop_index", &Generated::stop_index, "which stop string ended it (None: none did)")
       .def("__str__", [](const Generated& g) { return g.text; })
       .def("__repr__", [](const Generated& g) {
         return "GenerationResult(text=" + nb::cast<std::string>(nb::repr(nb::str(g.text.c_str()))) + ", tokens=" +
-               std::to_string(g.tokens.size()) + ", reached_context=" + (g.reached_context ? "True" : "False") + ")";
+               std::to_string(g.tokens.size()) + ", reached_context=" + (g.reached_context ? "True" : "False") +
+               (g.stop_index ? ", stop_index=" + std::to_string(*g.stop_index) : std::string()) + ")";
       });
 
   const rt::GenerationOptions d{};
   nb::handle model_type = nb::type<rt::DecoderOnlyTransformer>();
   model_type.attr("generate") = nb::cpp_function(
       [](const rt::DecoderOnlyTransformer& model, nb::handle prompt, std::int64_t max_new_tokens, float temperature,
-         std::int64_t top_k, std::uint64_t seed) {
-        std::vector<std::int32_t> ids = nb::isinstance<nb::str>(prompt)
-                                            ? rt::ByteTokenizer{}.encode(nb::cast<std::string>(prompt))
-                                            : tokens_from_python(prompt, "generate").ids;
-        const rt::GenerationOptions options{max_new_tokens, temperature, top_k, seed};
+         std::int64_t top_k, std::uint64_t seed, float top_p, float repetition_penalty, nb::handle stop) {
+        const std::vector<std::int32_t> ids = prompt_ids(prompt);
+        const rt::GenerationOptions options =
+            options_of(max_new_tokens, temperature, top_k, seed, top_p, repetition_penalty, stop, 1);
         rt::GenerationResult r;
         {
           nb::gil_scoped_release release;
           r = rt::generate(model, ids, options);
         }
-        Generated g{r.tokens, "", r.reached_context, r.message};
-        g.text = nb::cast<std::string>(decode_text(r.tokens));
-        return g;
+        return to_python(r);
       },
       nb::scope(model_type), nb::is_method(), nb::name("generate"), "prompt"_a, nb::kw_only(), "max_new_tokens"_a = d.max_new_tokens,
-      "temperature"_a = d.temperature, "top_k"_a = d.top_k, "seed"_a = d.seed,
-      "Continues `prompt` (text, encoded as bytes, or token ids). temperature 0: greedy. Releases the GIL.");
+      "temperature"_a = d.temperature, "top_k"_a = d.top_k, "seed"_a = d.seed, "top_p"_a = d.top_p,
+      "repetition_penalty"_a = d.repetition_penalty, "stop"_a = nb::none(),
+      "Continues `prompt` (text, encoded as bytes, or token ids). temperature 0: greedy. top_p in (0, 1]\n"
+      "(1: off), repetition_penalty > 0 (1: off), stop: a str or list of str ending the text (excluded\n"
+      "from .text). Releases the GIL.");
+  model_type.attr("generate_samples") = nb::cpp_function(
+      [](const rt::DecoderOnlyTransformer& model, nb::handle prompt, std::int64_t num_samples,
+         std::int64_t max_new_tokens, float temperature, std::int64_t top_k, std::uint64_t seed, float top_p,
+         float repetition_penalty, nb::handle stop) {
+        const std::vector<std::int32_t> ids = prompt_ids(prompt);
+        const rt::GenerationOptions options =
+            options_of(max_new_tokens, temperature, top_k, seed, top_p, repetition_penalty, stop, num_samples);
+        std::vector<rt::GenerationResult> r;
+        {
+          nb::gil_scoped_release release;
+          r = rt::generate_samples(model, ids, options);
+        }
+        std::vector<Generated> out;
+        for (const rt::GenerationResult& one : r) out.push_back(to_python(one));
+        return out;
+      },
+      nb::scope(model_type), nb::is_method(), nb::name("generate_samples"), "prompt"_a, nb::kw_only(),
+      "num_samples"_a, "max_new_tokens"_a = d.max_new_tokens, "temperature"_a = d.temperature, "top_k"_a = d.top_k,
+      "seed"_a = d.seed, "top_p"_a = d.top_p, "repetition_penalty"_a = d.repetition_penalty, "stop"_a = nb::none(),
+      "num_samples independent continuations (a list of GenerationResult); sample i uses the seed\n"
+      "seed + i * 0x9E3779B97F4A7C15 (mod 2**64), so sample 0 is generate(seed=seed). Releases the GIL.");
 }
 
 }  // namespace riftco_python

@@ -3,6 +3,7 @@
 
 #include "common.hpp"
 #include "riftco_transformer/adapter_state.hpp"
+#include "riftco_transformer/hf_llama.hpp"
 #include "riftco_transformer/model_state.hpp"
 
 namespace riftco_python {
@@ -39,6 +40,35 @@ void init_io(nb::module_& m) {
       "allow_non_finite"_a = false,
       "A model of the file's dimensions with its weights; the policies are yours (the file has none).");
 
+  m.def(
+      "convert_from_hf",
+      [](const path& directory, const path& output, bool allow_non_finite) {
+        nb::gil_scoped_release release;
+        rt::convert_from_hf(directory, output, rt::LoadOptions{allow_non_finite, false});
+      },
+      "directory"_a, "output"_a, nb::kw_only(), "allow_non_finite"_a = false,
+      "A transformers LlamaForCausalLM checkpoint directory (config.json + safetensors, single or sharded) → a "
+      "model-state file. ModelStateError names any config.json field this model cannot represent.");
+  m.def(
+      "convert_to_hf",
+      [](const path& model_state, const path& directory, bool allow_non_finite) {
+        nb::gil_scoped_release release;
+        rt::convert_to_hf(model_state, directory, rt::LoadOptions{allow_non_finite, false});
+      },
+      "model_state"_a, "directory"_a, nb::kw_only(), "allow_non_finite"_a = false,
+      "A model-state file → a transformers checkpoint directory (config.json, model.safetensors).");
+  m.def(
+      "load_hf_llama",
+      [](const path& directory, const std::string& attention, const std::string& activation_checkpointing,
+         bool allow_non_finite) {
+        nb::gil_scoped_release release;
+        return rt::load_hf_llama(directory, rt::parse_attention_kind(attention),
+                                 rt::parse_activation_checkpointing(activation_checkpointing),
+                                 rt::LoadOptions{allow_non_finite, false});
+      },
+      "directory"_a, nb::kw_only(), "attention"_a = "materialized", "activation_checkpointing"_a = "disabled",
+      "allow_non_finite"_a = false, "A model read from a transformers Llama checkpoint directory.");
+
   nb::handle cls = nb::type<DecoderOnlyTransformer>();
   auto method = [&](const char* name, auto f, auto... extra) {
     cls.attr(name) = nb::cpp_function(std::move(f), nb::scope(cls), nb::is_method(), nb::name(name), extra...);
@@ -49,6 +79,10 @@ void init_io(nb::module_& m) {
     nb::gil_scoped_release release;
     rt::save_model_state(model, file);
   }, "path"_a, "Writes the weights and dimensions (safetensors; atomic).");
+  method("save_hf", [](const DecoderOnlyTransformer& model, const path& directory) {
+    nb::gil_scoped_release release;
+    rt::save_hf_llama(model, directory);
+  }, "directory"_a, "Writes a transformers Llama checkpoint (config.json, model.safetensors; atomic files).");
   method("load_state", [](DecoderOnlyTransformer& model, const path& file, bool allow_non_finite) {
     nb::gil_scoped_release release;
     rt::load_model_state(model, file, rt::LoadOptions{allow_non_finite, false});

@@ -38,16 +38,21 @@ void init_model(nb::module_& m) {
   m.attr("ACTIVATION_CHECKPOINTING_KINDS") = nb::tuple(checkpointing);
 
   using Dims = rt::TransformerDimensions;
-  ConfigClass<Dims>(m, "TransformerConfig", "Model architecture: the six dimensions of a decoder-only transformer.")
+  ConfigClass<Dims>(m, "TransformerConfig", "Model architecture of a decoder-only transformer: six sizes, grouped-query attention, RoPE base, tied embeddings.")
       .field("vocab_size", &Dims::vocab_size, "int")
       .field("context_length", &Dims::context_length, "int")
       .field("model_width", &Dims::model_width, "int")
       .field("heads", &Dims::heads, "int")
       .field("layers", &Dims::layers, "int")
       .field("feed_forward_width", &Dims::feed_forward_width, "int")
+      .field("key_value_heads", &Dims::key_value_heads, "int",
+             "key/value heads (grouped-query attention); 0 = heads (ordinary multi-head attention)")
+      .real("rope_base", &Dims::rope_base, "RoPE base (theta)")
+      .field("tie_embeddings", &Dims::tie_embeddings, "bool", "the LM head is the token embedding")
       .finish()
       .def("validate", &Dims::validate, "ValueError naming the bad field.")
       .def_prop_ro("head_width", &Dims::head_width)
+      .def_prop_ro("kv_heads", &Dims::kv_heads, "The effective key/value head count (key_value_heads or heads).")
       .def("parameter_count", &Dims::parameter_count, "Parameters of a model of these dimensions (no adapters).")
       .def(nb::self == nb::self);
 

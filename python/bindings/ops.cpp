@@ -22,6 +22,8 @@ void init_ops(nb::module_& m) {
   m.def("reshape", [](const Variable& x, const rt::Shape& shape) { return rt::reshape(x, shape); }, "x"_a, "shape"_a);
   m.def("transpose", &rt::transpose, "x"_a, "dim0"_a, "dim1"_a);
   m.def("permute", &rt::permute, "x"_a, "dims"_a);
+  m.def("repeat_heads", &rt::repeat_heads, "x"_a, "groups"_a,
+        "(B, G, T, D) → (B, G·groups, T, D), head h reading head h // groups (grouped-query attention).");
   m.def("rms_norm", &rt::rms_norm, "x"_a, "weight"_a, "eps"_a = 1.0e-5F);
   m.def("softmax", &rt::softmax, "x"_a);
   m.def("causal_mask", &rt::causal_mask, "scores"_a, "offset"_a = 0);

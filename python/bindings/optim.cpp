@@ -1,38 +1,165 @@
 // Adam (adam.hpp): bias-corrected, decoupled weight decay, optional clipping.
 #include "common.hpp"
 #include "riftco_transformer/adam.hpp"
+#include "riftco_transformer/gradient_accumulator.hpp"
+#include "riftco_transformer/pipelines.hpp"
 
 namespace riftco_python {
 
+namespace {
+
+rt::ParameterGroup group_from_dict(const nb::dict& d, std::size_t index) {
+  const std::string where = "[Adam] parameter group " + std::to_string(index);
+  rt::ParameterGroup g;
+  g.name = "group " + std::to_string(index);
+  for (auto [key, value] : d) {
+    if (!nb::isinstance<nb::str>(key)) throw rt::ValueError(where + ": keys must be strings");
+    const std::string k = nb::cast<std::string>(key);
+    if (k == "params") {
+      if (!nb::isinstance<nb::iterable>(value)) throw rt::ValueError(where + ": 'params' must be a list of Variables");
+      for (nb::handle p : nb::borrow<nb::iterable>(value)) {
+        if (!nb::isinstance<rt::Variable>(p)) throw rt::ValueError(where + ": 'params' must hold Variables");
+        g.parameters.push_back(nb::cast<rt::Variable>(p));
+      }
+    } else if (k == "weight_decay") {
+      if (!nb::isinstance<nb::float_>(value) && !nb::isinstance<nb::int_>(value)) {
+        throw rt::ValueError(where + ": 'weight_decay' must be a number");
+      }
+      g.weight_decay = nb::cast<float>(value);
+    } else if (k == "name") {
+      if (!nb::isinstance<nb::str>(value)) throw rt::ValueError(where + ": 'name' must be a string");
+      g.name = nb::cast<std::string>(value);
+    } else {
+      throw rt::ValueError(where + ": unknown key '" + k + "' (expected 'params', 'weight_decay', 'name')");
+    }
+  }
+  if (!d.contains("params")) throw rt::ValueError(where + ": 'params' is missing");
+  return g;
+}
+
+}  // namespace
+
 void init_optim(nb::module_& m) {
+  nb::class_<rt::GradientAccumulator>(
+      m, "GradientAccumulator",
+      "Explicit gradient accumulation: backward() replaces gradients (no implicit += as in PyTorch), so\n"
+      "after each micro-batch's backward() call add(weight), then Adam.step(accumulator), then clear().")
+      .def(
+          "__init__",
+          [](rt::GradientAccumulator* self, nb::iterable parameters) {
+            std::vector<rt::Variable> params;
+            for (nb::handle p : parameters) params.push_back(nb::cast<rt::Variable>(p));
+            new (self) rt::GradientAccumulator(std::move(params));
+          },
+          "parameters"_a, "Use the Adam's own .parameters (the order must match).")
+      .def(
+          "add",
+          [](rt::GradientAccumulator& a, float weight) {
+            nb::gil_scoped_release release;
+            a.add(weight);
+          },
+          "weight"_a = 1.0F, "Adds weight * each parameter's current gradient to its sum.")
+      .def_prop_ro("count", &rt::GradientAccumulator::count, "add() calls since the last clear()")
+      .def_prop_ro(
+          "gradients",
+          [](const rt::GradientAccumulator& a) {
+            nb::list out;
+            for (const rt::Tensor& t : a.gradients()) {
+              if (t.defined()) {
+                out.append(to_numpy(t));
+              } else {
+                out.append(nb::none());
+              }
+            }
+            return out;
+          },
+          "The sums as read-only numpy views (a later add() changes them), None where nothing was added.")
+      .def("clear", &rt::GradientAccumulator::clear, "Drops every sum.");
+
+  m.def(
+      "default_parameter_groups",
+      [](nb::iterable parameters, float weight_decay, bool decay_embeddings) {
+        std::vector<rt::NamedParameter> named;
+        for (nb::handle p : parameters) {
+          const rt::Variable v = nb::cast<rt::Variable>(p);
+          named.push_back({v.name(), v});
+        }
+        nb::list out;
+        for (const rt::ParameterGroup& g : rt::default_parameter_groups(named, weight_decay, decay_embeddings)) {
+          nb::dict d;
+          d["name"] = g.name;
+          d["params"] = g.parameters;
+          d["weight_decay"] = short_double(*g.weight_decay);
+          out.append(d);
+        }
+        return out;
+      },
+      "parameters"_a, "weight_decay"_a, nb::kw_only(), "decay_embeddings"_a = true,
+      "The pipelines' two Adam groups from the parameters' names: 'decay' (weight_decay) and 'no_decay'\n"
+      "(0: every norm weight, plus token_embedding.weight and lm_head.weight unless decay_embeddings).");
+
   const rt::AdamOptions d{};
   nb::class_<rt::Adam>(m, "Adam", "AdamW over leaves that require grad. step() bumps their versions.")
       .def(
           "__init__",
           [](rt::Adam* self, nb::iterable parameters, float learning_rate, float beta1, float beta2, float epsilon,
              float weight_decay, float max_grad_norm) {
+            const rt::AdamOptions options{learning_rate, beta1, beta2, epsilon, weight_decay, max_grad_norm};
             std::vector<rt::Variable> params;
-            for (nb::handle p : parameters) params.push_back(nb::cast<rt::Variable>(p));
-            new (self) rt::Adam(std::move(params), rt::AdamOptions{learning_rate, beta1, beta2, epsilon,
-                                                                   weight_decay, max_grad_norm});
+            std::vector<rt::ParameterGroup> groups;
+            for (nb::handle p : parameters) {
+              if (nb::isinstance<nb::dict>(p)) {
+                groups.push_back(group_from_dict(nb::borrow<nb::dict>(p), groups.size()));
+              } else {
+                params.push_back(nb::cast<rt::Variable>(p));
+              }
+            }
+            if (!groups.empty() && !params.empty()) {
+              throw rt::ValueError("[Adam] parameters: give Variables or parameter-group dicts, not both");
+            }
+            if (groups.empty()) {
+              new (self) rt::Adam(std::move(params), options);
+            } else {
+              new (self) rt::Adam(std::move(groups), options);
+            }
           },
           "parameters"_a, nb::kw_only(), "learning_rate"_a = d.learning_rate, "beta1"_a = d.beta1,
           "beta2"_a = d.beta2, "epsilon"_a = d.epsilon, "weight_decay"_a = d.weight_decay,
           "max_grad_norm"_a = d.max_grad_norm,
-          "parameters: Variables that require grad (model.trainable_parameters()). max_grad_norm 0: no clipping.")
+          "parameters: Variables that require grad (model.trainable_parameters()), or parameter groups as\n"
+          "PyTorch takes them: dicts {'params': [...], 'weight_decay': float (optional), 'name': str (optional)}\n"
+          "(riftco.default_parameter_groups builds the pipelines' split). max_grad_norm 0: no clipping.")
       .def(
           "step",
-          [](rt::Adam& adam) {
+          [](rt::Adam& adam, const rt::GradientAccumulator* accumulated) {
             nb::gil_scoped_release release;
-            return adam.step();
+            return accumulated == nullptr ? adam.step() : adam.step(accumulated->gradients());
           },
+          "accumulated"_a = nb::none(),
           "One update of every parameter that has a gradient; returns the gradient norm before clipping.\n"
-          "Releases the GIL.")
+          "accumulated: a GradientAccumulator over this Adam's parameters (in .parameters order): step with\n"
+          "its sums instead of the parameters' gradients. Releases the GIL.")
       .def("zero_grad", &rt::Adam::zero_grad, "Drops every parameter's gradient.")
       .def_prop_rw("learning_rate", [](const rt::Adam& a) { return short_double(a.options().learning_rate); },
                    &rt::Adam::set_learning_rate)
       .def_prop_ro("step_count", &rt::Adam::step_count)
       .def_prop_ro("parameters", &rt::Adam::parameters)
+      .def_prop_ro(
+          "groups",
+          [](const rt::Adam& a) {
+            nb::list out;
+            for (const rt::Adam::GroupInfo& g : a.groups()) {
+              nb::list params;
+              for (std::size_t i = g.begin; i < g.end; ++i) params.append(a.parameters()[i]);
+              nb::dict d;
+              d["name"] = g.name;
+              d["weight_decay"] = short_double(g.weight_decay);
+              d["params"] = params;
+              out.append(d);
+            }
+            return out;
+          },
+          "The parameter groups: dicts with 'name', 'weight_decay' and 'params'.")
       .def("__repr__", [](const rt::Adam& a) {
         const rt::AdamOptions& o = a.options();
         auto f = [](float v) { return nb::cast<std::string>(nb::repr(nb::float_(short_double(v)))); };

@@ -28,12 +28,17 @@ ConfigClass<C>& stage_fields(ConfigClass<C>& c) {
       .path("data", &StageSettings::data, "None: the stage's default data")
       .path("tokenizer", &StageSettings::tokenizer, "None: bytes; a SentencePiece model file (train_tokenizer)")
       .field("steps", &StageSettings::steps, "int")
-      .field("batch", &StageSettings::batch, "int")
+      .field("batch", &StageSettings::batch, "int",
+             "rows per micro-batch; the effective batch is batch * gradient_accumulation_steps")
+      .field("gradient_accumulation_steps", &StageSettings::gradient_accumulation_steps, "int",
+             "micro-batches per optimizer step (gradients summed as one larger batch)")
       .field("sequence_length", &StageSettings::sequence_length, "int")
       .real("learning_rate", &StageSettings::learning_rate, "peak, after linear warmup")
       .field("warmup_steps", &StageSettings::warmup_steps, "int")
       .real("min_learning_rate_ratio", &StageSettings::min_learning_rate_ratio, "cosine decay ends at lr * ratio")
-      .real("weight_decay", &StageSettings::weight_decay)
+      .real("weight_decay", &StageSettings::weight_decay, "decoupled; never applied to norm weights")
+      .field("decay_embeddings", &StageSettings::decay_embeddings, "bool",
+             "weight-decay the token embedding and LM head too")
       .real("max_grad_norm", &StageSettings::max_grad_norm, "0 disables clipping")
       .real("beta1", &StageSettings::beta1)
       .real("beta2", &StageSettings::beta2)

@@ -2,7 +2,10 @@
 // The C ABI's plumbing (private): handle structs, argument checks, and the
 // one place where C++ exceptions become rt_status codes. The rt_* functions
 // are thin: check arguments, call the C++ API, copy results out.
+#include <cstddef>
+#include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -20,6 +23,9 @@ struct rt_variable {
 };
 struct rt_adam {
   riftco_transformer::Adam adam;
+};
+struct rt_generation {
+  std::vector<riftco_transformer::GenerationResult> samples;
 };
 struct rt_decode_session {
   riftco_transformer::DecodeSession session;
@@ -62,44 +68,56 @@ T& require(T* pointer, const char* function, const char* name) {
   return *pointer;
 }
 
+/// rt_transformer_config as ABI 2.0 laid it out (the size callers of 2.0 pass).
+struct TransformerConfig20 {
+  std::size_t struct_size;
+  std::int64_t vocab_size, context_length, model_width, heads, layers, feed_forward_width;
+  float norm_epsilon;
+};
+inline constexpr std::size_t kTransformerConfig20Size = sizeof(TransformerConfig20);
+static_assert(kTransformerConfig20Size == offsetof(rt_transformer_config, key_value_heads));
+/// rt_pretraining_config as ABI 2.0 laid it out (its `model` had the 2.0
+/// layout). A caller compiled against 2.0 passes this size.
+struct PretrainingConfig20 {
+  std::size_t struct_size;
+  rt_stage_settings stage;
+  TransformerConfig20 model;
+  double validation_fraction;
+};
+static_assert(sizeof(PretrainingConfig20) < offsetof(rt_pretraining_config, gradient_accumulation_steps));
+
+/// sizeof the struct in ABI 2.0 (structs that grew since say so here: their
+/// first appended field's offset, or the 2.0 layout's size).
+template <typename T>
+constexpr std::size_t abi20_size() {
+  if constexpr (std::is_same_v<T, rt_transformer_config>) {
+    return kTransformerConfig20Size;
+  } else if constexpr (std::is_same_v<T, rt_pretraining_config>) {
+    return sizeof(PretrainingConfig20);
+  } else if constexpr (std::is_same_v<T, rt_generation_options>) {
+    return offsetof(rt_generation_options, top_p);
+  } else if constexpr (std::is_same_v<T, rt_post_training_config>) {
+    return offsetof(rt_post_training_config, gradient_accumulation_steps);
+  } else {
+    return sizeof(T);
+  }
+}
+
+/// Whether a caller's struct (its struct_size) holds `member`, a field
+/// appended after ABI 2.0; otherwise the caller gets the default.
+#define RT_C_COVERS(value, member) \
+  ((value).struct_size >= offsetof(std::remove_cvref_t<decltype(value)>, member) + sizeof((value).member))
+
 /// A caller's input struct: non-NULL and at least as large as ABI 2.0's.
 template <typename T>
 const T& require_struct(const T* pointer, const char* function, const char* name) {
   const T& value = require(pointer, function, name);
-  if (value.struct_size < sizeof(T)) {
+  if (value.struct_size < abi20_size<T>()) {
     bad_argument(function, std::string(name) + "->struct_size is " + std::to_string(value.struct_size) +
-                               ", smaller than ABI 2.0's " + std::to_string(sizeof(T)) +
+                               ", smaller than ABI 2.0's " + std::to_string(abi20_size<T>()) +
                                " (fill the struct with its *_default function)");
   }
   return value;
-}
-
-/// A caller's input struct that grew after 2.0 (fields appended at its end):
-/// at least `abi20_size` bytes; fields past its struct_size keep `defaults`.
-template <typename T>
-T read_grown_struct(const T* pointer, std::size_t abi20_size, T defaults, const char* function, const char* name) {
-  const T& value = require(pointer, function, name);
-  if (value.struct_size < abi20_size) {
-    bad_argument(function, std::string(name) + "->struct_size is " + std::to_string(value.struct_size) +
-                               ", smaller than ABI 2.0's " + std::to_string(abi20_size) +
-                               " (fill the struct with its *_default function)");
-  }
-  const std::size_t size = value.struct_size < sizeof(T) ? value.struct_size : sizeof(T);
-  std::memcpy(static_cast<void*>(&defaults), pointer, size);
-  return defaults;
-}
-
-/// *_init of a struct that grew after 2.0: at least `abi20_size` bytes; as
-/// many of `value`'s bytes as `size` covers.
-template <typename T>
-void init_grown_struct(T* out, std::size_t size, std::size_t abi20_size, T value, const char* function) {
-  require(out, function, "the struct");
-  if (size < abi20_size) {
-    bad_argument(function, "struct_size " + std::to_string(size) + " is smaller than ABI 2.0's " +
-                               std::to_string(abi20_size));
-  }
-  value.struct_size = size;
-  std::memcpy(static_cast<void*>(out), &value, size < sizeof(T) ? size : sizeof(T));
 }
 
 /// *_init: `value` (defaults) into a caller's struct of `size` bytes (at
@@ -107,12 +125,13 @@ void init_grown_struct(T* out, std::size_t size, std::size_t abi20_size, T value
 template <typename T>
 void init_struct(T* out, std::size_t size, T value, const char* function) {
   require(out, function, "the struct");
-  if (size < sizeof(T)) {
+  if (size < abi20_size<T>()) {
     bad_argument(function, "struct_size " + std::to_string(size) + " is smaller than ABI 2.0's " +
-                               std::to_string(sizeof(T)));
+                               std::to_string(abi20_size<T>()));
   }
   value.struct_size = size;
-  std::memcpy(static_cast<void*>(out), &value, sizeof(T));  // a newer caller's extra fields stay as they were
+  // An older caller's struct gets the fields it has; a newer caller's extra fields stay as they were.
+  std::memcpy(static_cast<void*>(out), &value, size < sizeof(T) ? size : sizeof(T));
 }
 
 /// Writes `value` into a caller's output struct, as much as its struct_size covers.
@@ -132,7 +151,11 @@ riftco_transformer::ActivationCheckpointingKind policy(const rt_activation_check
 riftco_transformer::FullSequenceAttentionKind attention(const rt_attention& kind, const char* function);
 rt_activation_checkpointing to_c(riftco_transformer::ActivationCheckpointingKind kind);
 rt_attention to_c(riftco_transformer::FullSequenceAttentionKind kind);
+/// The architecture fields of `config` (the fields appended after ABI 2.0
+/// only where config.struct_size covers them).
 riftco_transformer::TransformerDimensions dimensions(const rt_transformer_config& config);
+/// rt_transformer_config filled from the model's architecture.
+rt_transformer_config to_c(const riftco_transformer::TransformerDimensions& d, float norm_epsilon);
 riftco_transformer::LoraConfig lora(const rt_lora_config& config, const char* function);
 /// Copies `text` and a NUL into buffer[0..size); `*needed` gets the size it needs.
 void copy_string(const std::string& text, char* buffer, std::size_t size, std::size_t* needed, const char* function);

@@ -49,7 +49,33 @@ rt_attention to_c(riftco_transformer::FullSequenceAttentionKind kind) {
 }
 
 riftco_transformer::TransformerDimensions dimensions(const rt_transformer_config& c) {
-  return {c.vocab_size, c.context_length, c.model_width, c.heads, c.layers, c.feed_forward_width};
+  riftco_transformer::TransformerDimensions d{c.vocab_size, c.context_length, c.model_width,
+                                              c.heads,      c.layers,         c.feed_forward_width};
+  auto covers = [&c](std::size_t offset, std::size_t size) { return c.struct_size >= offset + size; };
+  if (covers(offsetof(rt_transformer_config, key_value_heads), sizeof c.key_value_heads)) {
+    d.key_value_heads = c.key_value_heads;
+  }
+  if (covers(offsetof(rt_transformer_config, rope_base), sizeof c.rope_base)) d.rope_base = c.rope_base;
+  if (covers(offsetof(rt_transformer_config, tie_embeddings), sizeof c.tie_embeddings)) {
+    d.tie_embeddings = c.tie_embeddings != 0;
+  }
+  return d;
+}
+
+rt_transformer_config to_c(const riftco_transformer::TransformerDimensions& d, float norm_epsilon) {
+  rt_transformer_config c{};
+  c.struct_size = sizeof c;
+  c.vocab_size = d.vocab_size;
+  c.context_length = d.context_length;
+  c.model_width = d.model_width;
+  c.heads = d.heads;
+  c.layers = d.layers;
+  c.feed_forward_width = d.feed_forward_width;
+  c.norm_epsilon = norm_epsilon;
+  c.key_value_heads = d.key_value_heads;
+  c.rope_base = d.rope_base;
+  c.tie_embeddings = d.tie_embeddings ? 1 : 0;
+  return c;
 }
 
 riftco_transformer::LoraConfig lora(const rt_lora_config& c, const char* function) {
@@ -123,10 +149,7 @@ uint32_t rt_abi_version(void) { return (RT_ABI_VERSION_MAJOR << 16) | RT_ABI_VER
 rt_status rt_transformer_config_init(rt_transformer_config* config, size_t struct_size) {
   return guard("rt_transformer_config_init", [&] {
     const rt::TransformerDimensions d;
-    init_struct(config, struct_size,
-                rt_transformer_config{0, d.vocab_size, d.context_length, d.model_width, d.heads, d.layers,
-                                      d.feed_forward_width, 1.0e-5F},
-                "rt_transformer_config_init");
+    init_struct(config, struct_size, to_c(d, 1.0e-5F), "rt_transformer_config_init");
   });
 }
 
@@ -150,7 +173,9 @@ rt_status rt_adam_options_init(rt_adam_options* options, size_t struct_size) {
 rt_status rt_generation_options_init(rt_generation_options* options, size_t struct_size) {
   return guard("rt_generation_options_init", [&] {
     const rt::GenerationOptions d;
-    init_struct(options, struct_size, rt_generation_options{0, d.max_new_tokens, d.temperature, d.top_k, d.seed},
+    init_struct(options, struct_size,
+                rt_generation_options{0, d.max_new_tokens, d.temperature, d.top_k, d.seed, d.top_p,
+                                      d.repetition_penalty, nullptr, 0, d.num_samples},
                 "rt_generation_options_init");
   });
 }

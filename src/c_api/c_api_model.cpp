@@ -1,6 +1,7 @@
 // rt_model_*: the model, its policies, parameters, LoRA and state files.
 #include "c_api_common.hpp"
 #include "riftco_transformer/adapter_state.hpp"
+#include "riftco_transformer/hf_llama.hpp"
 #include "riftco_transformer/model_state.hpp"
 
 using namespace rt_c;
@@ -69,10 +70,7 @@ rt_status rt_model_config(const rt_model* model, rt_transformer_config* config) 
   return guard(f, [&] {
     const rt::DecoderOnlyTransformer& m = model_of(model, f);
     const rt::TransformerDimensions& d = m.dimensions();
-    write_struct(config,
-                 rt_transformer_config{0, d.vocab_size, d.context_length, d.model_width, d.heads, d.layers,
-                                       d.feed_forward_width, m.norm_epsilon()},
-                 f, "config");
+    write_struct(config, to_c(d, m.norm_epsilon()), f, "config");
   });
 }
 
@@ -233,6 +231,20 @@ rt_status rt_model_save(const rt_model* model, const char* path) {
 rt_status rt_model_load(rt_model* model, const char* path, uint32_t flags) {
   constexpr const char* f = "rt_model_load";
   return guard(f, [&] { rt::load_model_state(model_of(model, f), path_of(path, f), load_options(flags, f)); });
+}
+
+rt_status rt_convert_from_hf(const char* directory, const char* output, uint32_t flags) {
+  constexpr const char* f = "rt_convert_from_hf";
+  return guard(f, [&] {
+    rt::convert_from_hf(path_of(directory, f), path_of(output, f), load_options(flags, f));
+  });
+}
+
+rt_status rt_convert_to_hf(const char* model_state, const char* directory, uint32_t flags) {
+  constexpr const char* f = "rt_convert_to_hf";
+  return guard(f, [&] {
+    rt::convert_to_hf(path_of(model_state, f), path_of(directory, f), load_options(flags, f));
+  });
 }
 
 rt_status rt_model_load_new(const char* path, rt_attention attention,

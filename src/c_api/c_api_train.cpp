@@ -1,5 +1,6 @@
 // rt_adam_*, rt_decode_session_*, rt_generate, rt_run_*: training and decoding.
 #include <cmath>
+#include <memory>
 #include <utility>
 
 #include "c_api_common.hpp"
@@ -11,9 +12,6 @@ namespace rt = riftco_transformer;
 
 namespace {
 
-// The sizes ABI 2.0 callers pass: the structs before the 2.1 tokenizer field.
-constexpr std::size_t kPretrainingConfig20 = offsetof(rt_pretraining_config, tokenizer);
-constexpr std::size_t kPostTrainingConfig20 = offsetof(rt_post_training_config, tokenizer);
 
 const rt::DecoderOnlyTransformer& model_of(const rt_model* model, const char* function) {
   const rt_model& m = require(model, function, "model");
@@ -71,6 +69,35 @@ rt_stage_settings stage_defaults(const rt::StageSettings& s) {
   c.output_dir = nullptr;  // the C++ default, runs/run
   c.resume = s.resume ? 1 : 0;
   return c;
+}
+
+/// The fields appended to rt_pretraining_config / rt_post_training_config
+/// after ABI 2.0, where the caller's struct_size covers them.
+template <typename Config>
+void appended_settings(const Config& c, rt::StageSettings& s) {
+  if (RT_C_COVERS(c, gradient_accumulation_steps)) s.gradient_accumulation_steps = c.gradient_accumulation_steps;
+  if (RT_C_COVERS(c, decay_embeddings)) s.decay_embeddings = c.decay_embeddings != 0;
+  if (RT_C_COVERS(c, tokenizer) && c.tokenizer != nullptr) s.tokenizer = c.tokenizer;
+}
+
+rt::GenerationOptions generation_options(const rt_generation_options& o, const char* function) {
+  rt::GenerationOptions g;
+  g.max_new_tokens = o.max_new_tokens;
+  g.temperature = o.temperature;
+  g.top_k = o.top_k;
+  g.seed = o.seed;
+  if (RT_C_COVERS(o, top_p)) g.top_p = o.top_p;
+  if (RT_C_COVERS(o, repetition_penalty)) g.repetition_penalty = o.repetition_penalty;
+  if (RT_C_COVERS(o, stop_count) && o.stop_count > 0) {
+    if (o.stop == nullptr) bad_argument(function, "options->stop is NULL but stop_count is " + std::to_string(o.stop_count));
+    if (o.stop_count > 65536) bad_argument(function, "options->stop_count " + std::to_string(o.stop_count) + " is over 65536");
+    for (std::size_t i = 0; i < o.stop_count; ++i) {
+      if (o.stop[i] == nullptr) bad_argument(function, "options->stop[" + std::to_string(i) + "] is NULL");
+      g.stop.emplace_back(o.stop[i]);
+    }
+  }
+  if (RT_C_COVERS(o, num_samples)) g.num_samples = o.num_samples;
+  return g;
 }
 
 rt::ProgressCallback progress_of(rt_progress_fn progress, void* user_data) {
@@ -141,6 +168,48 @@ rt_status rt_adam_create(rt_model* model, const rt_adam_options* options, rt_ada
     a.weight_decay = o.weight_decay;
     a.max_grad_norm = o.max_grad_norm;
     *out = new rt_adam{rt::Adam(std::move(params), a)};
+  });
+}
+
+rt_status rt_adam_create_grouped(rt_model* model, const rt_adam_options* options, int decay_embeddings,
+                                 rt_adam** out) {
+  constexpr const char* f = "rt_adam_create_grouped";
+  return guard(f, [&] {
+    const rt::DecoderOnlyTransformer& m = model_of(model, f);
+    const rt_adam_options& o = require_struct(options, f, "options");
+    require(out, f, "out");
+    std::vector<rt::NamedParameter> params;
+    for (const auto& list : {m.parameters(), m.lora_parameters()}) {
+      for (const rt::NamedParameter& p : list) {
+        if (p.variable.requires_grad()) params.push_back(p);
+      }
+    }
+    rt::AdamOptions a;
+    a.learning_rate = o.learning_rate;
+    a.beta1 = o.beta1;
+    a.beta2 = o.beta2;
+    a.epsilon = o.epsilon;
+    a.weight_decay = o.weight_decay;
+    a.max_grad_norm = o.max_grad_norm;
+    a.validate();  // before the groups: a bad weight decay names the option, not a group
+    *out = new rt_adam{rt::Adam(rt::default_parameter_groups(params, o.weight_decay, decay_embeddings != 0), a)};
+  });
+}
+
+rt_status rt_adam_weight_decay(const rt_adam* adam, const char* parameter_name, float* weight_decay) {
+  constexpr const char* f = "rt_adam_weight_decay";
+  return guard(f, [&] {
+    const rt::Adam& a = require(adam, f, "adam").adam;
+    require(parameter_name, f, "parameter_name");
+    const std::string name = parameter_name;
+    float& out = require(weight_decay, f, "weight_decay");
+    for (std::size_t i = 0; i < a.parameters().size(); ++i) {
+      if (a.parameters()[i].name() == name) {
+        out = a.weight_decay_of(i);
+        return;
+      }
+    }
+    throw rt::ValueError("[rt_adam_weight_decay] this Adam trains no parameter named '" + name + "'");
   });
 }
 
@@ -222,11 +291,7 @@ rt_status rt_generate(const rt_model* model, const int32_t* prompt, size_t promp
       bad_argument(f, "capacity " + std::to_string(capacity) + " is smaller than max_new_tokens " +
                           std::to_string(o.max_new_tokens));
     }
-    rt::GenerationOptions g;
-    g.max_new_tokens = o.max_new_tokens;
-    g.temperature = o.temperature;
-    g.top_k = o.top_k;
-    g.seed = o.seed;
+    const rt::GenerationOptions g = generation_options(o, f);
     const rt::GenerationResult r = rt::generate(m, std::span<const std::int32_t>(prompt, prompt_length), g);
     std::copy(r.tokens.begin(), r.tokens.end(), tokens);
     *count = r.tokens.size();
@@ -234,18 +299,79 @@ rt_status rt_generate(const rt_model* model, const int32_t* prompt, size_t promp
   });
 }
 
+rt_status rt_generate_samples(const rt_model* model, const int32_t* prompt, size_t prompt_length,
+                              const rt_generation_options* options, rt_generation** out) {
+  constexpr const char* f = "rt_generate_samples";
+  return guard(f, [&] {
+    const rt::DecoderOnlyTransformer& m = model_of(model, f);
+    const rt_generation_options& o = require_struct(options, f, "options");
+    if (prompt_length > 0) require(prompt, f, "prompt");
+    require(out, f, "out");
+    const rt::GenerationOptions g = generation_options(o, f);
+    auto generation = std::make_unique<rt_generation>();
+    generation->samples = rt::generate_samples(m, std::span<const std::int32_t>(prompt, prompt_length), g);
+    *out = generation.release();
+  });
+}
+
+rt_status rt_generation_sample_count(const rt_generation* generation, size_t* count) {
+  constexpr const char* f = "rt_generation_sample_count";
+  return guard(f, [&] { require(count, f, "count") = require(generation, f, "generation").samples.size(); });
+}
+
+rt_status rt_generation_sample(const rt_generation* generation, size_t index, const int32_t** tokens,
+                               size_t* token_count, const char** text, size_t* text_length, int64_t* stop_index,
+                               int* reached_context) {
+  constexpr const char* f = "rt_generation_sample";
+  return guard(f, [&] {
+    const rt_generation& g = require(generation, f, "generation");
+    require(tokens, f, "tokens");
+    require(token_count, f, "token_count");
+    require(text, f, "text");
+    require(text_length, f, "text_length");
+    if (index >= g.samples.size()) {
+      bad_argument(f, "index " + std::to_string(index) + " is out of range (" + std::to_string(g.samples.size()) +
+                          " samples)");
+    }
+    const rt::GenerationResult& r = g.samples[index];
+    *tokens = r.tokens.data();
+    *token_count = r.tokens.size();
+    *text = r.text.data();
+    *text_length = r.text.size();
+    if (stop_index != nullptr) *stop_index = r.stop_index;
+    if (reached_context != nullptr) *reached_context = r.reached_context ? 1 : 0;
+  });
+}
+
+rt_status rt_generation_destroy(rt_generation* generation) {
+  delete generation;
+  return RT_OK;
+}
+
 rt_status rt_pretraining_config_init(rt_pretraining_config* config, size_t struct_size) {
   constexpr const char* f = "rt_pretraining_config_init";
   return guard(f, [&] {
     const rt::PretrainingConfig d;
+    if (config != nullptr && struct_size >= sizeof(rt_c::PretrainingConfig20) &&
+        struct_size < offsetof(rt_pretraining_config, gradient_accumulation_steps)) {
+      rt_c::PretrainingConfig20 old{};  // a 2.0 caller: the 2.0 layout
+      old.struct_size = struct_size;
+      old.stage = stage_defaults(d);
+      const rt::TransformerDimensions& m = d.dimensions;
+      old.model = {sizeof(rt_c::TransformerConfig20), m.vocab_size, m.context_length, m.model_width, m.heads,
+                   m.layers, m.feed_forward_width, d.norm_epsilon};
+      old.validation_fraction = d.validation_fraction;
+      std::memcpy(static_cast<void*>(config), &old, sizeof old);
+      return;
+    }
     rt_pretraining_config c{};
     c.stage = stage_defaults(d);
-    c.model = {sizeof(rt_transformer_config), d.dimensions.vocab_size, d.dimensions.context_length,
-               d.dimensions.model_width, d.dimensions.heads, d.dimensions.layers, d.dimensions.feed_forward_width,
-               d.norm_epsilon};
+    c.model = to_c(d.dimensions, d.norm_epsilon);
     c.validation_fraction = d.validation_fraction;
+    c.gradient_accumulation_steps = d.gradient_accumulation_steps;
+    c.decay_embeddings = d.decay_embeddings ? 1 : 0;
     c.tokenizer = nullptr;
-    init_grown_struct(config, struct_size, kPretrainingConfig20, c, f);
+    init_struct(config, struct_size, c, f);
   });
 }
 
@@ -259,8 +385,10 @@ rt_status rt_post_training_config_init(rt_post_training_config* config, size_t s
     c.allow_non_finite = 0;
     c.fine_tuning_method = RT_FINE_TUNING_LORA;
     rt_lora_config_init(&c.lora, sizeof c.lora);
+    c.gradient_accumulation_steps = d.gradient_accumulation_steps;
+    c.decay_embeddings = d.decay_embeddings ? 1 : 0;
     c.tokenizer = nullptr;
-    init_grown_struct(config, struct_size, kPostTrainingConfig20, c, f);
+    init_struct(config, struct_size, c, f);
   });
 }
 
@@ -268,7 +396,26 @@ rt_status rt_run_pretraining(const rt_pretraining_config* config, rt_progress_fn
                              rt_run_result* result) {
   constexpr const char* f = "rt_run_pretraining";
   return guard(f, [&] {
-    const rt_pretraining_config c = read_grown_struct(config, kPretrainingConfig20, rt_pretraining_config{}, f, "config");
+    const rt_pretraining_config& given = require(config, f, "config");
+    rt_pretraining_config c{};
+    if (given.struct_size >= sizeof(rt_c::PretrainingConfig20) &&
+        given.struct_size < offsetof(rt_pretraining_config, gradient_accumulation_steps)) {
+      rt_c::PretrainingConfig20 old{};  // a 2.0 caller: read its layout
+      std::memcpy(&old, static_cast<const void*>(&given), sizeof old);
+      c.struct_size = sizeof c;
+      c.stage = old.stage;
+      c.validation_fraction = old.validation_fraction;
+      if (old.model.struct_size < sizeof(rt_c::TransformerConfig20)) {
+        bad_argument(f, "config->model->struct_size is " + std::to_string(old.model.struct_size) +
+                            ", smaller than ABI 2.0's " + std::to_string(sizeof(rt_c::TransformerConfig20)));
+      }
+      std::memcpy(static_cast<void*>(&c.model), &old.model, sizeof old.model);
+      c.model.struct_size = sizeof old.model;  // the appended fields take their defaults
+      // ...and so do the fields appended to the config itself.
+      c.struct_size = offsetof(rt_pretraining_config, gradient_accumulation_steps);
+    } else {
+      c = require_struct(config, f, "config");
+    }
     const rt_transformer_config& m = require_struct(&c.model, f, "config->model");
     require(result, f, "result");
     rt::PretrainingConfig p;
@@ -276,7 +423,7 @@ rt_status rt_run_pretraining(const rt_pretraining_config* config, rt_progress_fn
     p.dimensions = dimensions(m);
     p.norm_epsilon = m.norm_epsilon;
     p.validation_fraction = c.validation_fraction;
-    if (c.tokenizer != nullptr) p.tokenizer = c.tokenizer;
+    appended_settings(c, p);
     check_result(result, p.output_dir, f);
     write_result(rt::run_pretraining(p, progress_of(progress, user_data)), result, f);
   });
@@ -286,8 +433,7 @@ rt_status rt_run_post_training(const rt_post_training_config* config, rt_progres
                                rt_run_result* result) {
   constexpr const char* f = "rt_run_post_training";
   return guard(f, [&] {
-    const rt_post_training_config c =
-        read_grown_struct(config, kPostTrainingConfig20, rt_post_training_config{}, f, "config");
+    const rt_post_training_config& c = require_struct(config, f, "config");
     require(result, f, "result");
     const int method = enum_value(c.fine_tuning_method);
     if (method != RT_FINE_TUNING_LORA && method != RT_FINE_TUNING_FULL) {
@@ -298,9 +444,9 @@ rt_status rt_run_post_training(const rt_post_training_config* config, rt_progres
     static_cast<rt::StageSettings&>(p) = stage_settings(c.stage, f);
     if (c.base_model != nullptr) p.base_model = c.base_model;
     p.allow_non_finite = c.allow_non_finite != 0;
-    if (c.tokenizer != nullptr) p.tokenizer = c.tokenizer;
     p.fine_tuning_method = method == RT_FINE_TUNING_FULL ? rt::FineTuningMethod::Full : rt::FineTuningMethod::Lora;
     if (p.fine_tuning_method == rt::FineTuningMethod::Lora) p.lora = lora(require_struct(&c.lora, f, "config->lora"), f);
+    appended_settings(c, p);
     check_result(result, p.output_dir, f);
     write_result(rt::run_post_training(p, progress_of(progress, user_data)), result, f);
   });

@@ -30,6 +30,11 @@ constexpr DimensionField kDimensionFields[] = {
 std::string dimensions_json(const TransformerDimensions& dimensions) {
   nlohmann::ordered_json json = nlohmann::ordered_json::object();
   for (const DimensionField& field : kDimensionFields) json[field.name] = dimensions.*field.member;
+  // Written only when they differ from the defaults, so files of ordinary
+  // models stay byte-identical to those of builds without these fields.
+  if (dimensions.kv_heads() != dimensions.heads) json["key_value_heads"] = dimensions.kv_heads();
+  if (dimensions.rope_base != TransformerDimensions{}.rope_base) json["rope_base"] = dimensions.rope_base;
+  if (dimensions.tie_embeddings) json["tie_embeddings"] = true;
   return json.dump();
 }
 
@@ -55,7 +60,24 @@ TransformerDimensions parse_dimensions(const std::filesystem::path& path, const 
     for (const DimensionField& field : kDimensionFields) {
       dimensions.*field.member = json_integer(json, field.name, 1, std::numeric_limits<std::int64_t>::max());
     }
-    if (json.size() != std::size(kDimensionFields)) load_error(path, where + "has unknown fields");
+    std::size_t known = std::size(kDimensionFields);
+    // Optional (older files lack them and load with the defaults).
+    if (json.contains("key_value_heads")) {
+      dimensions.key_value_heads = json_integer(json, "key_value_heads", 1, std::numeric_limits<std::int64_t>::max());
+      ++known;
+    }
+    if (json.contains("rope_base")) {
+      const double base = json_number(json, "rope_base");
+      if (!(base > 1.0) || !(base < 1.0e30)) load_error(path, where + "\"rope_base\" must be a finite number > 1");
+      dimensions.rope_base = static_cast<float>(base);
+      ++known;
+    }
+    if (json.contains("tie_embeddings")) {
+      if (!json["tie_embeddings"].is_boolean()) load_error(path, where + "\"tie_embeddings\" must be true or false");
+      dimensions.tie_embeddings = json["tie_embeddings"].get<bool>();
+      ++known;
+    }
+    if (json.size() != known) load_error(path, where + "has unknown fields");
     dimensions.validate();
   } catch (const JsonReadError& e) {
     load_error(path, where + e.what());

@@ -74,7 +74,8 @@ class InputFile {
   std::uint64_t size_ = 0;
 };
 
-detail::SafetensorsHeader read_header(const InputFile& file, const std::filesystem::path& path) {
+detail::SafetensorsHeader read_header(const InputFile& file, const std::filesystem::path& path,
+                                      bool accept_half = false) {
   if (file.size() < 8) {
     load_error(path, "file is " + std::to_string(file.size()) + " bytes, shorter than the 8-byte header length");
   }
@@ -91,7 +92,7 @@ detail::SafetensorsHeader read_header(const InputFile& file, const std::filesyst
   }
   std::string text(length, '\0');
   file.read_at(8, text.data(), length);
-  detail::SafetensorsHeader header = detail::parse_safetensors_header(path, text, file.size() - 8 - length);
+  detail::SafetensorsHeader header = detail::parse_safetensors_header(path, text, file.size() - 8 - length, accept_half);
   header.data_start = 8 + length;
   return header;
 }
@@ -103,6 +104,55 @@ namespace detail {
 SafetensorsHeader read_safetensors_header(const std::filesystem::path& path) {
   const InputFile file(path);
   return read_header(file, path);
+}
+
+/// IEEE half (F16) or bfloat16 (BF16) bits → float32 (exact).
+float half_to_float(std::uint16_t h, StoredDtype dtype) {
+  std::uint32_t bits = 0;
+  if (dtype == StoredDtype::BF16) {
+    bits = static_cast<std::uint32_t>(h) << 16;
+  } else {
+    const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000U) << 16;
+    std::uint32_t exponent = (h >> 10) & 0x1FU;
+    std::uint32_t mantissa = h & 0x3FFU;
+    if (exponent == 0x1FU) {
+      bits = sign | 0x7F800000U | (mantissa << 13);  // inf / NaN
+    } else if (exponent != 0) {
+      bits = sign | ((exponent + 112U) << 23) | (mantissa << 13);
+    } else if (mantissa == 0) {
+      bits = sign;  // ±0
+    } else {  // subnormal half: normalize
+      exponent = 113U;
+      while ((mantissa & 0x400U) == 0) {
+        mantissa <<= 1;
+        --exponent;
+      }
+      bits = sign | (exponent << 23) | ((mantissa & 0x3FFU) << 13);
+    }
+  }
+  return std::bit_cast<float>(bits);
+}
+
+TensorFile read_safetensors_as_f32(const std::filesystem::path& path) {
+  const InputFile file(path);
+  const SafetensorsHeader header = read_header(file, path, true);
+  TensorFile result;
+  result.metadata = header.metadata;
+  result.tensors.reserve(header.entries.size());
+  std::vector<std::uint16_t> halves;
+  for (const SafetensorsEntry& entry : header.entries) {
+    Tensor tensor = Tensor::empty(entry.shape);
+    if (entry.dtype == StoredDtype::F32) {
+      file.read_at(header.data_start + entry.begin, tensor.data(), entry.end - entry.begin);
+    } else {
+      halves.resize(static_cast<std::size_t>(tensor.numel()));
+      file.read_at(header.data_start + entry.begin, halves.data(), entry.end - entry.begin);
+      float* out = tensor.data();
+      for (std::size_t i = 0; i < halves.size(); ++i) out[i] = half_to_float(halves[i], entry.dtype);
+    }
+    result.tensors.emplace_back(entry.name, std::move(tensor));
+  }
+  return result;
 }
 
 }  // namespace detail

@@ -45,17 +45,18 @@ Shape parse_shape(const std::filesystem::path& path, const std::string& name, co
   return result;
 }
 
-/// numel * 4; shapes a Tensor could not hold (shape_numel's limits) are errors.
-std::uint64_t shape_bytes(const std::filesystem::path& path, const std::string& name, const Shape& shape) {
+/// numel * element bytes; shapes a Tensor could not hold (shape_numel's limits) are errors.
+std::uint64_t shape_bytes(const std::filesystem::path& path, const std::string& name, const Shape& shape,
+                          StoredDtype dtype) {
   try {
-    return static_cast<std::uint64_t>(shape_numel(shape, "load")) * sizeof(float);
+    return static_cast<std::uint64_t>(shape_numel(shape, "load")) * (dtype == StoredDtype::F32 ? 4U : 2U);
   } catch (const ShapeError&) {
     load_error(path, "tensor '" + name + "': shape " + shape_string(shape) + " is too large");
   }
 }
 
 SafetensorsEntry parse_entry(const std::filesystem::path& path, const std::string& name, const Json& info,
-                             std::uint64_t data_size) {
+                             std::uint64_t data_size, bool accept_half) {
   const std::string where = "tensor '" + quote(name) + "': ";
   if (!info.is_object()) load_error(path, where + "entry is not a JSON object");
   for (const char* field : {"dtype", "shape", "data_offsets"}) {
@@ -64,11 +65,18 @@ SafetensorsEntry parse_entry(const std::filesystem::path& path, const std::strin
   // Other keys are ignored, as the reference safetensors reader does.
   const Json& dtype = info.at("dtype");
   if (!dtype.is_string()) load_error(path, where + "\"dtype\" is not a string");
-  if (dtype.get_ref<const std::string&>() != "F32") {
-    load_error(path, where + "dtype '" + quote(dtype.get_ref<const std::string&>()) + "' is not supported (only F32)");
+  const std::string& type = dtype.get_ref<const std::string&>();
+  StoredDtype stored = StoredDtype::F32;
+  if (accept_half && type == "F16") {
+    stored = StoredDtype::F16;
+  } else if (accept_half && type == "BF16") {
+    stored = StoredDtype::BF16;
+  } else if (type != "F32") {
+    load_error(path, where + "dtype '" + quote(type) + "' is not supported (only F32" +
+                         (accept_half ? ", F16 and BF16)" : ")"));
   }
-  SafetensorsEntry entry{name, parse_shape(path, name, info.at("shape")), 0, 0};
-  const std::uint64_t expected = shape_bytes(path, name, entry.shape);
+  SafetensorsEntry entry{name, parse_shape(path, name, info.at("shape")), stored, 0, 0};
+  const std::uint64_t expected = shape_bytes(path, name, entry.shape, stored);
 
   const Json& offsets = info.at("data_offsets");
   if (!offsets.is_array() || offsets.size() != 2 || !offsets[0].is_number_unsigned() ||
@@ -163,7 +171,7 @@ std::string encode_safetensors_header(const std::filesystem::path& path,
 }
 
 SafetensorsHeader parse_safetensors_header(const std::filesystem::path& path, std::string_view text,
-                                           std::uint64_t data_size) {
+                                           std::uint64_t data_size, bool accept_half) {
   const Json root = parse_json(path, text);
   if (!root.is_object()) load_error(path, "header is not a JSON object");
   SafetensorsHeader header;
@@ -171,7 +179,7 @@ SafetensorsHeader parse_safetensors_header(const std::filesystem::path& path, st
     if (key == "__metadata__") {
       header.metadata = parse_metadata(path, value);
     } else {
-      header.entries.push_back(parse_entry(path, key, value, data_size));
+      header.entries.push_back(parse_entry(path, key, value, data_size, accept_half));
     }
   }
   std::stable_sort(header.entries.begin(), header.entries.end(),

@@ -11,14 +11,23 @@
 
 #include "riftco_transformer/tensor.hpp"
 
+namespace riftco_transformer {
+struct TensorFile;
+}
+
 namespace riftco_transformer::detail {
 
 /// Header lengths above this are refused before anything is allocated.
 inline constexpr std::uint64_t kMaxSafetensorsHeaderBytes = std::uint64_t{100} << 20;
 
+/// Element types a header may declare. Model-state files are F32 only; the
+/// Hugging Face importer also reads F16 and BF16 (converted to float32).
+enum class StoredDtype : std::uint8_t { F32, F16, BF16 };
+
 struct SafetensorsEntry {
   std::string name;
   Shape shape;
+  StoredDtype dtype = StoredDtype::F32;
   std::uint64_t begin = 0;  // byte offsets relative to the data section
   std::uint64_t end = 0;
 };
@@ -44,10 +53,15 @@ std::string encode_safetensors_header(const std::filesystem::path& path,
 /// Parses and validates `text` for a data section of `data_size` bytes:
 /// JSON object, entries, dtypes, shapes, offsets, full coverage, metadata.
 /// `data_start` is left 0 for the caller to fill in.
+/// `accept_half` also accepts F16 and BF16 entries (otherwise only F32).
 SafetensorsHeader parse_safetensors_header(const std::filesystem::path& path, std::string_view text,
-                                           std::uint64_t data_size);
+                                           std::uint64_t data_size, bool accept_half = false);
 
 /// Opens `path` and reads and validates its header only (no tensor data).
 SafetensorsHeader read_safetensors_header(const std::filesystem::path& path);
+
+/// read_safetensors, but F16 and BF16 tensors are accepted too and converted
+/// to float32 (exactly: every half value is a float32 value).
+TensorFile read_safetensors_as_f32(const std::filesystem::path& path);
 
 }  // namespace riftco_transformer::detail

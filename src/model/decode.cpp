@@ -36,8 +36,8 @@ void DecodeSession::reset() {
   keys_.clear();
   values_.clear();
   for (std::int64_t i = 0; i < d.layers; ++i) {
-    keys_.push_back(Tensor::zeros({d.heads, d.context_length, d.head_width()}));
-    values_.push_back(Tensor::zeros({d.heads, d.context_length, d.head_width()}));
+    keys_.push_back(Tensor::zeros({d.kv_heads(), d.context_length, d.head_width()}));
+    values_.push_back(Tensor::zeros({d.kv_heads(), d.context_length, d.head_width()}));
   }
   versions_.clear();
   for (const Variable& p : core_->all_leaves()) versions_.push_back(p.value_version());
@@ -70,16 +70,18 @@ Tensor DecodeSession::decode_token(std::int32_t token) {
   const std::int64_t d = dims.head_width();
   const std::int64_t c = dims.model_width;
   const std::int32_t ids[1] = {token};
-  auto split_heads = [&](const Variable& x) {  // (1, 1, C) → (1, H, 1, D)
-    return permute(reshape(x, {1, 1, heads, d}), {0, 2, 1, 3});
+  const std::int64_t kv_heads = dims.kv_heads();
+  const float base = dims.rope_base;
+  auto split_heads = [&](const Variable& x, std::int64_t n) {  // (1, 1, n·D) → (1, n, 1, D)
+    return permute(reshape(x, {1, 1, n, d}), {0, 2, 1, 3});
   };
   Variable h = embedding(m.token_embedding, ids, {1, 1});  // (1, 1, C)
   for (std::size_t i = 0; i < m.blocks.size(); ++i) {
     const BlockWeights& w = m.blocks[i];
     const Variable x = rms_norm(h, w.attention_norm, m.eps);
-    const Variable q = rope(split_heads(m.project(w, LoraTarget::Query, x)), position_);  // (1, H, 1, D)
-    const Variable k = rope(split_heads(m.project(w, LoraTarget::Key, x)), position_);    // (1, H, 1, D)
-    const Variable v = split_heads(m.project(w, LoraTarget::Value, x));                   // (1, H, 1, D)
+    const Variable q = rope(split_heads(m.project(w, LoraTarget::Query, x), heads), position_, base);   // (1, H, 1, D)
+    const Variable k = rope(split_heads(m.project(w, LoraTarget::Key, x), kv_heads), position_, base);  // (1, G, 1, D)
+    const Variable v = split_heads(m.project(w, LoraTarget::Value, x), kv_heads);                       // (1, G, 1, D)
     write_cache(keys_[i], k.value(), position_);
     write_cache(values_[i], v.value(), position_);
     const Tensor a = cpu::cached_attention(q.value().reshape({heads, d}), keys_[i], values_[i], position_ + 1);
@@ -92,75 +94,6 @@ Tensor DecodeSession::decode_token(std::int32_t token) {
   const Variable logits = linear(rms_norm(h, m.final_norm, m.eps), m.lm_head);  // (1, 1, V)
   ++position_;
   return logits.value().reshape({dims.vocab_size});
-}
-
-GenerationResult generate(const DecoderOnlyTransformer& model, std::span<const std::int32_t> prompt,
-                          const GenerationOptions& options) {
-  if (prompt.empty()) throw ValueError("[generate] the prompt is empty: give at least one token");
-  if (options.max_new_tokens < 0) throw ValueError("[generate] max_new_tokens must be >= 0");
-  if (!(options.temperature >= 0.0F) || !std::isfinite(options.temperature)) {
-    throw ValueError("[generate] temperature must be a finite number >= 0");
-  }
-  if (options.top_k < 0) throw ValueError("[generate] top_k must be >= 0");
-  const std::int64_t context = model.dimensions().context_length;
-  if (static_cast<std::int64_t>(prompt.size()) > context) {
-    throw ValueError("[generate] the prompt has " + std::to_string(prompt.size()) +
-                     " tokens, more than the context length " + std::to_string(context));
-  }
-  DecodeSession session(model);
-  Tensor logits;
-  for (const std::int32_t t : prompt) logits = session.decode_token(t);
-  Random random(options.seed);
-  GenerationResult result;
-  const std::int64_t vocab = model.dimensions().vocab_size;
-  std::vector<std::int32_t> order(static_cast<std::size_t>(vocab));
-  std::vector<double> probs(static_cast<std::size_t>(vocab));
-  for (std::int64_t n = 0; n < options.max_new_tokens; ++n) {
-    const float* l = std::as_const(logits).data();
-    for (std::int64_t i = 0; i < vocab; ++i) {
-      if (!std::isfinite(l[i])) {
-        throw ValueError("[generate] the logits after " + std::to_string(session.position()) +
-                         " tokens are not finite (token " + std::to_string(i) + ": " + std::to_string(l[i]) +
-                         "): are the model's weights finite?");
-      }
-    }
-    std::int32_t next = 0;
-    if (options.temperature == 0.0F) {
-      next = static_cast<std::int32_t>(std::max_element(l, l + vocab) - l);
-    } else {
-      std::iota(order.begin(), order.end(), 0);
-      const std::int64_t keep = options.top_k == 0 ? vocab : std::min(options.top_k, vocab);
-      std::partial_sort(order.begin(), order.begin() + keep, order.end(),
-                        [l](std::int32_t a, std::int32_t b) { return l[a] > l[b] || (l[a] == l[b] && a < b); });
-      const double top = l[order[0]];
-      double total = 0.0;
-      for (std::int64_t i = 0; i < keep; ++i) {
-        probs[static_cast<std::size_t>(i)] = std::exp((l[order[static_cast<std::size_t>(i)]] - top) / options.temperature);
-        total += probs[static_cast<std::size_t>(i)];
-      }
-      double u = static_cast<double>(random.uniform()) * total;
-      next = order[static_cast<std::size_t>(keep - 1)];
-      for (std::int64_t i = 0; i < keep; ++i) {
-        u -= probs[static_cast<std::size_t>(i)];
-        if (u < 0.0) {
-          next = order[static_cast<std::size_t>(i)];
-          break;
-        }
-      }
-    }
-    result.tokens.push_back(next);
-    if (session.position() >= context) {
-      result.reached_context = n + 1 < options.max_new_tokens;
-      if (result.reached_context) {
-        result.message = "stopped after " + std::to_string(result.tokens.size()) +
-                         " new tokens: the context length " + std::to_string(context) + " is full";
-      }
-      break;
-    }
-    if (n + 1 < options.max_new_tokens) logits = session.decode_token(next);
-  }
-  if (result.message.empty()) result.message = "generated " + std::to_string(result.tokens.size()) + " tokens";
-  return result;
 }
 
 }  // namespace riftco_transformer

@@ -121,6 +121,9 @@ std::pair<std::int64_t, std::int64_t> projection_shape(const TransformerDimensio
       return {d.feed_forward_width, d.model_width};
     case LoraTarget::Down:
       return {d.model_width, d.feed_forward_width};
+    case LoraTarget::Key:
+    case LoraTarget::Value:
+      return {d.kv_width(), d.model_width};
     default:
       return {d.model_width, d.model_width};
   }

@@ -42,6 +42,13 @@ void TransformerDimensions::validate() const {
                        " is above the limit 1048576");
     }
   }
+  if (key_value_heads < 0 || key_value_heads > heads || heads % kv_heads() != 0) {
+    throw ValueError("[TransformerDimensions] key_value_heads " + std::to_string(key_value_heads) +
+                     " must divide heads " + std::to_string(heads) + " (0 = heads: ordinary multi-head attention)");
+  }
+  if (!std::isfinite(rope_base) || !(rope_base > 1.0F)) {
+    throw ValueError("[TransformerDimensions] rope_base must be a finite number > 1, got " + std::to_string(rope_base));
+  }
   if (context_length > (std::int64_t{1} << 20) || layers > 4096 || heads > model_width) {
     throw ValueError("[TransformerDimensions] context_length <= 1048576, layers <= 4096 and heads <= model_width");
   }
@@ -100,6 +107,7 @@ DecoderOnlyTransformer::DecoderOnlyTransformer(const TransformerDimensions& dime
   const std::int64_t v = m.dims.vocab_size;
   const std::int64_t c = m.dims.model_width;
   const std::int64_t f = m.dims.feed_forward_width;
+  const std::int64_t kv = m.dims.kv_width();
   constexpr float kStd = 0.02F;
   const float residual_std = kStd / std::sqrt(2.0F * static_cast<float>(m.dims.layers));
   m.token_embedding = parameter_leaf(Tensor::normal({v, c}, random, 0.0F, kStd), "token_embedding.weight");
@@ -108,8 +116,8 @@ DecoderOnlyTransformer::DecoderOnlyTransformer(const TransformerDimensions& dime
     BlockWeights b;
     b.attention_norm = parameter_leaf(Tensor::ones({c}), p + "attention_norm.weight");
     b.query = parameter_leaf(Tensor::normal({c, c}, random, 0.0F, kStd), p + "attention.query.weight");
-    b.key = parameter_leaf(Tensor::normal({c, c}, random, 0.0F, kStd), p + "attention.key.weight");
-    b.value = parameter_leaf(Tensor::normal({c, c}, random, 0.0F, kStd), p + "attention.value.weight");
+    b.key = parameter_leaf(Tensor::normal({kv, c}, random, 0.0F, kStd), p + "attention.key.weight");
+    b.value = parameter_leaf(Tensor::normal({kv, c}, random, 0.0F, kStd), p + "attention.value.weight");
     b.output = parameter_leaf(Tensor::normal({c, c}, random, 0.0F, residual_std), p + "attention.output.weight");
     b.mlp_norm = parameter_leaf(Tensor::ones({c}), p + "mlp_norm.weight");
     b.gate = parameter_leaf(Tensor::normal({f, c}, random, 0.0F, kStd), p + "mlp.gate.weight");
@@ -118,7 +126,8 @@ DecoderOnlyTransformer::DecoderOnlyTransformer(const TransformerDimensions& dime
     m.blocks.push_back(std::move(b));
   }
   m.final_norm = parameter_leaf(Tensor::ones({c}), "final_norm.weight");
-  m.lm_head = parameter_leaf(Tensor::normal({v, c}, random, 0.0F, kStd), "lm_head.weight");
+  m.lm_head = m.dims.tie_embeddings ? m.token_embedding
+                                    : parameter_leaf(Tensor::normal({v, c}, random, 0.0F, kStd), "lm_head.weight");
 }
 
 DecoderOnlyTransformer::~DecoderOnlyTransformer() = default;
@@ -190,7 +199,7 @@ std::vector<NamedParameter> DecoderOnlyTransformer::parameters() const {
     for (const Variable& v : base_block_parameters(core_->blocks[i])) push(v);
   }
   push(core_->final_norm);
-  push(core_->lm_head);
+  if (!core_->dims.tie_embeddings) push(core_->lm_head);
   return out;
 }
 
@@ -206,6 +215,7 @@ void TransformerCore::check_parameters(const char* op) const {
   const std::int64_t v = dims.vocab_size;
   const std::int64_t c = dims.model_width;
   const std::int64_t f = dims.feed_forward_width;
+  const std::int64_t kv = dims.kv_width();
   auto check = [op](const Variable& p, const Shape& expected) {
     if (p.shape() != expected || p.backend() != Backend::Cpu) {
       throw ShapeError(std::string("[") + op + "] parameter '" + p.name() + "' is " + shape_string(p.shape()) +
@@ -216,7 +226,8 @@ void TransformerCore::check_parameters(const char* op) const {
   check(token_embedding, {v, c});
   for (const BlockWeights& b : blocks) {
     for (const Variable& w : {b.attention_norm, b.mlp_norm}) check(w, {c});
-    for (const Variable& w : {b.query, b.key, b.value, b.output}) check(w, {c, c});
+    for (const Variable& w : {b.query, b.output}) check(w, {c, c});
+    for (const Variable& w : {b.key, b.value}) check(w, {kv, c});
     for (const Variable& w : {b.gate, b.up}) check(w, {f, c});
     check(b.down, {c, f});
     for (const LoraAdapter& adapter : b.adapters) {

@@ -145,20 +145,24 @@ Variable TransformerCore::attention_sub_block(std::size_t index, const Variable&
   // (the projection is then a temporary, not a graph value).
   const bool fuse_residual = drop == 0.0F;
   Variable merged;  // (B, T, C)
-  if (kind == FullSequenceAttentionKind::Flash) {
+  const std::int64_t kv_heads = dims.kv_heads();
+  const float base = dims.rope_base;
+  if (kind == FullSequenceAttentionKind::Flash && kv_heads == heads) {
     // q, k, v side by side in one tensor; rope and the flash kernel read them
     // where they are (no head split/merge copies).
     const Variable qkv = normed_projections(*this, w, h, w.attention_norm,
                                             {LoraTarget::Query, LoraTarget::Key, LoraTarget::Value});  // (B, T, 3C)
-    merged = fused::rope_attention_packed(qkv, heads);
+    merged = fused::rope_attention_packed(qkv, heads, base);
   } else {
     const Variable x = rms_norm(h, w.attention_norm, eps);  // (B, T, C)
-    auto split_heads = [&](const Variable& y) {             // (B, T, C) → (B, H, T, D)
-      return permute(reshape(y, {b, t, heads, d}), {0, 2, 1, 3});
+    auto split_heads = [&](const Variable& y, std::int64_t n) {  // (B, T, n·D) → (B, n, T, D)
+      return permute(reshape(y, {b, t, n, d}), {0, 2, 1, 3});
     };
-    const Variable q = rope(split_heads(project(w, LoraTarget::Query, x)));  // (B, H, T, D)
-    const Variable k = rope(split_heads(project(w, LoraTarget::Key, x)));    // (B, H, T, D)
-    const Variable v = split_heads(project(w, LoraTarget::Value, x));        // (B, H, T, D)
+    // Grouped-query attention: each key/value head serves heads/kv_heads query heads.
+    auto shared = [&](const Variable& y) { return kv_heads == heads ? y : repeat_heads(y, heads / kv_heads); };
+    const Variable q = rope(split_heads(project(w, LoraTarget::Query, x), heads), 0, base);              // (B, H, T, D)
+    const Variable k = shared(rope(split_heads(project(w, LoraTarget::Key, x), kv_heads), 0, base));     // (B, H, T, D)
+    const Variable v = shared(split_heads(project(w, LoraTarget::Value, x), kv_heads));                  // (B, H, T, D)
     const Variable a = causal_attention(q, k, v, kind);                    // (B, H, T, D)
     merged = reshape(permute(a, {0, 2, 1, 3}), {b, t, c});
   }

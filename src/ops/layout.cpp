@@ -1,5 +1,7 @@
-// reshape (shares storage), transpose and permute (copy into the new layout).
+// reshape (shares storage), transpose, permute and repeat_heads (copy into
+// the new layout).
 #include <algorithm>
+#include <cstring>
 
 #include "../backend/cpu/kernels.hpp"
 #include "op_util.hpp"
@@ -51,6 +53,40 @@ Variable transpose(const Variable& x, std::int64_t dim0, std::int64_t dim1) {
   for (std::int64_t i = 0; i < rank; ++i) perm[static_cast<std::size_t>(i)] = i;
   std::swap(perm[static_cast<std::size_t>(a)], perm[static_cast<std::size_t>(b)]);
   return permute(x, perm);
+}
+
+Variable repeat_heads(const Variable& x, std::int64_t groups) {
+  const char* op = "repeat_heads";
+  check_defined(op, "input", x);
+  if (x.value().dim() != 4) throw ShapeError(tag(op) + "input " + shape_string(x.shape()) + " must be (B, G, T, D)");
+  if (groups < 1) throw ValueError(tag(op) + "groups must be >= 1, got " + std::to_string(groups));
+  if (x.backend() != Backend::Cpu) throw ValueError(tag(op) + "runs on cpu tensors only");
+  const Shape in = x.shape();
+  const std::int64_t b = in[0];
+  const std::int64_t g = in[1];
+  const std::int64_t rows = in[2] * in[3];  // floats per head
+  Tensor out = Tensor::empty({b, g * groups, in[2], in[3]});
+  const float* px = x.value().data();
+  float* po = out.data();
+  for (std::int64_t i = 0; i < b * g; ++i) {
+    for (std::int64_t r = 0; r < groups; ++r) {
+      std::memcpy(po + (i * groups + r) * rows, px + i * rows, static_cast<std::size_t>(rows) * sizeof(float));
+    }
+  }
+  return Variable::from_op(op, std::move(out), {x}, [in, groups](const Tensor& grad, const std::vector<bool>&) {
+    const std::int64_t rows = in[2] * in[3];
+    Tensor dx = Tensor::zeros(in);
+    const float* pg = grad.data();
+    float* pd = dx.data();
+    for (std::int64_t i = 0; i < in[0] * in[1]; ++i) {
+      for (std::int64_t r = 0; r < groups; ++r) {  // fixed order: deterministic
+        const float* src = pg + (i * groups + r) * rows;
+        float* dst = pd + i * rows;
+        for (std::int64_t k = 0; k < rows; ++k) dst[k] += src[k];
+      }
+    }
+    return std::vector<Tensor>{std::move(dx)};
+  });
 }
 
 }  // namespace riftco_transformer

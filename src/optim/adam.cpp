@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <span>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -23,18 +24,56 @@ void AdamOptions::validate() const {
   }
 }
 
-Adam::Adam(std::vector<Variable> parameters, AdamOptions options)
-    : params_(std::move(parameters)), options_(options) {
-  options_.validate();
-  for (std::size_t i = 0; i < params_.size(); ++i) {
-    const Variable& p = params_[i];
+void Adam::add_parameters(std::vector<Variable> parameters) {
+  for (Variable& p : parameters) {
+    const std::size_t i = params_.size();
     if (!p.defined() || !p.is_leaf() || !p.requires_grad()) {
       throw ValueError("[Adam] parameter " + std::to_string(i) + (p.defined() ? " '" + p.name() + "'" : "") +
                        " must be a leaf that requires grad");
     }
     m_.push_back(Tensor::zeros(p.value().shape(), p.value().backend()));
     v_.push_back(Tensor::zeros(p.value().shape(), p.value().backend()));
+    params_.push_back(std::move(p));
   }
+}
+
+Adam::Adam(std::vector<Variable> parameters, AdamOptions options) : options_(options) {
+  options_.validate();
+  add_parameters(std::move(parameters));
+  groups_.push_back({"all", options_.weight_decay, 0, params_.size()});
+  weight_decay_.assign(params_.size(), options_.weight_decay);
+}
+
+Adam::Adam(std::vector<ParameterGroup> groups, AdamOptions options) : options_(options) {
+  options_.validate();
+  for (ParameterGroup& g : groups) {
+    const float wd = g.weight_decay.value_or(options_.weight_decay);
+    if (!(wd >= 0.0F) || !std::isfinite(wd)) {
+      throw ValueError("[Adam] parameter group '" + g.name + "': weight_decay must be finite and >= 0, got " +
+                       std::to_string(wd));
+    }
+    const std::size_t begin = params_.size();
+    add_parameters(std::move(g.parameters));
+    groups_.push_back({g.name, wd, begin, params_.size()});
+    weight_decay_.resize(params_.size(), wd);
+  }
+  std::unordered_set<const Node*> seen;
+  for (const GroupInfo& info : groups_) {
+    for (std::size_t i = info.begin; i < info.end; ++i) {
+      if (!seen.insert(params_[i].node()).second) {
+        throw ValueError("[Adam] parameter '" + params_[i].name() + "' appears twice (again in group '" + info.name +
+                         "')");
+      }
+    }
+  }
+}
+
+float Adam::weight_decay_of(std::size_t index) const {
+  if (index >= params_.size()) {
+    throw ValueError("[Adam] parameter index " + std::to_string(index) + " out of range (" +
+                     std::to_string(params_.size()) + " parameters)");
+  }
+  return weight_decay_[index];
 }
 
 void Adam::set_learning_rate(float lr) {
@@ -45,11 +84,29 @@ void Adam::set_learning_rate(float lr) {
 }
 
 float Adam::step() {
+  std::vector<const Tensor*> gradients;
+  gradients.reserve(params_.size());
+  for (const Variable& p : params_) gradients.push_back(&p.grad());
+  return update(gradients);
+}
+
+float Adam::step(std::span<const Tensor> gradients) {
+  if (gradients.size() != params_.size()) {
+    throw ValueError("[Adam] step got " + std::to_string(gradients.size()) + " gradients for " +
+                     std::to_string(params_.size()) + " parameters");
+  }
+  std::vector<const Tensor*> pointers;
+  pointers.reserve(gradients.size());
+  for (const Tensor& g : gradients) pointers.push_back(&g);
+  return update(pointers);
+}
+
+float Adam::update(std::span<const Tensor* const> gradients) {
   // Validate everything first: a bad gradient changes nothing.
   std::vector<std::size_t> with_grad;
   std::vector<std::span<const float>> grads;
   for (std::size_t i = 0; i < params_.size(); ++i) {
-    const Tensor& g = params_[i].grad();
+    const Tensor& g = *gradients[i];
     if (!g.defined()) continue;
     const Tensor& value = params_[i].value();
     if (g.shape() != value.shape()) {
@@ -93,7 +150,6 @@ float Adam::step() {
   c.bias1 = static_cast<float>(1.0 - std::pow(static_cast<double>(options_.beta1), t));
   c.bias2 = static_cast<float>(1.0 - std::pow(static_cast<double>(options_.beta2), t));
   c.learning_rate = options_.learning_rate;
-  c.decay = 1.0F - options_.learning_rate * options_.weight_decay;
   c.epsilon = options_.epsilon;
   c.clip = clip;
   std::vector<cpu::AdamUpdate> updates;
@@ -104,7 +160,8 @@ float Adam::step() {
     // the pointer is then taken without a second bump.
     Tensor theta_handle = params_[i].mutable_value("updated in place by Adam::step");
     auto* theta = const_cast<float*>(std::as_const(theta_handle).data());
-    updates.push_back({theta, m_[i].data(), v_[i].data(), grads[k].data(), params_[i].value().numel()});
+    updates.push_back({theta, m_[i].data(), v_[i].data(), grads[k].data(), params_[i].value().numel(),
+                       1.0F - options_.learning_rate * weight_decay_[i]});
   }
   cpu::adam_update(updates, c);
   return norm;

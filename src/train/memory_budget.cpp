@@ -28,7 +28,8 @@ MemoryEstimate estimate_training_memory(const TransformerDimensions& d, std::int
   const double rows = dd(s.batch) * dd(s.sequence_length);  // B·T
   MemoryEstimate e;
   e.parameters = f * (dd(d.parameter_count()) + dd(lora_parameters));
-  e.training = f * 3.0 * dd(trainable_parameters);
+  // gradients + two Adam moments, and the accumulation sums when K > 1
+  e.training = f * (s.gradient_accumulation_steps > 1 ? 4.0 : 3.0) * dd(trainable_parameters);
   const double boundaries = rows * dd(d.model_width) * dd(d.layers + 1);  // h_i of every block, any policy
   // What one block keeps for its backward: at least the packed q/k/v and the
   // attention output (4C per row), the gate/up pair (2F), and with

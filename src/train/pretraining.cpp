@@ -76,6 +76,10 @@ RunResult run_pretraining(const PretrainingConfig& config, const ProgressCallbac
   run.config["dimensions"] = {{"vocab_size", d.vocab_size},   {"context_length", d.context_length},
                               {"model_width", d.model_width}, {"heads", d.heads},
                               {"layers", d.layers},           {"feed_forward_width", d.feed_forward_width}};
+  // Written only when not the defaults (runs of ordinary models keep their config and resume).
+  if (d.kv_heads() != d.heads) run.config["dimensions"]["key_value_heads"] = d.kv_heads();
+  if (d.rope_base != TransformerDimensions{}.rope_base) run.config["dimensions"]["rope_base"] = d.rope_base;
+  if (d.tie_embeddings) run.config["dimensions"]["tie_embeddings"] = true;
   run.facts = {{"parameters", model.parameter_count()},
                {"train_tokens", dataset.train_tokens()},
                {"validation_tokens", dataset.validation_tokens()},

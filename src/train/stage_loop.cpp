@@ -3,16 +3,19 @@
 // training checkpoint stores every state the next step depends on.
 #include "stage_loop.hpp"
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstring>
 #include <fstream>
 #include <limits>
+#include <unordered_map>
 
 #include "../io/json_read.hpp"
 #include "memory_budget.hpp"
 #include "riftco_transformer/adam.hpp"
+#include "riftco_transformer/gradient_accumulator.hpp"
 #include "riftco_transformer/atomic_file.hpp"
 #include "riftco_transformer/memory.hpp"
 #include "riftco_transformer/model_state.hpp"
@@ -133,6 +136,36 @@ void write_plots(const std::filesystem::path& dir, const std::vector<nlohmann::j
   write_loss_curve_svg(dir / "loss_curve.svg", series, title);
 }
 
+/// `trainable` reordered as adam.parameters() (the groups' order).
+std::vector<NamedParameter> in_adam_order(const std::vector<NamedParameter>& trainable, const Adam& adam) {
+  std::unordered_map<const Node*, const NamedParameter*> by_node;
+  for (const NamedParameter& p : trainable) by_node[p.variable.node()] = &p;
+  std::vector<NamedParameter> ordered;
+  for (const Variable& v : adam.parameters()) ordered.push_back(*by_node.at(v.node()));
+  return ordered;
+}
+
+/// metadata.json's record of Adam's groups: each group's weight decay and
+/// sizes; the names of the parameters that are not decayed.
+nlohmann::json groups_json(const std::vector<NamedParameter>& ordered, const Adam& adam) {
+  nlohmann::json groups = nlohmann::json::array();
+  for (const Adam::GroupInfo& g : adam.groups()) {
+    std::int64_t elements = 0;
+    nlohmann::json names = nlohmann::json::array();
+    for (std::size_t i = g.begin; i < g.end; ++i) {
+      elements += ordered[i].variable.value().numel();
+      if (g.weight_decay == 0.0F) names.push_back(ordered[i].name);
+    }
+    nlohmann::json row = {{"name", g.name},
+                          {"weight_decay", json_number(g.weight_decay)},
+                          {"parameters", g.end - g.begin},
+                          {"elements", elements}};
+    if (g.weight_decay == 0.0F) row["parameter_names"] = names;
+    groups.push_back(row);
+  }
+  return groups;
+}
+
 }  // namespace
 
 RunResult run(StageRun& r, const ProgressCallback& progress) {
@@ -159,15 +192,19 @@ RunResult run(StageRun& r, const ProgressCallback& progress) {
   model.set_dropout(s.dropout, s.seed + 1);
   model.set_training(true);
 
-  std::vector<Variable> params;
-  for (const NamedParameter& p : r.trainable) params.push_back(p.variable);
   AdamOptions options;
   options.learning_rate = s.learning_rate;
   options.beta1 = s.beta1;
   options.beta2 = s.beta2;
   options.weight_decay = s.weight_decay;
   options.max_grad_norm = s.max_grad_norm;
-  Adam adam(params, options);
+  Adam adam(default_parameter_groups(r.trainable, s.weight_decay, s.decay_embeddings), options);
+  // Adam holds the groups' order; checkpoints pair moments with names in it.
+  r.trainable = in_adam_order(r.trainable, adam);
+  r.facts["parameter_groups"] = groups_json(r.trainable, adam);
+  r.facts["effective_batch"] = s.batch * s.gradient_accumulation_steps;  // rows per optimizer step
+  GradientAccumulator accumulator(adam.parameters());
+  const std::int64_t micro_batches = s.gradient_accumulation_steps;
 
   TrainingState state;
   Random data_random(s.seed);
@@ -209,26 +246,68 @@ RunResult run(StageRun& r, const ProgressCallback& progress) {
   float last_validation = 0.0F;
   for (std::int64_t step = state.step; step < s.steps; ++step) {
     adam.set_learning_rate(s.learning_rate_at(step));
-    const TokenBatch batch = r.sample(data_random, Split::Train);
-    Variable loss = model.loss(batch.tokens, batch.targets, batch.batch);
-    last_loss = loss.value().item();
+    // The step's K micro-batches first: each one's weight is its share of
+    // the real targets of all K (post-training masks prompts and padding).
+    std::vector<TokenBatch> batches;
+    std::vector<std::int64_t> counts;
+    std::int64_t real_targets = 0;
+    for (std::int64_t k = 0; k < micro_batches; ++k) {
+      batches.push_back(r.sample(data_random, Split::Train));
+      counts.push_back(static_cast<std::int64_t>(
+          std::count_if(batches.back().targets.begin(), batches.back().targets.end(),
+                        [](std::int32_t t) { return t != kIgnoreTarget; })));
+      real_targets += counts.back();
+    }
     // A non-finite loss or gradient ends the run before the weights change.
     const auto diverged = [&](const std::string& what) {
       return Error("[" + r.stage + "] step " + std::to_string(step + 1) + ": " + what +
                    "; stopped before updating the weights (no final model is written; the last training "
                    "checkpoint, if any, is kept). Try a lower learning rate or gradient clipping.");
     };
-    if (!std::isfinite(last_loss)) throw diverged("the training loss is " + std::to_string(last_loss));
-    loss.backward();
-    loss = Variable();  // release the graph before the update
     float grad_norm = 0.0F;
-    try {
-      grad_norm = adam.step();  // refuses a non-finite gradient before changing anything
-    } catch (const ValueError& e) {
-      throw diverged(e.what());
+    if (micro_batches == 1) {
+      const TokenBatch& batch = batches.front();
+      Variable loss = model.loss(batch.tokens, batch.targets, batch.batch);
+      last_loss = loss.value().item();
+      if (!std::isfinite(last_loss)) throw diverged("the training loss is " + std::to_string(last_loss));
+      loss.backward();
+      loss = Variable();  // release the graph before the update
+      try {
+        grad_norm = adam.step();  // refuses a non-finite gradient before changing anything
+      } catch (const ValueError& e) {
+        throw diverged(e.what());
+      }
+    } else {
+      double loss_sum = 0.0;
+      for (std::int64_t k = 0; k < micro_batches; ++k) {
+        const auto ks = static_cast<std::size_t>(k);
+        if (counts[ks] == 0 && real_targets > 0) continue;  // weight 0: nothing to add
+        const TokenBatch& batch = batches[ks];
+        Variable loss = model.loss(batch.tokens, batch.targets, batch.batch);
+        const float value = loss.value().item();
+        if (!std::isfinite(value)) {
+          throw diverged("the training loss of micro-batch " + std::to_string(k + 1) + " of " +
+                         std::to_string(micro_batches) + " is " + std::to_string(value));
+        }
+        loss.backward();
+        loss = Variable();
+        const double weight = real_targets > 0 ? static_cast<double>(counts[ks]) / static_cast<double>(real_targets)
+                                               : 1.0 / static_cast<double>(micro_batches);
+        accumulator.add(static_cast<float>(weight));
+        adam.zero_grad();
+        loss_sum += weight * static_cast<double>(value);
+      }
+      last_loss = static_cast<float>(loss_sum);
+      try {
+        grad_norm = adam.step(accumulator.gradients());  // clipping and the norm see the summed gradient
+      } catch (const ValueError& e) {
+        accumulator.clear();
+        throw diverged(e.what());
+      }
+      accumulator.clear();
     }
     adam.zero_grad();
-    tokens_seen += batch.batch * batch.seq_len;
+    for (const TokenBatch& batch : batches) tokens_seen += batch.batch * batch.seq_len;
 
     StepReport report;
     report.step = step + 1;

@@ -26,6 +26,18 @@ float StageSettings::learning_rate_at(std::int64_t step) const {
   return static_cast<float>(static_cast<double>(learning_rate) * (floor + (1.0 - floor) * cosine));
 }
 
+std::vector<ParameterGroup> default_parameter_groups(const std::vector<NamedParameter>& parameters,
+                                                     float weight_decay, bool decay_embeddings) {
+  ParameterGroup decay{"decay", {}, weight_decay};
+  ParameterGroup no_decay{"no_decay", {}, 0.0F};
+  for (const NamedParameter& p : parameters) {
+    const bool norm = p.name.find("norm") != std::string::npos;
+    const bool embedding = p.name == "token_embedding.weight" || p.name == "lm_head.weight";
+    (norm || (embedding && !decay_embeddings) ? no_decay : decay).parameters.push_back(p.variable);
+  }
+  return {decay, no_decay};
+}
+
 namespace stage {
 
 std::string fingerprint(std::string_view bytes) {
@@ -56,6 +68,9 @@ void validate_settings(const StageSettings& s, std::int64_t context_length, cons
   if (s.steps <= 0) bad("steps must be > 0, got " + std::to_string(s.steps));
   if (s.batch <= 0 || s.batch > (std::int64_t{1} << 20)) {
     bad("batch must be in [1, 1048576], got " + std::to_string(s.batch));
+  }
+  if (s.gradient_accumulation_steps < 1 || s.gradient_accumulation_steps > 65536) {
+    bad("gradient_accumulation_steps must be in [1, 65536], got " + std::to_string(s.gradient_accumulation_steps));
   }
   if (s.sequence_length < 1 || s.sequence_length > context_length) {
     bad("sequence_length must be in [1, context_length " + std::to_string(context_length) + "], got " +
@@ -100,11 +115,13 @@ nlohmann::json settings_json(const StageSettings& s) {
           {"tokenizer", s.tokenizer.string()},
           {"steps", s.steps},
           {"batch", s.batch},
+          {"gradient_accumulation_steps", s.gradient_accumulation_steps},
           {"sequence_length", s.sequence_length},
           {"learning_rate", json_number(s.learning_rate)},
           {"warmup_steps", s.warmup_steps},
           {"min_learning_rate_ratio", json_number(s.min_learning_rate_ratio)},
           {"weight_decay", json_number(s.weight_decay)},
+          {"decay_embeddings", s.decay_embeddings},
           {"max_grad_norm", json_number(s.max_grad_norm)},
           {"beta1", json_number(s.beta1)},
           {"beta2", json_number(s.beta2)},

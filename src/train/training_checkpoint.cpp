@@ -145,6 +145,14 @@ void load_training_checkpoint(const std::filesystem::path& path, const std::vect
       j->erase(key);
     }
   }
+  if (saved.value("gradient_accumulation_steps", nlohmann::json(1)) != expected["gradient_accumulation_steps"]) {
+    // Checkpoints are written between optimizer steps only, so a run could
+    // continue with another K, but its effective batch (and numbers) change.
+    throw ModelStateError(where + "made with gradient_accumulation_steps " +
+                          saved.value("gradient_accumulation_steps", nlohmann::json(1)).dump() + ", this run asks for " +
+                          expected["gradient_accumulation_steps"].dump() +
+                          "; resume with the same value or use a new output directory");
+  }
   if (saved != expected) {
     std::string field = "?";
     for (auto it = expected.begin(); it != expected.end(); ++it) {

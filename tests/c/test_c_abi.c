@@ -594,12 +594,18 @@ static void test_tokenizer_and_evaluate(void) {
   FAILS(rt_train_tokenizer(path_in("words.txt"), 300, NULL, path_in("x.model")), RT_ERROR_INVALID_ARGUMENT, "NULL");
   FAILS(rt_train_tokenizer(path_in("nothing.txt"), 300, "bpe", path_in("x.model")), RT_ERROR_DATA, "nothing.txt");
 
-  /* A caller compiled against 2.0 passes the smaller struct: still accepted, no tokenizer. */
-  rt_pretraining_config old;
+  /* A caller compiled before the tokenizer field passes the smaller struct:
+   * init leaves the bytes past it alone, and its runs stay byte-level. */
   const size_t old_size = offsetof(rt_pretraining_config, tokenizer);
-  OK(rt_pretraining_config_init(&old, old_size));
-  CHECK(old.struct_size == old_size);
-  FAILS(rt_pretraining_config_init(&old, old_size - 8), RT_ERROR_INVALID_ARGUMENT, "smaller than ABI 2.0");
+  {
+    rt_pretraining_config old;
+    memset(&old, 0x7F, sizeof old);
+    OK(rt_pretraining_config_init(&old, old_size));
+    CHECK(old.struct_size == old_size);
+    unsigned char untouched[sizeof(const char*)];
+    memset(untouched, 0x7F, sizeof untouched);
+    CHECK(memcmp(&old.tokenizer, untouched, sizeof untouched) == 0);
+  }
 
   rt_pretraining_config c;
   OK(rt_pretraining_config_default(&c));
@@ -625,6 +631,22 @@ static void test_tokenizer_and_evaluate(void) {
   mc.struct_size = sizeof mc;
   OK(rt_model_config(model, &mc));
   CHECK(mc.vocab_size == 300); /* taken from the tokenizer */
+  {
+    rt_pretraining_config old = c;
+    old.struct_size = old_size;
+    old.tokenizer = (const char*)1; /* past its struct_size: never read */
+    old.stage.output_dir = path_in("old_caller");
+    rt_run_result r_old;
+    r_old.struct_size = sizeof r_old;
+    OK(rt_run_pretraining(&old, NULL, NULL, &r_old));
+    rt_model* bytes_model = NULL;
+    OK(rt_model_load_new(r_old.weights, RT_ATTENTION_FLASH, RT_ACTIVATION_CHECKPOINTING_DISABLED, 0, &bytes_model));
+    rt_transformer_config bc;
+    bc.struct_size = sizeof bc;
+    OK(rt_model_config(bytes_model, &bc));
+    CHECK(bc.vocab_size == 256);
+    OK(rt_model_destroy(bytes_model));
+  }
 
   const char* text = "the quick brown fox 3 jumps over the lazy dog; caf\xc3\xa9 2.\n";
   rt_evaluation_result e;
@@ -676,6 +698,262 @@ static void test_tokenizer_and_evaluate(void) {
   CHECK(r.completed == 1);
 }
 
+/* Grouped-query attention, RoPE base and tied embeddings through
+ * rt_transformer_config; a 2.0-sized config and a 2.0-layout pretraining
+ * config; Hugging Face conversion both ways. */
+static void test_gqa_tied_and_hf_conversion(void) {
+  rt_transformer_config c = tiny_config();
+  CHECK(c.key_value_heads == 0 && c.rope_base == 10000.0f && c.tie_embeddings == 0);
+  c.model_width = 32;
+  c.heads = 4;
+  c.key_value_heads = 2;
+  c.rope_base = 500000.0f;
+  c.tie_embeddings = 1;
+  rt_model* model = NULL;
+  OK(rt_model_create(&c, 3, RT_ATTENTION_MATERIALIZED, RT_ACTIVATION_CHECKPOINTING_DISABLED, &model));
+  rt_transformer_config back;
+  back.struct_size = sizeof back;
+  OK(rt_model_config(model, &back));
+  CHECK(back.key_value_heads == 2 && back.rope_base == 500000.0f && back.tie_embeddings == 1);
+  rt_variable* key = NULL;
+  OK(rt_model_parameter(model, "blocks.0.attention.key.weight", &key));
+  int64_t elements = 0;
+  OK(rt_model_parameter_elements(model, &elements));
+  CHECK(elements == 256 * 32 + 32 + 3 * (2 * 32 + 2 * 32 * 32 + 2 * 16 * 32 + 3 * 32 * 24));
+  rt_variable_destroy(key);
+  FAILS(rt_model_parameter(model, "lm_head.weight", &key), RT_ERROR_VALUE, "lm_head");
+
+  /* A caller compiled before the appended fields: they take their defaults. */
+  rt_transformer_config old = c;
+  old.struct_size = offsetof(rt_transformer_config, key_value_heads);
+  old.model_width = 16;
+  old.heads = 2;
+  rt_model* plain = NULL;
+  OK(rt_model_create(&old, 3, RT_ATTENTION_MATERIALIZED, RT_ACTIVATION_CHECKPOINTING_DISABLED, &plain));
+  back.struct_size = offsetof(rt_transformer_config, key_value_heads);
+  back.key_value_heads = 77;
+  OK(rt_model_config(plain, &back));
+  CHECK(back.key_value_heads == 77); /* not written past the caller's struct_size */
+  back.struct_size = sizeof back;
+  OK(rt_model_config(plain, &back));
+  CHECK(back.key_value_heads == 0 && back.rope_base == 10000.0f && back.tie_embeddings == 0);
+  rt_model_destroy(plain);
+  c.key_value_heads = 3;
+  FAILS(rt_model_create(&c, 3, RT_ATTENTION_MATERIALIZED, RT_ACTIVATION_CHECKPOINTING_DISABLED, &plain),
+        RT_ERROR_VALUE, "key_value_heads");
+
+  /* A 2.0-layout rt_pretraining_config: init fills the 2.0 layout. */
+  struct {
+    size_t struct_size;
+    rt_stage_settings stage;
+    struct {
+      size_t struct_size;
+      int64_t sizes[6];
+      float norm_epsilon;
+    } model;
+    double validation_fraction;
+  } p20;
+  memset(&p20, 0x7F, sizeof p20);
+  OK(rt_pretraining_config_init((rt_pretraining_config*)&p20, sizeof p20));
+  CHECK(p20.struct_size == sizeof p20 && p20.model.struct_size == sizeof p20.model);
+  CHECK(p20.model.sizes[0] == 256 && p20.validation_fraction > 0.0 && p20.validation_fraction < 1.0);
+  /* ... and rt_run_pretraining reads it as such (a GQA-free 2.0 model). */
+  p20.model.sizes[1] = 32; /* context_length, model_width, heads, layers, feed_forward_width */
+  p20.model.sizes[2] = 16;
+  p20.model.sizes[3] = 2;
+  p20.model.sizes[4] = 1;
+  p20.model.sizes[5] = 32;
+  p20.stage.data = path_in("corpus.txt"); /* written by test_pipelines */
+  p20.stage.output_dir = path_in("pretrain20");
+  p20.stage.steps = 1;
+  p20.stage.batch = 2;
+  p20.stage.sequence_length = 16;
+  p20.stage.eval_batches = 1;
+  p20.stage.checkpoint_interval = 0;
+  rt_run_result r20;
+  r20.struct_size = sizeof r20;
+  OK(rt_run_pretraining((const rt_pretraining_config*)&p20, NULL, NULL, &r20));
+  CHECK(r20.completed == 1 && r20.steps == 1);
+  rt_model* m20 = NULL;
+  OK(rt_model_load_new(r20.weights, RT_ATTENTION_MATERIALIZED, RT_ACTIVATION_CHECKPOINTING_DISABLED, 0, &m20));
+  back.struct_size = sizeof back;
+  OK(rt_model_config(m20, &back));
+  CHECK(back.layers == 1 && back.model_width == 16 && back.key_value_heads == 0 && back.rope_base == 10000.0f);
+  rt_model_destroy(m20);
+  FAILS(rt_pretraining_config_init((rt_pretraining_config*)&p20, sizeof p20 - 8), RT_ERROR_INVALID_ARGUMENT,
+        "smaller than ABI 2.0");
+
+  /* Hugging Face conversion: to_hf then from_hf gives the same weights. */
+  OK(rt_model_save(model, path_in("gqa.safetensors")));
+  OK(rt_convert_to_hf(path_in("gqa.safetensors"), path_in("hf"), 0));
+  OK(rt_convert_from_hf(path_in("hf"), path_in("gqa2.safetensors"), 0));
+  rt_model* again = NULL;
+  OK(rt_model_load_new(path_in("gqa2.safetensors"), RT_ATTENTION_FLASH, RT_ACTIVATION_CHECKPOINTING_TRANSFORMER_BLOCK, 0, &again));
+  char a[17], b[17];
+  OK(rt_model_fingerprint(model, a, sizeof a));
+  OK(rt_model_fingerprint(again, b, sizeof b));
+  CHECK(strcmp(a, b) == 0);
+  FAILS(rt_convert_from_hf(path_in("no-such-dir"), path_in("x.safetensors"), 0), RT_ERROR_MODEL_STATE,
+        "not a directory");
+  FAILS(rt_convert_from_hf(NULL, path_in("x.safetensors"), 0), RT_ERROR_INVALID_ARGUMENT, "NULL");
+  FAILS(rt_convert_to_hf(path_in("gqa.safetensors"), path_in("hf"), 0x80u), RT_ERROR_INVALID_ARGUMENT, "flags");
+  rt_model_destroy(again);
+  rt_model_destroy(model);
+}
+
+/* Appended after ABI 2.0: parameter groups, gradient accumulation, sampling options. */
+static void test_groups_accumulation_and_sampling(void) {
+  rt_transformer_config c = tiny_config();
+  rt_model* model = NULL;
+  OK(rt_model_create(&c, 5, RT_ATTENTION_FLASH, RT_ACTIVATION_CHECKPOINTING_DISABLED, &model));
+  rt_adam_options options;
+  OK(rt_adam_options_default(&options));
+  options.weight_decay = 0.1f;
+  rt_adam* adam = NULL;
+  float wd = -1.0f;
+  OK(rt_adam_create_grouped(model, &options, 1, &adam));
+  OK(rt_adam_weight_decay(adam, "blocks.0.attention_norm.weight", &wd));
+  CHECK(wd == 0.0f);
+  OK(rt_adam_weight_decay(adam, "blocks.1.attention.query.weight", &wd));
+  CHECK(wd == 0.1f);
+  OK(rt_adam_weight_decay(adam, "token_embedding.weight", &wd));
+  CHECK(wd == 0.1f);
+  FAILS(rt_adam_weight_decay(adam, "no.such.weight", &wd), RT_ERROR_VALUE, "no parameter named 'no.such.weight'");
+  FAILS(rt_adam_weight_decay(adam, NULL, &wd), RT_ERROR_INVALID_ARGUMENT, "parameter_name is NULL");
+  rt_adam_destroy(adam);
+  OK(rt_adam_create_grouped(model, &options, 0, &adam));
+  OK(rt_adam_weight_decay(adam, "lm_head.weight", &wd));
+  CHECK(wd == 0.0f);
+  rt_variable* loss = NULL;
+  OK(rt_model_loss(model, g_tokens, g_targets, B, T, &loss));
+  OK(rt_variable_backward(loss));
+  OK(rt_adam_step(adam, NULL));
+  rt_variable_destroy(loss);
+  rt_adam_destroy(adam);
+  /* The plain Adam keeps decaying everything. */
+  OK(rt_adam_create(model, &options, &adam));
+  OK(rt_adam_weight_decay(adam, "final_norm.weight", &wd));
+  CHECK(wd == 0.1f);
+  rt_adam_destroy(adam);
+  options.weight_decay = -1.0f;
+  FAILS(rt_adam_create_grouped(model, &options, 1, &adam), RT_ERROR_VALUE, "weight_decay");
+
+  /* Sampling options. */
+  rt_generation_options g;
+  OK(rt_generation_options_default(&g));
+  CHECK(g.top_p == 1.0f && g.repetition_penalty == 1.0f && g.stop == NULL && g.stop_count == 0 && g.num_samples == 1);
+  g.max_new_tokens = 6;
+  g.seed = 3;
+  int32_t prompt[2] = {72, 105};
+  int32_t plain[6], old_layout[6];
+  size_t count = 0;
+  OK(rt_generate(model, prompt, 2, &g, plain, 6, &count, NULL));
+  rt_generation_options old = g; /* an ABI 2.0 caller: the appended fields are not read */
+  old.struct_size = offsetof(rt_generation_options, top_p);
+  old.top_p = 0.0f; /* invalid, but beyond its struct_size */
+  OK(rt_generate(model, prompt, 2, &old, old_layout, 6, &count, NULL));
+  CHECK(memcmp(plain, old_layout, sizeof plain) == 0);
+  rt_generation_options init_old;
+  memset(&init_old, 0x55, sizeof init_old);
+  OK(rt_generation_options_init(&init_old, offsetof(rt_generation_options, top_p)));
+  CHECK(init_old.max_new_tokens == 64 && init_old.num_samples == 0x5555555555555555LL); /* untouched */
+
+  char stop_text[2] = {(char)plain[2], 0};
+  const char* stops[1] = {stop_text};
+  g.stop = stops;
+  g.stop_count = 1;
+  g.num_samples = 3;
+  g.top_p = 0.9f;
+  g.repetition_penalty = 1.2f;
+  rt_generation* samples = NULL;
+  OK(rt_generate_samples(model, prompt, 2, &g, &samples));
+  size_t n = 0;
+  OK(rt_generation_sample_count(samples, &n));
+  CHECK(n == 3);
+  for (size_t i = 0; i < n; ++i) {
+    const int32_t* tokens = NULL;
+    const char* text = NULL;
+    size_t token_count = 0, text_length = 0;
+    int64_t stop_index = 7;
+    OK(rt_generation_sample(samples, i, &tokens, &token_count, &text, &text_length, &stop_index, NULL));
+    CHECK(token_count <= 6 && text_length <= token_count);
+    CHECK(stop_index == -1 || (stop_index == 0 && memchr(text, stop_text[0], text_length) == NULL));
+  }
+  const int32_t* tokens = NULL;
+  const char* text = NULL;
+  size_t token_count = 0, text_length = 0;
+  FAILS(rt_generation_sample(samples, 3, &tokens, &token_count, &text, &text_length, NULL, NULL),
+        RT_ERROR_INVALID_ARGUMENT, "index 3 is out of range");
+  rt_generation_destroy(samples);
+  /* Greedy with a stop string at the third token: two tokens of text. */
+  g.temperature = 0.0f;
+  g.num_samples = 1;
+  g.top_p = 1.0f;
+  g.repetition_penalty = 1.0f;
+  g.stop_count = 0;
+  OK(rt_generate(model, prompt, 2, &g, plain, 6, &count, NULL));
+  stop_text[0] = (char)plain[2];
+  size_t first = 0;
+  while (plain[first] != plain[2]) ++first;
+  g.stop_count = 1;
+  OK(rt_generate(model, prompt, 2, &g, plain, 6, &count, NULL));
+  CHECK(count == first + 1);
+  OK(rt_generate_samples(model, prompt, 2, &g, &samples));
+  int64_t which = -1;
+  OK(rt_generation_sample(samples, 0, &tokens, &token_count, &text, &text_length, &which, NULL));
+  CHECK(token_count == count && text_length == first && which == 0);
+  rt_generation_destroy(samples);
+  g.num_samples = 2;
+  FAILS(rt_generate(model, prompt, 2, &g, plain, 6, &count, NULL), RT_ERROR_VALUE, "generate_samples");
+  g.num_samples = 1;
+  g.top_p = 0.0f;
+  FAILS(rt_generate_samples(model, prompt, 2, &g, &samples), RT_ERROR_VALUE, "top_p must be in (0, 1]");
+  g.top_p = 1.0f;
+  g.repetition_penalty = -2.0f;
+  FAILS(rt_generate_samples(model, prompt, 2, &g, &samples), RT_ERROR_VALUE, "repetition_penalty");
+  g.repetition_penalty = 1.0f;
+  g.stop = NULL;
+  FAILS(rt_generate_samples(model, prompt, 2, &g, &samples), RT_ERROR_INVALID_ARGUMENT, "stop is NULL");
+  const char* empty[1] = {""};
+  g.stop = empty;
+  FAILS(rt_generate_samples(model, prompt, 2, &g, &samples), RT_ERROR_VALUE, "stop string 0 is empty");
+  rt_model_destroy(model);
+
+  /* Gradient accumulation in a pipeline: recorded in metadata.json. */
+  rt_pretraining_config p;
+  OK(rt_pretraining_config_default(&p));
+  CHECK(p.gradient_accumulation_steps == 1 && p.decay_embeddings == 1);
+  p.model.context_length = 32;
+  p.model.model_width = 16;
+  p.model.heads = 2;
+  p.model.layers = 2;
+  p.model.feed_forward_width = 32;
+  p.stage.data = path_in("corpus.txt");
+  p.stage.output_dir = path_in("accumulate");
+  p.stage.steps = 2;
+  p.stage.batch = 2;
+  p.stage.sequence_length = 16;
+  p.stage.eval_batches = 1;
+  p.gradient_accumulation_steps = 2;
+  p.decay_embeddings = 0;
+  rt_run_result r;
+  r.struct_size = sizeof r;
+  OK(rt_run_pretraining(&p, NULL, NULL, &r));
+  CHECK(r.completed == 1);
+  FILE* f = fopen(path_in("accumulate/metadata.json"), "r");
+  char metadata[16384] = {0};
+  CHECK(f != NULL);
+  if (f != NULL) {
+    CHECK(fread(metadata, 1, sizeof metadata - 1, f) > 0);
+    fclose(f);
+  }
+  CHECK(strstr(metadata, "\"gradient_accumulation_steps\": 2") != NULL);
+  CHECK(strstr(metadata, "\"decay_embeddings\": false") != NULL);
+  CHECK(strstr(metadata, "\"token_embedding.weight\"") != NULL); /* listed in no_decay */
+  p.gradient_accumulation_steps = 0;
+  FAILS(rt_run_pretraining(&p, NULL, NULL, &r), RT_ERROR_VALUE, "gradient_accumulation_steps");
+}
+
 int main(void) {
   snprintf(g_dir, sizeof g_dir, "/tmp/rt_c_abi_XXXXXX");
   if (mkdtemp(g_dir) == NULL) return 2;
@@ -689,6 +967,8 @@ int main(void) {
   test_training_lora_and_files();
   test_pipelines();
   test_tokenizer_and_evaluate();
+  test_gqa_tied_and_hf_conversion();
+  test_groups_accumulation_and_sampling();
   char command[600];
   snprintf(command, sizeof command, "rm -rf '%s'", g_dir);
   if (system(command) != 0) fprintf(stderr, "could not remove %s\n", g_dir);

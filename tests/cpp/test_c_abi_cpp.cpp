@@ -1,6 +1,9 @@
 // The C ABI from C++: the RAII header (rt.hpp) over rt.h, and the one map
 // from C++ exception classes to rt_status codes (every class, message kept).
 #include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
 
 #include "../../src/c_api/c_api_common.hpp"
 #include "riftco_transformer/rt.hpp"
@@ -51,6 +54,15 @@ TEST(CAbiRaii, TrainsOneStepAndDecodesThroughHandles) {
         << e.what();
   }
   EXPECT_THROW(loss.backward(), rt::Error);  // stale: Adam stepped since
+
+  rt_adam_options options;
+  ASSERT_EQ(rt_adam_options_default(&options), RT_OK);
+  options.weight_decay = 0.25F;
+  const rt::Adam grouped(model, options, false);
+  EXPECT_EQ(grouped.weight_decay("final_norm.weight"), 0.0F);
+  EXPECT_EQ(grouped.weight_decay("token_embedding.weight"), 0.0F);
+  EXPECT_EQ(grouped.weight_decay("blocks.0.mlp.gate.weight"), 0.25F);
+  EXPECT_THROW(grouped.weight_decay("nothing"), rt::Error);
 }
 
 TEST(CAbiStatus, EveryExceptionClassHasItsStatusAndKeepsItsMessage) {
@@ -81,4 +93,28 @@ TEST(CAbiStatus, EveryExceptionClassHasItsStatusAndKeepsItsMessage) {
   EXPECT_EQ(status_of([] { throw 42; }), RT_ERROR_INTERNAL);
   EXPECT_EQ(status_of([] {}), RT_OK);
   EXPECT_STREQ(rt_last_error_message(), "[test] internal error: unknown exception");  // success keeps the last failure
+}
+
+TEST(CAbiRaii, GqaTiedModelConvertsToHfAndBack) {
+  rt_transformer_config c = tiny();
+  c.model_width = 32;
+  c.heads = 4;
+  c.key_value_heads = 1;
+  c.tie_embeddings = 1;
+  rt::Model model(c, 5);
+  const std::string dir = ::testing::TempDir() + "riftco_raii_hf_" + std::to_string(::getpid());
+  model.save(dir + ".safetensors");
+  rt::convert_to_hf(dir + ".safetensors", dir);
+  rt::convert_from_hf(dir, dir + ".back.safetensors");
+  rt::Model back = rt::Model::load(dir + ".back.safetensors");
+  EXPECT_EQ(back.parameter("blocks.1.attention.value.weight").shape(), (std::vector<int64_t>{8, 32}));
+  try {
+    rt::convert_from_hf(dir + ".missing", dir + ".x.safetensors");
+    FAIL() << "a missing directory was accepted";
+  } catch (const rt::Error& e) {
+    EXPECT_EQ(e.status(), RT_ERROR_MODEL_STATE);
+  }
+  std::filesystem::remove_all(dir);
+  std::filesystem::remove(dir + ".safetensors");
+  std::filesystem::remove(dir + ".back.safetensors");
 }

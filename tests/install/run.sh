@@ -13,7 +13,8 @@ trap 'rm -rf "$work"' EXIT
 prefix="$work/prefix"
 cmake --install "$build" --prefix "$prefix" >/dev/null
 for f in include/riftco_transformer/rt.h include/riftco_transformer/rt.hpp include/riftco_transformer/transformer.hpp \
-         lib/libriftco_transformer.a lib/libriftco_transformer.so.2 bin/rt-train bin/rt-generate \
+         include/riftco_transformer/hf_llama.hpp \
+         lib/libriftco_transformer.a lib/libriftco_transformer.so.2 bin/rt-train bin/rt-generate bin/rt-convert \
          lib/cmake/riftco_transformer/riftco_transformerConfig.cmake \
          lib/cmake/riftco_transformer/riftco_transformerConfigVersion.cmake lib/pkgconfig/riftco_transformer.pc; do
   [ -e "$prefix/$f" ] || { echo "[install] $f is missing from the prefix"; exit 1; }

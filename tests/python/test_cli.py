@@ -296,3 +296,19 @@ def test_bad_config_files_exit_2_naming_the_setting(tools, tmp_path, text, needl
     assert not (tmp_path / "out").exists()
     r = run(tools[0], "pretrain", "--config", tmp_path / "missing.toml")
     assert r.returncode == 2 and "missing.toml" in r.stderr
+
+
+def test_pretrain_gqa_tied_rope_base_records_and_replays_the_architecture(tools, corpus, tmp_path):
+    out = tmp_path / "gqa"
+    r = run(tools[0], "pretrain", "--data", corpus, "--steps", 2, "--output", out, *TINY[:4], "--heads", "4",
+            "--key-value-heads", "2", "--tie-embeddings", "--rope-base", "500000", *TINY[6:])
+    assert r.returncode == 0, r.stderr
+    dims = json.loads((out / "metadata.json").read_text())["config"]["dimensions"]
+    assert dims["key_value_heads"] == 2 and dims["tie_embeddings"] is True and dims["rope_base"] == 500000
+    r = run(tools[0], "pretrain", "--config", out / "metadata.json", "--output", tmp_path / "again", "--quiet")
+    assert r.returncode == 0, r.stderr
+    assert json.loads((tmp_path / "again" / "metadata.json").read_text())["config"]["dimensions"] == dims
+    g = run(tools[1], "--model", out / "model.safetensors", "--max-new-tokens", 5, "--temperature", 0)
+    assert g.returncode == 0, g.stderr
+    bad = run(tools[0], "pretrain", "--heads", "4", "--key-value-heads", "3", "--output", tmp_path / "bad", *TINY[6:])
+    assert bad.returncode == 2 and "key_value_heads 3" in bad.stderr

@@ -10,6 +10,7 @@ Tensor cached_attention(const Tensor& q, const Tensor& keys, const Tensor& value
   const std::int64_t heads = q.size(0);
   const std::int64_t d = q.size(1);
   const std::int64_t cap = keys.size(1);
+  const std::int64_t groups = heads / keys.size(0);  // query heads per cached key/value head
   const float scale = 1.0F / std::sqrt(static_cast<float>(d));
   Tensor out = Tensor::zeros({heads, d});
   const float* pq = q.data();
@@ -22,7 +23,7 @@ Tensor cached_attention(const Tensor& q, const Tensor& keys, const Tensor& value
     const float* qh = pq + h * d;
     float m = -std::numeric_limits<float>::infinity();
     for (std::int64_t j = 0; j < length; ++j) {
-      const float* kj = pk + (h * cap + j) * d;
+      const float* kj = pk + ((h / groups) * cap + j) * d;
       float s = 0.0F;
       for (std::int64_t i = 0; i < d; ++i) s += qh[i] * kj[i];
       p[static_cast<std::size_t>(j)] = s * scale;
@@ -36,7 +37,7 @@ Tensor cached_attention(const Tensor& q, const Tensor& keys, const Tensor& value
     float* oh = po + h * d;
     for (std::int64_t j = 0; j < length; ++j) {
       const float w = p[static_cast<std::size_t>(j)] / total;
-      const float* vj = pv + (h * cap + j) * d;
+      const float* vj = pv + ((h / groups) * cap + j) * d;
       for (std::int64_t i = 0; i < d; ++i) oh[i] += w * vj[i];
     }
   }

@@ -3,8 +3,9 @@
 
 namespace riftco_transformer::cpu {
 
-/// One query position against a K/V cache: q (H, D); caches (H, capacity, D)
-/// of which the first `length` rows are valid. Returns (H, D).
+/// One query position against a K/V cache: q (H, D); caches (G, capacity, D)
+/// of which the first `length` rows are valid, G dividing H (query head h
+/// reads cache head h / (H / G): grouped-query attention). Returns (H, D).
 Tensor cached_attention(const Tensor& q, const Tensor& keys, const Tensor& values, std::int64_t length);
 
 }  // namespace riftco_transformer::cpu

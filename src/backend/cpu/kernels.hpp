@@ -125,9 +125,10 @@ struct AdamUpdate {
   float* v;
   const float* grad;
   std::int64_t n;
+  float decay;  // 1 − lr·weight_decay of this parameter's group
 };
 struct AdamCoefficients {
-  float beta1, beta2, bias1, bias2, learning_rate, decay, epsilon, clip;
+  float beta1, beta2, bias1, bias2, learning_rate, epsilon, clip;
 };
 /// Applies the update to every parameter in one parallel pass (elementwise:
 /// the bits do not depend on the thread count).

@@ -51,7 +51,7 @@ __attribute__((target_clones("avx2", "default"))) double squares_span(const floa
 __attribute__((target_clones("avx2", "default"))) void adam_span(float* __restrict theta, float* __restrict m,
                                                                   float* __restrict v,
                                                                   const float* __restrict grad, std::int64_t n,
-                                                                  AdamCoefficients c) {
+                                                                  AdamCoefficients c, float decay) {
   const float one_minus_b1 = 1.0F - c.beta1;
   const float one_minus_b2 = 1.0F - c.beta2;
   for (std::int64_t j = 0; j < n; ++j) {
@@ -62,7 +62,7 @@ __attribute__((target_clones("avx2", "default"))) void adam_span(float* __restri
     v[j] = vj;
     const float m_hat = mj / c.bias1;
     const float v_hat = vj / c.bias2;
-    theta[j] = theta[j] * c.decay - c.learning_rate * m_hat / (std::sqrt(v_hat) + c.epsilon);
+    theta[j] = theta[j] * decay - c.learning_rate * m_hat / (std::sqrt(v_hat) + c.epsilon);
   }
 }
 
@@ -90,7 +90,7 @@ void adam_update(std::span<const AdamUpdate> params, const AdamCoefficients& c) 
   for (std::int64_t i = 0; i < count; ++i) {
     const Chunk& ch = chunks[static_cast<std::size_t>(i)];
     const AdamUpdate& p = params[ch.span];
-    adam_span(p.theta + ch.begin, p.m + ch.begin, p.v + ch.begin, p.grad + ch.begin, ch.end - ch.begin, c);
+    adam_span(p.theta + ch.begin, p.m + ch.begin, p.v + ch.begin, p.grad + ch.begin, ch.end - ch.begin, c, p.decay);
   }
 }
 

@@ -1,0 +1,46 @@
+#pragma once
+// Gradient accumulation made explicit. backward() starts a fresh pass and
+// replaces the public gradients (it never adds to them, unlike PyTorch's
+// implicit +=), so summing gradients over micro-batches needs a buffer: this
+// one. Typical use (what the stage pipelines do):
+//
+//   GradientAccumulator acc(adam.parameters());
+//   for each micro-batch k:  loss_k.backward();  acc.add(weight_k);
+//   adam.step(acc.gradients());  acc.clear();
+//
+// With weight_k = (real targets in micro-batch k) / (real targets in all K),
+// the sum is the gradient of the mean loss over the K-times-larger batch.
+#include <cstdint>
+#include <vector>
+
+#include "riftco_transformer/variable.hpp"
+
+namespace riftco_transformer {
+
+class GradientAccumulator {
+ public:
+  /// One buffer per parameter, made lazily on the first add that reaches it.
+  explicit GradientAccumulator(std::vector<Variable> parameters);
+
+  /// buffer_i += weight · grad_i for every parameter with a committed
+  /// gradient (others add nothing), element by element in a fixed order, so
+  /// the sums are deterministic (for any thread count). The first add into an
+  /// empty buffer stores weight · grad (weight 1: an exact copy). Checks every gradient's shape
+  /// and backend (ShapeError) and the weight (finite, ValueError) before any
+  /// buffer changes.
+  void add(float weight = 1.0F);
+  /// The sums, one per parameter in constructor order; an undefined Tensor
+  /// where no add reached that parameter. Pass to Adam::step(gradients).
+  const std::vector<Tensor>& gradients() const { return sums_; }
+  /// add() calls since construction or the last clear().
+  std::int64_t count() const { return count_; }
+  /// Drops every buffer.
+  void clear();
+
+ private:
+  std::vector<Variable> params_;
+  std::vector<Tensor> sums_;
+  std::int64_t count_ = 0;
+};
+
+}  // namespace riftco_transformer

@@ -1,0 +1,186 @@
+// Sampling options of generate(): top-p, repetition penalty, stop strings,
+// samples; the defaults keep the earlier results bit for bit.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "riftco_transformer/decode.hpp"
+
+using namespace riftco_transformer;
+
+namespace {
+
+TransformerDimensions dims() {
+  TransformerDimensions d;
+  d.vocab_size = 32;
+  d.context_length = 24;
+  d.model_width = 16;
+  d.heads = 2;
+  d.layers = 2;
+  d.feed_forward_width = 24;
+  return d;
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const ValueError& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+/// Token i detokenizes as the letter 'a' + i: stop strings over letters.
+std::string letters(std::span<const std::int32_t> tokens) {
+  std::string s;
+  for (const std::int32_t t : tokens) s.push_back(static_cast<char>('a' + t));
+  return s;
+}
+
+}  // namespace
+
+TEST(GenerationOptions, DefaultsGiveTheEarlierTokensBitForBit) {
+  Random init(21);
+  DecoderOnlyTransformer model(dims(), init);
+  const std::vector<std::int32_t> prompt{1, 2, 3, 4};
+  GenerationOptions o;
+  o.max_new_tokens = 12;
+  o.seed = 99;
+  // Recorded with generate() before top_p, repetition_penalty and stop existed.
+  EXPECT_EQ(generate(model, prompt, o).tokens, (std::vector<std::int32_t>{5, 2, 8, 21, 17, 12, 5, 10, 25, 20, 18, 20}));
+  o.temperature = 0.0F;
+  EXPECT_EQ(generate(model, prompt, o).tokens, (std::vector<std::int32_t>{23, 4, 23, 4, 23, 4, 23, 4, 23, 4, 23, 26}));
+  o.temperature = 0.7F;
+  o.top_k = 5;
+  EXPECT_EQ(generate(model, prompt, o).tokens, (std::vector<std::int32_t>{14, 30, 27, 27, 17, 30, 23, 28, 7, 21, 30, 9}));
+}
+
+TEST(GenerationOptions, TopPKeepsTheSmallestSetReachingTheMass) {
+  // Probabilities 0.5, 0.25, 0.125, 0.0625, 0.0625 (logits are their logs).
+  const std::vector<float> logits{std::log(0.125F), std::log(0.5F), std::log(0.0625F), std::log(0.25F),
+                                  std::log(0.0625F)};
+  GenerationOptions o;
+  const auto kept = [&](float p) {
+    o.top_p = p;
+    return sampling_candidates(logits, {}, o).tokens;
+  };
+  EXPECT_EQ(kept(0.5F), (std::vector<std::int32_t>{1}));           // 0.5 reaches 0.5 alone
+  EXPECT_EQ(kept(0.51F), (std::vector<std::int32_t>{1, 3}));       // 0.75
+  EXPECT_EQ(kept(0.8F), (std::vector<std::int32_t>{1, 3, 0}));     // 0.875
+  EXPECT_EQ(kept(0.9F), (std::vector<std::int32_t>{1, 3, 0, 2}));  // 0.9375 (tie: lower id first)
+  EXPECT_EQ(kept(1.0F).size(), 5U);
+  EXPECT_EQ(kept(0.01F), (std::vector<std::int32_t>{1}));
+  o.top_p = 0.8F;
+  const SamplingCandidates c = sampling_candidates(logits, {}, o);
+  EXPECT_NEAR(c.probabilities[0], 0.5 / 0.875, 1e-6);  // renormalized over the kept set
+  // After top-k 2 the mass is over the two kept tokens: 0.5/0.75 >= 0.6.
+  o.top_k = 2;
+  o.top_p = 0.6F;
+  EXPECT_EQ(sampling_candidates(logits, {}, o).tokens, (std::vector<std::int32_t>{1}));
+  // Temperature first: at T = 2 the probabilities flatten and more tokens are needed.
+  o.top_k = 0;
+  o.top_p = 0.5F;
+  o.temperature = 2.0F;
+  EXPECT_EQ(sampling_candidates(logits, {}, o).tokens, (std::vector<std::int32_t>{1, 3}));
+}
+
+TEST(GenerationOptions, RepetitionPenaltyDividesPositiveAndMultipliesNegativeLogits) {
+  std::vector<float> logits{2.0F, -1.0F, 0.5F, 3.0F, 0.0F};
+  apply_repetition_penalty(logits, std::vector<std::int32_t>{0, 1, 1, 4, 0}, 2.0F);  // repeats count once
+  EXPECT_EQ(logits, (std::vector<float>{1.0F, -2.0F, 0.5F, 3.0F, 0.0F}));
+  EXPECT_NE(error_of([&] { apply_repetition_penalty(logits, std::vector<std::int32_t>{5}, 2.0F); })
+                .find("outside the vocabulary"),
+            std::string::npos);
+  // Greedy with a penalty avoids repeating itself where plain greedy loops.
+  Random init(21);
+  DecoderOnlyTransformer model(dims(), init);
+  GenerationOptions o;
+  o.temperature = 0.0F;
+  o.max_new_tokens = 12;
+  o.repetition_penalty = 1000.0F;
+  const std::vector<std::int32_t> prompt{1, 2, 3, 4};
+  const std::vector<std::int32_t> tokens = generate(model, prompt, o).tokens;
+  // A huge penalty makes every already-used positive logit tiny: no token
+  // follows itself, and the 23 4 loop of plain greedy is broken.
+  for (std::size_t i = 1; i < tokens.size(); ++i) EXPECT_NE(tokens[i], tokens[i - 1]);
+  EXPECT_NE(tokens, (std::vector<std::int32_t>{23, 4, 23, 4, 23, 4, 23, 4, 23, 4, 23, 26}));
+}
+
+TEST(GenerationOptions, StopStringsCutTheTextIncludingOneSpanningTwoTokens) {
+  Random init(21);
+  DecoderOnlyTransformer model(dims(), init);
+  const std::vector<std::int32_t> prompt{1, 2, 3, 4};
+  GenerationOptions o;
+  o.temperature = 0.0F;
+  o.max_new_tokens = 12;
+  o.detokenize = letters;  // greedy gives 23 4 23 4 ... = "xexe..."
+  o.stop = {"ex"};         // spans token 2 ('e') and token 3 ('x')
+  GenerationResult r = generate(model, prompt, o);
+  EXPECT_EQ(r.tokens, (std::vector<std::int32_t>{23, 4, 23}));
+  EXPECT_EQ(r.text, "x");
+  EXPECT_EQ(r.stop_index, 0);
+  EXPECT_FALSE(r.reached_context);
+  // The earliest match wins, whichever stop string it is.
+  o.stop = {"xex", "e"};
+  r = generate(model, prompt, o);
+  EXPECT_EQ(r.tokens, (std::vector<std::int32_t>{23, 4}));
+  EXPECT_EQ(r.text, "x");
+  EXPECT_EQ(r.stop_index, 1);
+  // No match: the whole text.
+  o.stop = {"zz"};
+  r = generate(model, prompt, o);
+  EXPECT_EQ(r.tokens.size(), 12U);
+  EXPECT_EQ(r.text, letters(r.tokens));
+  EXPECT_EQ(r.stop_index, -1);
+  // The default detokenizer is bytes.
+  o.detokenize = nullptr;
+  o.stop = {std::string(1, static_cast<char>(4))};
+  r = generate(model, prompt, o);
+  EXPECT_EQ(r.tokens, (std::vector<std::int32_t>{23, 4}));
+  EXPECT_EQ(r.text, std::string(1, static_cast<char>(23)));
+}
+
+TEST(GenerationOptions, SamplesAreDeterministicPerSeedAndSampleZeroIsGenerate) {
+  Random init(21);
+  DecoderOnlyTransformer model(dims(), init);
+  const std::vector<std::int32_t> prompt{1, 2, 3, 4};
+  GenerationOptions o;
+  o.max_new_tokens = 10;
+  o.seed = 5;
+  o.top_p = 0.9F;
+  o.repetition_penalty = 1.3F;
+  o.num_samples = 3;
+  const std::vector<GenerationResult> a = generate_samples(model, prompt, o);
+  const std::vector<GenerationResult> b = generate_samples(model, prompt, o);
+  ASSERT_EQ(a.size(), 3U);
+  for (std::size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i].tokens, b[i].tokens);
+  EXPECT_NE(a[0].tokens, a[1].tokens);
+  EXPECT_NE(a[1].tokens, a[2].tokens);
+  o.num_samples = 1;
+  EXPECT_EQ(generate(model, prompt, o).tokens, a[0].tokens);
+  o.seed = 5 + 0x9E3779B97F4A7C15ULL;
+  EXPECT_EQ(generate(model, prompt, o).tokens, a[1].tokens);
+}
+
+TEST(GenerationOptions, BadOptionsAreValueErrorsNamingTheOption) {
+  Random init(21);
+  DecoderOnlyTransformer model(dims(), init);
+  const std::vector<std::int32_t> prompt{1};
+  const auto with = [&](const std::function<void(GenerationOptions&)>& change) {
+    GenerationOptions o;
+    change(o);
+    return error_of([&] { generate(model, prompt, o); });
+  };
+  for (const float p : {0.0F, -0.5F, 1.5F, std::nanf("")}) {
+    EXPECT_NE(with([p](GenerationOptions& o) { o.top_p = p; }).find("top_p must be in (0, 1]"), std::string::npos);
+  }
+  for (const float r : {0.0F, -1.0F, INFINITY, std::nanf("")}) {
+    EXPECT_NE(with([r](GenerationOptions& o) { o.repetition_penalty = r; }).find("repetition_penalty"),
+              std::string::npos);
+  }
+  EXPECT_NE(with([](GenerationOptions& o) { o.stop = {"ok", ""}; }).find("stop string 1 is empty"), std::string::npos);
+  EXPECT_NE(with([](GenerationOptions& o) { o.num_samples = 0; }).find("num_samples must be"), std::string::npos);
+  EXPECT_NE(with([](GenerationOptions& o) { o.num_samples = 2; }).find("use generate_samples()"), std::string::npos);
+}
