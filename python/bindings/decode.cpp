@@ -27,11 +27,15 @@ nb::str text_of_bytes(const std::string& bytes) {
   return nb::str(raw.attr("decode")("utf-8", "replace"));
 }
 
-Generated to_python(const rt::GenerationResult& r) {
+using OptionalTokenizer = std::optional<rt::Tokenizer>;
+
+Generated to_python(const rt::GenerationResult& r, const OptionalTokenizer& tokenizer) {
   Generated g{r.tokens, "", r.reached_context, r.message, std::nullopt};
   if (r.stop_index >= 0) {
     g.stop_index = r.stop_index;
     g.text = nb::cast<std::string>(text_of_bytes(r.text));  // cut before the stop string
+  } else if (tokenizer && !tokenizer->is_bytes()) {
+    g.text = nb::cast<std::string>(text_of_bytes(tokenizer->decode(r.tokens)));
   } else {
     g.text = nb::cast<std::string>(decode_text(r.tokens));
   }
@@ -62,9 +66,16 @@ rt::GenerationOptions options_of(std::int64_t max_new_tokens, float temperature,
   return o;
 }
 
-std::vector<std::int32_t> prompt_ids(nb::handle prompt) {
-  return nb::isinstance<nb::str>(prompt) ? rt::ByteTokenizer{}.encode(nb::cast<std::string>(prompt))
-                                         : tokens_from_python(prompt, "generate").ids;
+std::vector<std::int32_t> prompt_ids(nb::handle prompt, const OptionalTokenizer& tokenizer) {
+  if (!nb::isinstance<nb::str>(prompt)) return tokens_from_python(prompt, "generate").ids;
+  const std::string text = nb::cast<std::string>(prompt);
+  return tokenizer ? tokenizer->encode(text) : rt::ByteTokenizer{}.encode(text);
+}
+
+/// A subword tokenizer decodes the new tokens for stop strings and .text.
+void use_tokenizer(rt::GenerationOptions& o, const OptionalTokenizer& tokenizer) {
+  if (!tokenizer || tokenizer->is_bytes()) return;
+  o.detokenize = [t = *tokenizer](std::span<const std::int32_t> ids) { return t.decode(ids); };
 }
 
 }  // namespace
@@ -114,42 +125,47 @@ void init_decode(nb::module_& m) {
   nb::handle model_type = nb::type<rt::DecoderOnlyTransformer>();
   model_type.attr("generate") = nb::cpp_function(
       [](const rt::DecoderOnlyTransformer& model, nb::handle prompt, std::int64_t max_new_tokens, float temperature,
-         std::int64_t top_k, std::uint64_t seed, float top_p, float repetition_penalty, nb::handle stop) {
-        const std::vector<std::int32_t> ids = prompt_ids(prompt);
-        const rt::GenerationOptions options =
+         std::int64_t top_k, std::uint64_t seed, float top_p, float repetition_penalty, nb::handle stop,
+         const OptionalTokenizer& tokenizer) {
+        const std::vector<std::int32_t> ids = prompt_ids(prompt, tokenizer);
+        rt::GenerationOptions options =
             options_of(max_new_tokens, temperature, top_k, seed, top_p, repetition_penalty, stop, 1);
+        use_tokenizer(options, tokenizer);
         rt::GenerationResult r;
         {
           nb::gil_scoped_release release;
           r = rt::generate(model, ids, options);
         }
-        return to_python(r);
+        return to_python(r, tokenizer);
       },
       nb::scope(model_type), nb::is_method(), nb::name("generate"), "prompt"_a, nb::kw_only(), "max_new_tokens"_a = d.max_new_tokens,
       "temperature"_a = d.temperature, "top_k"_a = d.top_k, "seed"_a = d.seed, "top_p"_a = d.top_p,
-      "repetition_penalty"_a = d.repetition_penalty, "stop"_a = nb::none(),
-      "Continues `prompt` (text, encoded as bytes, or token ids). temperature 0: greedy. top_p in (0, 1]\n"
+      "repetition_penalty"_a = d.repetition_penalty, "stop"_a = nb::none(), "tokenizer"_a = nb::none(),
+      "Continues `prompt` (text, encoded as bytes or with `tokenizer`, or token ids). tokenizer: the\n"
+      "model's Tokenizer (None: bytes) for the prompt, .text and stop strings. temperature 0: greedy. top_p in (0, 1]\n"
       "(1: off), repetition_penalty > 0 (1: off), stop: a str or list of str ending the text (excluded\n"
       "from .text). Releases the GIL.");
   model_type.attr("generate_samples") = nb::cpp_function(
       [](const rt::DecoderOnlyTransformer& model, nb::handle prompt, std::int64_t num_samples,
          std::int64_t max_new_tokens, float temperature, std::int64_t top_k, std::uint64_t seed, float top_p,
-         float repetition_penalty, nb::handle stop) {
-        const std::vector<std::int32_t> ids = prompt_ids(prompt);
-        const rt::GenerationOptions options =
+         float repetition_penalty, nb::handle stop, const OptionalTokenizer& tokenizer) {
+        const std::vector<std::int32_t> ids = prompt_ids(prompt, tokenizer);
+        rt::GenerationOptions options =
             options_of(max_new_tokens, temperature, top_k, seed, top_p, repetition_penalty, stop, num_samples);
+        use_tokenizer(options, tokenizer);
         std::vector<rt::GenerationResult> r;
         {
           nb::gil_scoped_release release;
           r = rt::generate_samples(model, ids, options);
         }
         std::vector<Generated> out;
-        for (const rt::GenerationResult& one : r) out.push_back(to_python(one));
+        for (const rt::GenerationResult& one : r) out.push_back(to_python(one, tokenizer));
         return out;
       },
       nb::scope(model_type), nb::is_method(), nb::name("generate_samples"), "prompt"_a, nb::kw_only(),
       "num_samples"_a, "max_new_tokens"_a = d.max_new_tokens, "temperature"_a = d.temperature, "top_k"_a = d.top_k,
       "seed"_a = d.seed, "top_p"_a = d.top_p, "repetition_penalty"_a = d.repetition_penalty, "stop"_a = nb::none(),
+      "tokenizer"_a = nb::none(),
       "num_samples independent continuations (a list of GenerationResult); sample i uses the seed\n"
       "seed + i * 0x9E3779B97F4A7C15 (mod 2**64), so sample 0 is generate(seed=seed). Releases the GIL.");
 }

@@ -89,6 +89,13 @@ def test_pretraining_with_a_tokenizer_and_the_tools(tmp_path, build_dir):
     assert riftco.Tokenizer.for_model(model).checksum == riftco.Tokenizer.load(tmp_path / "tok.model").checksum
     with pytest.raises(riftco.ValueError, match="checksum"):
         riftco.Tokenizer.for_model(model, tmp_path / "other.model")
+    # Python generation with the model's tokenizer: the same text rt-generate prints.
+    tok = riftco.Tokenizer.for_model(model)
+    g = riftco.load_model(model).generate("the ", max_new_tokens=5, temperature=0.8, top_k=40, seed=0, tokenizer=tok)
+    assert len(g.tokens) == 5 and g.text == tok.decode(g.tokens)
+    cli = run(generate, "--model", model, "--prompt", "the ", "--max-new-tokens", 5, "--temperature", 0.8,
+              "--top-k", 40, "--seed", 0)
+    assert cli.stdout == "the " + g.text + "\n"
 
     # rt-eval: text and JSON output; the same numbers as riftco.evaluate.
     out = run(evaluate, "--model", model, "--data", corpus, "--split", "validation", "--json")
