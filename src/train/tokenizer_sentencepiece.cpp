@@ -1,6 +1,8 @@
 // Tokenizer (bytes or a SentencePiece model) and train_tokenizer().
 // SentencePiece reports failures as a Status; every call here checks it, so
-// a bad model file or bad options become typed errors, never an abort.
+// a bad model file or bad options become typed errors, never an abort. Some
+// malformed models make it throw instead (its trie builder rejects an empty
+// piece with a Darts exception): those become the same typed errors.
 #include <sentencepiece_processor.h>
 #include <sentencepiece_trainer.h>
 
@@ -94,7 +96,12 @@ Tokenizer Tokenizer::from_serialized(std::string_view model_bytes, const std::fi
   if (model_bytes.empty()) tokenizer_error(source, "the file is empty (not a SentencePiece model)");
   if (model_bytes.size() > kMaxModelBytes) tokenizer_error(source, "larger than 64 MiB (not a tokenizer model)");
   auto impl = std::make_shared<Impl>();
-  const auto status = impl->processor.LoadFromSerializedProto(model_bytes);
+  sentencepiece::util::Status status;
+  try {
+    status = impl->processor.LoadFromSerializedProto(model_bytes);
+  } catch (const std::exception& e) {
+    tokenizer_error(source, std::string("not a valid SentencePiece model (") + e.what() + ")");
+  }
   if (!status.ok()) tokenizer_error(source, "not a valid SentencePiece model (" + status.ToString() + ")");
   const int size = impl->processor.GetPieceSize();
   if (size < 2 || size > (1 << 24)) tokenizer_error(source, "vocabulary of " + std::to_string(size) + " pieces");
@@ -140,7 +147,12 @@ std::int64_t Tokenizer::vocab_size() const {
 std::vector<std::int32_t> Tokenizer::encode(std::string_view text) const {
   if (!impl_) return ByteTokenizer{}.encode(text);
   std::vector<int> ids;
-  const auto status = impl_->processor.Encode(text, &ids);
+  sentencepiece::util::Status status;
+  try {
+    status = impl_->processor.Encode(text, &ids);
+  } catch (const std::exception& e) {
+    throw ValueError("[Tokenizer::encode] " + impl_->path.string() + ": " + e.what());
+  }
   if (!status.ok()) throw ValueError("[Tokenizer::encode] " + impl_->path.string() + ": " + status.ToString());
   return {ids.begin(), ids.end()};
 }
@@ -150,7 +162,12 @@ std::string Tokenizer::decode(std::span<const std::int32_t> ids) const {
   check_ids(ids, vocab_size(), "Tokenizer::decode");
   const std::vector<int> v(ids.begin(), ids.end());
   std::string text;
-  const auto status = impl_->processor.Decode(v, &text);
+  sentencepiece::util::Status status;
+  try {
+    status = impl_->processor.Decode(v, &text);
+  } catch (const std::exception& e) {
+    throw ValueError("[Tokenizer::decode] " + impl_->path.string() + ": " + e.what());
+  }
   if (!status.ok()) throw ValueError("[Tokenizer::decode] " + impl_->path.string() + ": " + status.ToString());
   return text;
 }
@@ -212,7 +229,12 @@ Tokenizer train_tokenizer(std::string_view text, const TokenizerTrainingOptions&
     static std::mutex mutex;
     const std::lock_guard<std::mutex> lock(mutex);
     sentencepiece::SetRandomGeneratorSeed(1234);
-    const auto status = sentencepiece::SentencePieceTrainer::Train(args, &lines, &model);
+    sentencepiece::util::Status status;
+    try {
+      status = sentencepiece::SentencePieceTrainer::Train(args, &lines, &model);
+    } catch (const std::exception& e) {
+      throw ValueError(std::string("[train_tokenizer] SentencePiece failed (") + e.what() + ")");
+    }
     if (!status.ok()) {
       throw ValueError("[train_tokenizer] SentencePiece refused the training (" + status.ToString() + ")");
     }

@@ -165,6 +165,11 @@ TEST(Tokenizer, HostileModelFilesAreDataErrors) {
     }
   }
   EXPECT_GT(refused, 0);
+  // Found by fuzz_tokenizer: a unigram model with an empty piece makes
+  // SentencePiece's trie builder throw; it is a DataError like the rest.
+  const std::string empty_piece = message_of<DataError>(
+      [&] { Tokenizer::load(fs::path(RIFTCO_SOURCE_DIR) / "tests/cpp/data/tokenizer_empty_piece.model"); });
+  EXPECT_NE(empty_piece.find("not a valid SentencePiece model"), std::string::npos) << empty_piece;
   for (std::size_t i = 0; i < good.size(); i += good.size() / 211 + 1) {
     std::string flipped = good;
     flipped[i] = static_cast<char>(flipped[i] ^ 0x5A);
