@@ -86,7 +86,7 @@ struct TokenizerTrainingOptions {
 /// no normalization, no dummy prefix, whitespace kept, byte fallback so
 /// every text round-trips) with one thread and no sampling, so the same text
 /// and options give the same file bytes. Writes it atomically to `output`
-/// and returns it loaded. ValueError for bad options (SentencePiece's own
+/// (creating its folder) and returns it loaded. ValueError for bad options (SentencePiece's own
 /// reason included, e.g. a vocabulary too large for the text); DataError for
 /// an empty text.
 Tokenizer train_tokenizer(std::string_view text, const TokenizerTrainingOptions& options,

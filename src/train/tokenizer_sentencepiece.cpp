@@ -240,6 +240,10 @@ Tokenizer train_tokenizer(std::string_view text, const TokenizerTrainingOptions&
     }
   }
   Tokenizer tokenizer = Tokenizer::from_serialized(model, output);  // checked before anything is written
+  if (!output.parent_path().empty()) {
+    std::error_code ec;  // a failure shows in the write below, with its reason
+    std::filesystem::create_directories(output.parent_path(), ec);
+  }
   write_file_atomically(output, model);
   return tokenizer;
 }

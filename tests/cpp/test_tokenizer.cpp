@@ -112,6 +112,9 @@ TEST(Tokenizer, TrainingIsDeterministicAndRoundTrips) {
                   .find("id 1000 at position 1"),
               std::string::npos);
   }
+  // The output's folder is created.
+  const Tokenizer d = train_tokenizer(text, TokenizerTrainingOptions{320, TokenizerModelType::Bpe}, dir / "new" / "d.model");
+  EXPECT_EQ(Tokenizer::load(dir / "new" / "d.model").checksum(), d.checksum());
   // Another vocabulary size gives another model.
   TokenizerTrainingOptions other;
   other.vocab_size = 310;
