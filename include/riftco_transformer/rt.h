@@ -24,7 +24,7 @@ extern "C" {
 #endif
 
 #define RT_ABI_VERSION_MAJOR 2
-#define RT_ABI_VERSION_MINOR 0
+#define RT_ABI_VERSION_MINOR 1
 
 /* ---- status and errors ---------------------------------------------------- */
 

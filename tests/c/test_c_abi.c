@@ -146,8 +146,8 @@ static void test_struct_init(void) {
 }
 
 static void test_version_and_names(void) {
-  CHECK(rt_abi_version() == ((2u << 16) | 0u));
-  CHECK(RT_ABI_VERSION_MAJOR == 2 && RT_ABI_VERSION_MINOR == 0);
+  CHECK(rt_abi_version() == ((2u << 16) | 1u));
+  CHECK(RT_ABI_VERSION_MAJOR == 2 && RT_ABI_VERSION_MINOR == 1);
   CHECK(strcmp(rt_status_name(RT_ERROR_STALE_GRAPH), "RT_ERROR_STALE_GRAPH") == 0);
   CHECK(strcmp(rt_status_name((rt_status)99), "unknown") == 0);
 }
