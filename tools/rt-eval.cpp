@@ -55,6 +55,17 @@ int main(int argc, char** argv) {
       throw rt_cli::UsageError("option '--validation-fraction' must be in [0, 1)");
     }
     const Tokenizer tokenizer = tokenizer_for_model(model_path, tokenizer_path, true);
+    // evaluate() checks these too, but after `running`: a bad option value
+    // is a usage error (exit 2), checked against the model's header.
+    if (o.batch > 65536) {
+      throw rt_cli::UsageError("option '--batch' must be in [1, 65536], got " + std::to_string(o.batch));
+    }
+    const std::int64_t context = read_model_dimensions(model_path).context_length;
+    if (o.sequence_length > context) {
+      throw rt_cli::UsageError("option '--sequence-length' must be at most the model's context length " +
+                               std::to_string(context) + " (0: the context length), got " +
+                               std::to_string(o.sequence_length));
+    }
     running = true;
     std::unique_ptr<DecoderOnlyTransformer> model =
         load_model(model_path, FullSequenceAttentionKind::Flash, ActivationCheckpointingKind::Disabled, load);
