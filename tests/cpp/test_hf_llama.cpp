@@ -242,6 +242,8 @@ TEST_F(HfLlama, UnsupportedConfigFieldsAreRefusedByName) {
       {{{"mlp_bias", true}}, "mlp_bias"},
       {{{"hidden_act", "gelu"}}, "hidden_act"},
       {{{"head_dim", 4}}, "head_dim"},
+      // 4 * (2^62 + 8) wraps to 32 = hidden_size: accepted (and signed overflow) before.
+      {{{"head_dim", std::int64_t{4611686018427387912}}}, "head_dim"},
       {{{"model_type", "mistral"}}, "model_type"},
       {{{"num_key_value_heads", 3}}, "\"num_key_value_heads\" is 3"},
       {{{"num_key_value_heads", 8}}, "num_key_value_heads"},

@@ -361,3 +361,11 @@ def test_rt_eval_option_values_the_model_refuses_are_usage_errors(build_dir, pre
         assert needle in r.stderr and "Try 'rt-eval --help'." in r.stderr, r.stderr
     r = run(build_dir / "rt-eval", "--model", model, "--sequence-length", 64, "--batch", 4)
     assert r.returncode == 0, r.stderr
+
+
+def test_rt_train_tokenizer_vocab_size_over_the_limit_is_a_usage_error(tools, corpus, tmp_path):
+    # Before: refused by train_tokenizer() after the run had started: exit 1.
+    r = run(tools[0], "tokenizer", "--data", corpus, "--vocab-size", 2000000, "--output", tmp_path / "t.model")
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    assert "option '--vocab-size' must be in [260, 1048576], got 2000000" in r.stderr, r.stderr
+    assert not (tmp_path / "t.model").exists()
