@@ -345,3 +345,20 @@ TEST(TextDataset, SubwordTokenizersHoldOutTheSameTextAsBytes) {
   EXPECT_THROW(split_text(text, Split::Train, 1.0), ValueError);
   fs::remove_all(dir);
 }
+
+TEST(ModelStateTokenizer, ARecordThatCouldNotBeReadBackIsRefusedBeforeWriting) {
+  // Before: save_model_state wrote any record; load_model then refused the
+  // file (a checksum not of 16 hex digits), or a record with an empty path
+  // loaded and sent tokenizer_for_model looking for the file "".
+  const fs::path dir = fresh_dir("record");
+  Random random(3);
+  const DecoderOnlyTransformer model(TransformerDimensions{256, 16, 16, 2, 1, 32}, random);
+  for (const TokenizerRecord& bad : {TokenizerRecord{"t.model", "XYZ"}, TokenizerRecord{"t.model", "0123456789ABCDEF"},
+                                     TokenizerRecord{"", "0123456789abcdef"}}) {
+    EXPECT_THROW(save_model_state(model, dir / "m.safetensors", bad), ValueError) << bad.path << " " << bad.checksum;
+    EXPECT_FALSE(fs::exists(dir / "m.safetensors"));
+  }
+  save_model_state(model, dir / "m.safetensors", TokenizerRecord{"t.model", "0123456789abcdef"});
+  EXPECT_EQ(read_model_tokenizer(dir / "m.safetensors").path, "t.model");
+  fs::remove_all(dir);
+}
