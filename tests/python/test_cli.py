@@ -369,3 +369,19 @@ def test_rt_train_tokenizer_vocab_size_over_the_limit_is_a_usage_error(tools, co
     assert r.returncode == 2, (r.returncode, r.stderr)
     assert "option '--vocab-size' must be in [260, 1048576], got 2000000" in r.stderr, r.stderr
     assert not (tmp_path / "t.model").exists()
+
+
+def test_a_config_file_can_name_the_model_of_rt_generate_and_rt_eval(tools, build_dir, pretrained, tmp_path):
+    # Before: --model was required() at parse time, before the config file
+    # was applied: "--model is required" for a file that names it.
+    config = tmp_path / "gen.toml"
+    config.write_text(f'model = "{pretrained / "model.safetensors"}"\nmax_new_tokens = 3\ntemperature = 0\n')
+    r = run(tools[1], "--config", config)
+    assert r.returncode == 0, r.stderr
+    config = tmp_path / "eval.json"
+    config.write_text(json.dumps({"model": str(pretrained / "model.safetensors"), "sequence_length": 64}))
+    r = run(build_dir / "rt-eval", "--config", config)
+    assert r.returncode == 0, r.stderr
+    for tool in (tools[1], build_dir / "rt-eval"):
+        r = run(tool)
+        assert r.returncode == 2 and "--model PATH is required" in r.stderr, r.stderr
