@@ -139,6 +139,13 @@ TEST(Tokenizer, BadOptionsAndTextAreTypedErrors) {
   ok.vocab_size = 300;
   EXPECT_NE(message_of<DataError>([&] { train_tokenizer(" \n\n", ok, dir / "t.model"); }).find("empty"),
             std::string::npos);
+  // One 160 000-byte line: SentencePiece skipped it and failed with
+  // "Internal: ... [!sentences_.empty()]" (a ValueError saying nothing).
+  std::string long_line;
+  for (int i = 0; i < 20000; ++i) long_line += "abc def ";
+  EXPECT_NE(message_of<DataError>([&] { train_tokenizer(long_line, ok, dir / "t.model"); })
+                .find("every non-blank line of the training text is longer than 65536 bytes"),
+            std::string::npos);
   EXPECT_THROW(parse_tokenizer_model_type("wordpiece"), ValueError);
   EXPECT_FALSE(fs::exists(dir / "t.model"));  // nothing written on failure
   fs::remove_all(dir);
