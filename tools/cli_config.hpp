@@ -9,6 +9,10 @@
 // A key naming no option is an error, except the facts a run records but
 // nobody sets (fingerprints, the vocabulary the tokenizer decides, the
 // default corpus's description), which are skipped.
+//
+// The file is untrusted: it must be a regular file of at most 1 MiB, tables
+// or objects nest at most kMaxConfigDepth deep, and no key or value may hold
+// a NUL byte (a path "a\u0000b" would silently name the file "a").
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -20,7 +24,14 @@
 
 #include <CLI/CLI.hpp>
 
+#include "riftco_transformer/atomic_file.hpp"
+
 namespace rt_cli {
+
+/// Tables/objects (and dotted keys) deeper than this are refused.
+inline constexpr int kMaxConfigDepth = 16;
+/// A config file (a run's metadata.json included) is far smaller.
+inline constexpr std::uint64_t kMaxConfigBytes = std::uint64_t{1} << 20;
 
 class RunConfigFile : public CLI::ConfigTOML {
  public:
@@ -33,12 +44,14 @@ class RunConfigFile : public CLI::ConfigTOML {
     if (first != std::string::npos && text[first] == '{') {
       raw = from_json(text, app_->get_name());
     } else {
+      check_toml_depth(text);
       std::istringstream toml(text);
       raw = CLI::ConfigTOML::from_config(toml);
     }
     std::vector<CLI::ConfigItem> out;
     for (CLI::ConfigItem& item : raw) {
       if (item.name == "++" || item.name == "--") continue;  // CLI11's section markers
+      check_no_nul(item);
       if (const std::string option = resolve(item); !option.empty()) {
         item.parents.clear();
         item.name = option;
@@ -52,6 +65,36 @@ class RunConfigFile : public CLI::ConfigTOML {
   static std::string dashed(std::string name) {
     std::replace(name.begin(), name.end(), '_', '-');
     return name;
+  }
+
+  /// A NUL byte would cut a path short (open(2) stops at it) or a message.
+  static void check_no_nul(const CLI::ConfigItem& item) {
+    const auto has_nul = [](const std::string& s) { return s.find('\0') != std::string::npos; };
+    bool bad = has_nul(item.name);
+    for (const std::string& p : item.parents) bad = bad || has_nul(p);
+    for (const std::string& v : item.inputs) bad = bad || has_nul(v);
+    if (bad) {
+      std::string name = item.fullname();
+      std::replace(name.begin(), name.end(), '\0', '?');
+      throw CLI::ConfigError("config file: '" + name + "' holds a NUL byte (\\u0000), which no option accepts");
+    }
+  }
+
+  /// CLI11 expands a dotted key or [section] into one level per part, at a
+  /// cost quadratic in the parts: a line of thousands of dots is refused first.
+  static void check_toml_depth(const std::string& text) {
+    std::istringstream lines(text);
+    std::string line;
+    while (std::getline(lines, line)) {
+      const std::size_t first = line.find_first_not_of(" \t");
+      if (first == std::string::npos || line[first] == '#') continue;
+      const std::size_t end = line[first] == '[' ? line.find(']', first) : line.find('=', first);
+      const std::string key = line.substr(first, end == std::string::npos ? std::string::npos : end - first);
+      if (std::count(key.begin(), key.end(), '.') >= kMaxConfigDepth) {
+        throw CLI::ConfigError("config file: '" + key.substr(0, 60) + (key.size() > 60 ? "..." : "") +
+                               "' nests deeper than " + std::to_string(kMaxConfigDepth) + " levels");
+      }
+    }
   }
 
   bool has_option(const std::string& name) const {
@@ -85,8 +128,17 @@ class RunConfigFile : public CLI::ConfigTOML {
   /// A JSON object (or metadata.json's "config") as flat config items.
   static std::vector<CLI::ConfigItem> from_json(const std::string& text, const std::string& command) {
     nlohmann::json root;
+    // Refused while parsing: a deeply nested object would overflow the
+    // stack in flatten() (and its parents' copies are quadratic).
+    const auto depth_limit = [](int depth, nlohmann::json::parse_event_t, nlohmann::json&) {
+      if (depth > kMaxConfigDepth) {
+        throw CLI::ConfigError("config file: objects or arrays nest deeper than " + std::to_string(kMaxConfigDepth) +
+                               " levels");
+      }
+      return true;
+    };
     try {
-      root = nlohmann::json::parse(text);
+      root = nlohmann::json::parse(text, depth_limit);
     } catch (const nlohmann::json::exception& e) {
       throw CLI::ConfigError(std::string("config file: not valid JSON: ") + e.what());
     }
@@ -150,7 +202,14 @@ inline void add_config_option(CLI::App& app) {
 inline void apply_config_file(CLI::App& app, const std::string& path) {
   RunConfigFile format(&app);
   if (path.empty()) throw CLI::FileError::Missing("(empty path)");
-  const std::vector<CLI::ConfigItem> items = format.from_file(path);
+  // Not CLI11's from_file: a directory, a FIFO or /dev/zero is refused by
+  // name without blocking or reading without end.
+  std::string text;
+  if (const auto why = riftco_transformer::read_regular_file(path, text, kMaxConfigBytes)) {
+    throw CLI::FileError("config file " + path + ": " + *why);
+  }
+  std::istringstream in(text);
+  const std::vector<CLI::ConfigItem> items = format.from_config(in);
   for (const CLI::ConfigItem& item : items) {
     CLI::Option* option = app.get_option("--" + item.name);
     if (option->count() > 0) continue;  // the command line wins

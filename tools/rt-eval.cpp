@@ -24,7 +24,8 @@ int main(int argc, char** argv) {
   EvaluationOptions o;
   bool json = false;
   LoadOptions load;
-  app.add_option("--model", model_path, "model-state file")->type_name("PATH")->required();
+  // Required, but checked after parsing: a --config file may name it.
+  app.add_option("--model", model_path, "model-state file (required)")->type_name("PATH");
   app.add_option("--adapter", adapter_path, "LoRA adapter file to apply")->type_name("PATH");
   app.add_option("--tokenizer", tokenizer_path,
                  "SentencePiece model the model was trained with (default: the one it records, or bytes)")
@@ -48,6 +49,7 @@ int main(int argc, char** argv) {
                "apply an adapter trained on another base model of the same dimensions");
   rt_cli::add_config_option(app);
   return rt_cli::run_tool("rt-eval", app, argc, argv, [&](bool& running) {
+    if (model_path.empty()) throw rt_cli::UsageError("--model PATH is required");
     if (app.count("--data") > 0 && data.empty()) {
       throw rt_cli::UsageError("option '--data' must name a file (leave it out for the default corpus)");
     }
@@ -55,6 +57,17 @@ int main(int argc, char** argv) {
       throw rt_cli::UsageError("option '--validation-fraction' must be in [0, 1)");
     }
     const Tokenizer tokenizer = tokenizer_for_model(model_path, tokenizer_path, true);
+    // evaluate() checks these too, but after `running`: a bad option value
+    // is a usage error (exit 2), checked against the model's header.
+    if (o.batch > 65536) {
+      throw rt_cli::UsageError("option '--batch' must be in [1, 65536], got " + std::to_string(o.batch));
+    }
+    const std::int64_t context = read_model_dimensions(model_path).context_length;
+    if (o.sequence_length > context) {
+      throw rt_cli::UsageError("option '--sequence-length' must be at most the model's context length " +
+                               std::to_string(context) + " (0: the context length), got " +
+                               std::to_string(o.sequence_length));
+    }
     running = true;
     std::unique_ptr<DecoderOnlyTransformer> model =
         load_model(model_path, FullSequenceAttentionKind::Flash, ActivationCheckpointingKind::Disabled, load);

@@ -39,7 +39,8 @@ int main(int argc, char** argv) {
   o.temperature = 0.8F;
   o.top_k = 40;
   LoadOptions load;
-  app.add_option("--model", model_path, "model-state file")->type_name("PATH")->required();
+  // Required, but checked after parsing: a --config file may name it.
+  app.add_option("--model", model_path, "model-state file (required)")->type_name("PATH");
   app.add_option("--adapter", adapter_path, "LoRA adapter file to apply")->type_name("PATH");
   app.add_option("--tokenizer", tokenizer_path,
                  "SentencePiece model the model was trained with (default: the one it records, or bytes)")
@@ -76,6 +77,7 @@ int main(int argc, char** argv) {
                "apply an adapter trained on another base model of the same dimensions");
   rt_cli::add_config_option(app);
   return rt_cli::run_tool("rt-generate", app, argc, argv, [&](bool& running) {
+    if (model_path.empty()) throw rt_cli::UsageError("--model PATH is required");
     if (prompt.empty()) throw rt_cli::UsageError("--prompt must not be empty");
     if (o.temperature < 0.0F) throw rt_cli::UsageError("option '--temperature' must be >= 0 (0 = greedy)");
     if (!(o.top_p > 0.0F && o.top_p <= 1.0F)) throw rt_cli::UsageError("option '--top-p' must be in (0, 1]");

@@ -309,6 +309,11 @@ int train_tokenizer_command(const CLI::App& sub, TokenizerCommand& c, bool& runn
   if (!(c.validation_fraction >= 0.0 && c.validation_fraction < 1.0)) {
     throw rt_cli::UsageError("option '--validation-fraction' must be in [0, 1)");
   }
+  // train_tokenizer() refuses it too, but after `running` (exit 1).
+  if (c.options.vocab_size > (1 << 20)) {
+    throw rt_cli::UsageError("option '--vocab-size' must be in [260, 1048576], got " +
+                             std::to_string(c.options.vocab_size));
+  }
   const std::string all = c.data.empty() ? load_default_corpus() : load_text_file(c.data);
   const std::string text(split_text(all, Split::Train, c.validation_fraction));
   std::cerr << "[tokenizer] " << c.model_type << ", vocabulary " << c.options.vocab_size << ", on "

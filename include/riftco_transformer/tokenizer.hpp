@@ -88,7 +88,8 @@ struct TokenizerTrainingOptions {
 /// and options give the same file bytes. Writes it atomically to `output`
 /// (creating its folder) and returns it loaded. ValueError for bad options (SentencePiece's own
 /// reason included, e.g. a vocabulary too large for the text); DataError for
-/// an empty text.
+/// an empty text or one whose every line is over 65536 bytes (SentencePiece
+/// skips such lines).
 Tokenizer train_tokenizer(std::string_view text, const TokenizerTrainingOptions& options,
                           const std::filesystem::path& output);
 

@@ -83,7 +83,7 @@ bool write_all(int fd, std::span<const std::byte> bytes) {
 
 }  // namespace
 
-void write_file_atomically(const std::filesystem::path& path, std::span<const std::span<const std::byte>> pieces) {
+void check_replaceable(const std::filesystem::path& path) {
   if (!path.has_filename()) save_error(path, "not a file name");
   std::error_code ec;
   const std::filesystem::file_status existing = std::filesystem::symlink_status(path, ec);
@@ -93,6 +93,10 @@ void write_file_atomically(const std::filesystem::path& path, std::span<const st
     save_error(path, "the target exists and is not a regular file (a symlink, device, FIFO or socket): "
                      "refusing to replace it");
   }
+}
+
+void write_file_atomically(const std::filesystem::path& path, std::span<const std::span<const std::byte>> pieces) {
+  check_replaceable(path);
   const std::filesystem::path directory = path.has_parent_path() ? path.parent_path() : std::filesystem::path(".");
 
   // Each failure below copies errno before building its message (building

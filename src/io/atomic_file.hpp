@@ -14,4 +14,10 @@ namespace riftco_transformer::detail {
 /// already in place.
 void write_file_atomically(const std::filesystem::path& path, std::span<const std::span<const std::byte>> pieces);
 
+/// The checks write_file_atomically() makes on the target before writing
+/// (a file name; not a directory, symlink, device, FIFO or socket): callers
+/// that replace several files run them on every target first, so that a
+/// refused second file does not leave the first one replaced.
+void check_replaceable(const std::filesystem::path& path);
+
 }  // namespace riftco_transformer::detail

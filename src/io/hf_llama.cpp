@@ -9,6 +9,7 @@
 #include <set>
 
 #include "riftco_transformer/atomic_file.hpp"
+#include "atomic_file.hpp"
 #include "hf_llama_names.hpp"
 #include "json_read.hpp"
 #include "model_metadata.hpp"
@@ -239,8 +240,13 @@ void save_hf_llama(const DecoderOnlyTransformer& model, const std::filesystem::p
     tensors.emplace_back(name.hf, name.rotary_heads > 0 ? interleaved_rotary_rows_to_hf(value, name.rotary_heads)
                                                         : value.to(Backend::Cpu));
   }
+  // Both targets checked before either is replaced: a config.json that is
+  // a directory must not leave a new model.safetensors beside the old config.
+  const std::string config = hf_llama_config_json(d, model.norm_epsilon());
+  detail::check_replaceable(directory / "model.safetensors");
+  detail::check_replaceable(directory / "config.json");
   write_safetensors(directory / "model.safetensors", tensors, {{"format", "pt"}});
-  write_file_atomically(directory / "config.json", hf_llama_config_json(d, model.norm_epsilon()));
+  write_file_atomically(directory / "config.json", config);
 }
 
 void convert_from_hf(const std::filesystem::path& directory, const std::filesystem::path& output,

@@ -103,7 +103,7 @@ HfLlamaConfig parse_hf_llama_config(const std::filesystem::path& path, const std
   if (d.key_value_heads == d.heads) d.key_value_heads = 0;  // ordinary multi-head attention
   if (config.contains("head_dim") && !config.at("head_dim").is_null()) {
     const std::int64_t head_dim = integer_field(path, config, "head_dim");
-    if (head_dim * d.heads != d.model_width) {
+    if (head_dim != d.model_width / d.heads) {  // exact (checked above); head_dim * heads could overflow
       refuse(path, "head_dim", config.at("head_dim"),
              "must equal hidden_size / num_attention_heads = " + std::to_string(d.model_width) + " / " +
                  std::to_string(d.heads));

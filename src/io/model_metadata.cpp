@@ -92,6 +92,14 @@ std::string tokenizer_json(const TokenizerRecord& record) {
   return json.dump();
 }
 
+std::string tokenizer_record_problem(const TokenizerRecord& record) {
+  const bool hex = record.checksum.size() == 16 &&
+                   record.checksum.find_first_not_of("0123456789abcdef") == std::string::npos;
+  if (!hex) return "checksum is not 16 lowercase hex digits";
+  if (record.path.empty()) return "path is empty";
+  return "";
+}
+
 TokenizerRecord parse_tokenizer_record(const std::filesystem::path& path, const std::string& text) {
   const std::string where = "metadata \"tokenizer\" " + quote(text) + ": ";
   TokenizerRecord record;
@@ -104,9 +112,7 @@ TokenizerRecord parse_tokenizer_record(const std::filesystem::path& path, const 
   } catch (const JsonReadError& e) {
     load_error(path, where + e.what());
   }
-  const bool hex = record.checksum.size() == 16 &&
-                   record.checksum.find_first_not_of("0123456789abcdef") == std::string::npos;
-  if (!hex) load_error(path, where + "checksum is not 16 lowercase hex digits");
+  if (const std::string why = tokenizer_record_problem(record); !why.empty()) load_error(path, where + why);
   return record;
 }
 

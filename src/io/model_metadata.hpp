@@ -20,7 +20,10 @@ const std::string& required(const std::filesystem::path& path, const std::map<st
 TransformerDimensions parse_dimensions(const std::filesystem::path& path, const std::string& text);
 /// {"path": .., "checksum": ..} of a TokenizerRecord.
 std::string tokenizer_json(const TokenizerRecord& record);
-/// Parses and validates tokenizer_json() text (checksum: 16 hex digits).
+/// Why `record` could not be read back ("" when it can): the checksum is 16
+/// lowercase hex digits, the path is not empty.
+std::string tokenizer_record_problem(const TokenizerRecord& record);
+/// Parses and validates tokenizer_json() text (tokenizer_record_problem).
 TokenizerRecord parse_tokenizer_record(const std::filesystem::path& path, const std::string& text);
 /// "[load] <path>: tensor 'x' holds N values that are not finite (first: nan at element i)" for the
 /// first tensor of `file` holding NaN or infinity.

@@ -100,6 +100,12 @@ void apply_model_state(DecoderOnlyTransformer& model, const TensorFile& file, co
 void save_model_state(const DecoderOnlyTransformer& model, const std::filesystem::path& path,
                       const TokenizerRecord& tokenizer) {
   model.validate_parameters();  // a file that could not be loaded back is never written
+  if (!tokenizer.empty()) {
+    if (const std::string why = detail::tokenizer_record_problem(tokenizer); !why.empty()) {
+      throw ValueError("[save_model_state] tokenizer record {path '" + tokenizer.path + "', checksum '" +
+                       tokenizer.checksum + "'}: " + why + " (it could not be loaded back)");
+    }
+  }
   std::vector<std::pair<std::string, Tensor>> tensors;
   for (const NamedParameter& parameter : model.parameters()) {
     tensors.emplace_back(parameter.name, parameter.variable.value());

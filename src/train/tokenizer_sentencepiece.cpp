@@ -202,6 +202,21 @@ Tokenizer train_tokenizer(std::string_view text, const TokenizerTrainingOptions&
   if (text.find_first_not_of(" \t\r\n") == std::string_view::npos) {
     throw DataError("[train_tokenizer] the training text is empty or blank");
   }
+  // SentencePiece skips lines over max_sentence_length; with none left it
+  // fails with "[!sentences_.empty()]": say what is wrong instead.
+  constexpr std::size_t kMaxLineBytes = 65536;
+  bool any_line = false;
+  for (std::size_t pos = 0; pos < text.size() && !any_line;) {
+    std::size_t end = text.find('\n', pos);
+    if (end == std::string_view::npos) end = text.size();
+    const std::string_view line = text.substr(pos, end - pos);
+    any_line = line.size() <= kMaxLineBytes && line.find_first_not_of(" \t\r") != std::string_view::npos;
+    pos = end + 1;
+  }
+  if (!any_line) {
+    throw DataError("[train_tokenizer] every non-blank line of the training text is longer than " +
+                    std::to_string(kMaxLineBytes) + " bytes (SentencePiece skips such lines): split it into lines");
+  }
   const std::unordered_map<std::string, std::string> args = {
       {"model_type", tokenizer_model_type_name(options.model_type)},
       {"vocab_size", std::to_string(options.vocab_size)},
@@ -211,7 +226,7 @@ Tokenizer train_tokenizer(std::string_view text, const TokenizerTrainingOptions&
       {"add_dummy_prefix", "false"},
       {"remove_extra_whitespaces", "false"},
       {"split_digits", "true"},
-      {"max_sentence_length", "65536"},
+      {"max_sentence_length", std::to_string(kMaxLineBytes)},
       {"num_threads", "1"},
       {"input_sentence_size", "0"},
       {"shuffle_input_sentence", "false"},

@@ -242,6 +242,8 @@ TEST_F(HfLlama, UnsupportedConfigFieldsAreRefusedByName) {
       {{{"mlp_bias", true}}, "mlp_bias"},
       {{{"hidden_act", "gelu"}}, "hidden_act"},
       {{{"head_dim", 4}}, "head_dim"},
+      // 4 * (2^62 + 8) wraps to 32 = hidden_size: accepted (and signed overflow) before.
+      {{{"head_dim", std::int64_t{4611686018427387912}}}, "head_dim"},
       {{{"model_type", "mistral"}}, "model_type"},
       {{{"num_key_value_heads", 3}}, "\"num_key_value_heads\" is 3"},
       {{{"num_key_value_heads", 8}}, "num_key_value_heads"},
@@ -322,4 +324,28 @@ TEST_F(HfLlama, SavingRefusesAdaptersAndAFileInTheWay) {
   write_text(dir_ / "file", "x");
   EXPECT_THROW(save_hf_llama(model, dir_ / "file"), ModelStateError);
   EXPECT_NO_THROW(save_hf_llama(model, dir_ / "out"));
+}
+
+TEST_F(HfLlama, ARefusedConfigJsonLeavesTheOldCheckpointWhole) {
+  // A config.json that cannot be replaced (a directory here) was found only
+  // after model.safetensors had been replaced: new weights beside the old
+  // config. Both targets are checked before either is written.
+  saved(dir_ / "hf");
+  const auto bytes = [](const fs::path& p) {
+    std::ifstream in(p, std::ios::binary);
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  };
+  const std::string before = bytes(dir_ / "hf" / "model.safetensors");
+  fs::remove(dir_ / "hf" / "config.json");
+  fs::create_directories(dir_ / "hf" / "config.json");
+  Random random(99);
+  DecoderOnlyTransformer other(dims(), random);
+  try {
+    save_hf_llama(other, dir_ / "hf");
+    ADD_FAILURE() << "saved over a config.json directory";
+  } catch (const ModelStateError& e) {
+    EXPECT_NE(std::string(e.what()).find("config.json"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(bytes(dir_ / "hf" / "model.safetensors"), before);
+  EXPECT_TRUE(fs::is_directory(dir_ / "hf" / "config.json"));
 }

@@ -139,6 +139,13 @@ TEST(Tokenizer, BadOptionsAndTextAreTypedErrors) {
   ok.vocab_size = 300;
   EXPECT_NE(message_of<DataError>([&] { train_tokenizer(" \n\n", ok, dir / "t.model"); }).find("empty"),
             std::string::npos);
+  // One 160 000-byte line: SentencePiece skipped it and failed with
+  // "Internal: ... [!sentences_.empty()]" (a ValueError saying nothing).
+  std::string long_line;
+  for (int i = 0; i < 20000; ++i) long_line += "abc def ";
+  EXPECT_NE(message_of<DataError>([&] { train_tokenizer(long_line, ok, dir / "t.model"); })
+                .find("every non-blank line of the training text is longer than 65536 bytes"),
+            std::string::npos);
   EXPECT_THROW(parse_tokenizer_model_type("wordpiece"), ValueError);
   EXPECT_FALSE(fs::exists(dir / "t.model"));  // nothing written on failure
   fs::remove_all(dir);
@@ -343,5 +350,22 @@ TEST(TextDataset, SubwordTokenizersHoldOutTheSameTextAsBytes) {
   EXPECT_EQ(split_text("abcé", Split::Validation, 0.2), "");
   EXPECT_EQ(split_text("abcdeé", Split::Validation, 0.3), "é");
   EXPECT_THROW(split_text(text, Split::Train, 1.0), ValueError);
+  fs::remove_all(dir);
+}
+
+TEST(ModelStateTokenizer, ARecordThatCouldNotBeReadBackIsRefusedBeforeWriting) {
+  // Before: save_model_state wrote any record; load_model then refused the
+  // file (a checksum not of 16 hex digits), or a record with an empty path
+  // loaded and sent tokenizer_for_model looking for the file "".
+  const fs::path dir = fresh_dir("record");
+  Random random(3);
+  const DecoderOnlyTransformer model(TransformerDimensions{256, 16, 16, 2, 1, 32}, random);
+  for (const TokenizerRecord& bad : {TokenizerRecord{"t.model", "XYZ"}, TokenizerRecord{"t.model", "0123456789ABCDEF"},
+                                     TokenizerRecord{"", "0123456789abcdef"}}) {
+    EXPECT_THROW(save_model_state(model, dir / "m.safetensors", bad), ValueError) << bad.path << " " << bad.checksum;
+    EXPECT_FALSE(fs::exists(dir / "m.safetensors"));
+  }
+  save_model_state(model, dir / "m.safetensors", TokenizerRecord{"t.model", "0123456789abcdef"});
+  EXPECT_EQ(read_model_tokenizer(dir / "m.safetensors").path, "t.model");
   fs::remove_all(dir);
 }

@@ -312,3 +312,76 @@ def test_pretrain_gqa_tied_rope_base_records_and_replays_the_architecture(tools,
     assert g.returncode == 0, g.stderr
     bad = run(tools[0], "pretrain", "--heads", "4", "--key-value-heads", "3", "--output", tmp_path / "bad", *TINY[6:])
     assert bad.returncode == 2 and "key_value_heads 3" in bad.stderr
+
+
+@pytest.mark.parametrize("kind,needle", [
+    ("directory", "not a regular file"),
+    ("device", "not a regular file"),
+    ("fifo", "not a regular file"),
+    ("huge", "over the 1048576-byte limit"),
+    ("deep_json", "nest deeper than 16 levels"),
+    ("deep_toml", "nests deeper than 16 levels"),
+    ("nul_value", "'output' holds a NUL byte"),
+])
+def test_hostile_config_files_exit_2_without_hanging_or_crashing(tools, tmp_path, kind, needle):
+    # Before: a directory gave exit 1 "basic_filebuf::underflow", a FIFO hung,
+    # /dev/zero read without end, 20 000 nested objects crashed (SIGSEGV), a
+    # 200 kB dotted TOML section took minutes and gigabytes, and
+    # "output": "m\u0000x" wrote the tokenizer to a file named "m".
+    import os
+    config = tmp_path / "c.cfg"
+    if kind == "directory":
+        config.mkdir()
+    elif kind == "device":
+        config = pathlib.Path("/dev/zero")
+    elif kind == "fifo":
+        os.mkfifo(config)
+    elif kind == "huge":
+        config.write_text("#" * (2 << 20))
+    elif kind == "deep_json":
+        config.write_text('{"a":' * 20000 + "1" + "}" * 20000)
+    elif kind == "deep_toml":
+        config.write_text("[" + ".".join(["a"] * 100000) + "]\nvocab_size = 300\n")
+    else:
+        config.write_text('{"output": "' + str(tmp_path / "m") + '\\u0000x", "vocab_size": 300}')
+    r = subprocess.run([str(tools[0]), "tokenizer", "--config", str(config)], capture_output=True, text=True,
+                       timeout=30)
+    assert r.returncode == 2, (r.returncode, r.stderr[-500:])
+    assert needle in r.stderr and "Try 'rt-train tokenizer --help'." in r.stderr, r.stderr[-500:]
+    assert not (tmp_path / "m").exists()
+
+
+def test_rt_eval_option_values_the_model_refuses_are_usage_errors(build_dir, pretrained):
+    # Before: evaluate() refused them after the run had started: exit 1.
+    model = pretrained / "model.safetensors"
+    for args, needle in [(["--batch", 100000], "option '--batch' must be in [1, 65536], got 100000"),
+                         (["--sequence-length", 65], "context length 64 (0: the context length), got 65")]:
+        r = run(build_dir / "rt-eval", "--model", model, *args)
+        assert r.returncode == 2, (r.returncode, r.stderr)
+        assert needle in r.stderr and "Try 'rt-eval --help'." in r.stderr, r.stderr
+    r = run(build_dir / "rt-eval", "--model", model, "--sequence-length", 64, "--batch", 4)
+    assert r.returncode == 0, r.stderr
+
+
+def test_rt_train_tokenizer_vocab_size_over_the_limit_is_a_usage_error(tools, corpus, tmp_path):
+    # Before: refused by train_tokenizer() after the run had started: exit 1.
+    r = run(tools[0], "tokenizer", "--data", corpus, "--vocab-size", 2000000, "--output", tmp_path / "t.model")
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    assert "option '--vocab-size' must be in [260, 1048576], got 2000000" in r.stderr, r.stderr
+    assert not (tmp_path / "t.model").exists()
+
+
+def test_a_config_file_can_name_the_model_of_rt_generate_and_rt_eval(tools, build_dir, pretrained, tmp_path):
+    # Before: --model was required() at parse time, before the config file
+    # was applied: "--model is required" for a file that names it.
+    config = tmp_path / "gen.toml"
+    config.write_text(f'model = "{pretrained / "model.safetensors"}"\nmax_new_tokens = 3\ntemperature = 0\n')
+    r = run(tools[1], "--config", config)
+    assert r.returncode == 0, r.stderr
+    config = tmp_path / "eval.json"
+    config.write_text(json.dumps({"model": str(pretrained / "model.safetensors"), "sequence_length": 64}))
+    r = run(build_dir / "rt-eval", "--config", config)
+    assert r.returncode == 0, r.stderr
+    for tool in (tools[1], build_dir / "rt-eval"):
+        r = run(tool)
+        assert r.returncode == 2 and "--model PATH is required" in r.stderr, r.stderr
