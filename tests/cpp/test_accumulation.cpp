@@ -1,5 +1,7 @@
 // Adam parameter groups, GradientAccumulator, and gradient accumulation in
 // the stage pipelines (K micro-batches against one K-times-larger batch).
+#include <unistd.h>
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -25,7 +27,7 @@ namespace fs = std::filesystem;
 namespace {
 
 fs::path fresh_dir(const std::string& name) {
-  const fs::path dir = fs::temp_directory_path() / ("riftco_accumulation_" + name);
+  const fs::path dir = fs::temp_directory_path() / ("riftco_accumulation_" + std::to_string(::getpid()) + "_" + name);
   fs::remove_all(dir);
   fs::create_directories(dir);
   return dir;

@@ -1,6 +1,8 @@
 // Adversarial tests of checkpoint() and versions (issue 10's review), public API only:
 // writes into captured state, cached constants replaced or refrozen, nested
 // watches, constant inputs, LoRA and decode interplay, threads, memory.
+#include <unistd.h>
+
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -391,7 +393,7 @@ TEST(CheckpointAttack, DecodeSessionAfterLoadModelState) {
   DecoderOnlyTransformer model(tiny_dims(1), random);
   Random random2(8);
   DecoderOnlyTransformer other(tiny_dims(1), random2);
-  const auto file = std::filesystem::temp_directory_path() / "rt_review_other.safetensors";
+  const auto file = std::filesystem::temp_directory_path() / ("rt_review_other_" + std::to_string(::getpid()) + ".safetensors");
   save_model_state(other, file);
   DecodeSession session(model);
   session.decode_token(1);

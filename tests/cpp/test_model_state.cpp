@@ -262,7 +262,7 @@ TEST_F(ModelStateTest, LoadModelRefusesAFileThatIsNotAModelState) {
 TEST(ModelStateLimits, AHeaderCannotAskForAHugeModel) {
   // Dimensions of a ~4-billion-parameter model and no tensors: refused
   // before anything of that size is allocated.
-  const fs::path path = fs::temp_directory_path() / "riftco_huge_header.safetensors";
+  const fs::path path = fs::temp_directory_path() / ("riftco_huge_header_" + std::to_string(::getpid()) + ".safetensors");
   write_safetensors(path, {},
                     {{"format", kModelStateFormat},
                      {"schema_version", kModelStateSchemaVersion},

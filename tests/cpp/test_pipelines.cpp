@@ -1,4 +1,6 @@
 // Stage pipelines end to end on tiny shapes: files, metadata, resume.
+#include <unistd.h>
+
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -17,7 +19,7 @@ namespace fs = std::filesystem;
 namespace {
 
 fs::path fresh_dir(const std::string& name) {
-  const fs::path dir = fs::temp_directory_path() / ("riftco_pipeline_" + name);
+  const fs::path dir = fs::temp_directory_path() / ("riftco_pipeline_" + std::to_string(::getpid()) + "_" + name);
   fs::remove_all(dir);
   fs::create_directories(dir);
   return dir;

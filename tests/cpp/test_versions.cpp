@@ -3,6 +3,8 @@
 // an in-place write through any of them makes every graph that read the
 // buffer stale. Also: optimizer and model state cached per parameter never
 // reads a parameter whose shape changed, and commits from several threads.
+#include <unistd.h>
+
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -215,7 +217,7 @@ TEST(ModelParameterShapes, EveryReaderRefusesAParameterOfTheWrongShape) {
     names_it([&] { model.forward(b.tokens, 1); });
     names_it([&] { model.validate_parameters(); });
     names_it([&] { DecodeSession session(model); });
-    const auto file = std::filesystem::temp_directory_path() / "rt_wrong_shape.safetensors";
+    const auto file = std::filesystem::temp_directory_path() / ("rt_wrong_shape_" + std::to_string(::getpid()) + ".safetensors");
     std::filesystem::remove(file);
     names_it([&] { save_model_state(model, file); });
     EXPECT_FALSE(std::filesystem::exists(file));
