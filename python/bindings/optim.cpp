@@ -133,7 +133,7 @@ void init_optim(nb::module_& m) {
           "step",
           [](rt::Adam& adam, const rt::GradientAccumulator* accumulated) {
             nb::gil_scoped_release release;
-            return accumulated == nullptr ? adam.step() : adam.step(accumulated->gradients());
+            return accumulated == nullptr ? adam.step() : adam.step(*accumulated);
           },
           "accumulated"_a = nb::none(),
           "One update of every parameter that has a gradient; returns the gradient norm before clipping.\n"
