@@ -54,12 +54,12 @@ rt::GenerationOptions options_of(std::int64_t max_new_tokens, float temperature,
   o.repetition_penalty = repetition_penalty;
   o.num_samples = num_samples;
   if (nb::isinstance<nb::str>(stop)) {
-    o.stop.push_back(nb::cast<std::string>(stop));
+    o.stop.push_back(utf8_of(stop, "[generate] the stop string"));
   } else if (!stop.is_none()) {
     if (!nb::isinstance<nb::iterable>(stop)) throw rt::ValueError("[generate] stop must be a str or a list of str");
     for (nb::handle s : nb::borrow<nb::iterable>(stop)) {
       if (!nb::isinstance<nb::str>(s)) throw rt::ValueError("[generate] stop must be a str or a list of str");
-      o.stop.push_back(nb::cast<std::string>(s));
+      o.stop.push_back(utf8_of(s, "[generate] stop string " + std::to_string(o.stop.size())));
     }
   }
   o.validate();
@@ -68,7 +68,7 @@ rt::GenerationOptions options_of(std::int64_t max_new_tokens, float temperature,
 
 std::vector<std::int32_t> prompt_ids(nb::handle prompt, const OptionalTokenizer& tokenizer) {
   if (!nb::isinstance<nb::str>(prompt)) return tokens_from_python(prompt, "generate").ids;
-  const std::string text = nb::cast<std::string>(prompt);
+  const std::string text = utf8_of(prompt, "[generate] the prompt");
   return tokenizer ? tokenizer->encode(text) : rt::ByteTokenizer{}.encode(text);
 }
 

@@ -47,9 +47,7 @@ void init_optim(nb::module_& m) {
       .def(
           "__init__",
           [](rt::GradientAccumulator* self, nb::iterable parameters) {
-            std::vector<rt::Variable> params;
-            for (nb::handle p : parameters) params.push_back(nb::cast<rt::Variable>(p));
-            new (self) rt::GradientAccumulator(std::move(params));
+            new (self) rt::GradientAccumulator(variables_from_python(parameters, "GradientAccumulator"));
           },
           "parameters"_a, "Use the Adam's own .parameters (the order must match).")
       .def(
@@ -80,8 +78,7 @@ void init_optim(nb::module_& m) {
       "default_parameter_groups",
       [](nb::iterable parameters, float weight_decay, bool decay_embeddings) {
         std::vector<rt::NamedParameter> named;
-        for (nb::handle p : parameters) {
-          const rt::Variable v = nb::cast<rt::Variable>(p);
+        for (const rt::Variable& v : variables_from_python(parameters, "default_parameter_groups")) {
           named.push_back({v.name(), v});
         }
         nb::list out;
@@ -110,8 +107,13 @@ void init_optim(nb::module_& m) {
             for (nb::handle p : parameters) {
               if (nb::isinstance<nb::dict>(p)) {
                 groups.push_back(group_from_dict(nb::borrow<nb::dict>(p), groups.size()));
-              } else {
+              } else if (nb::isinstance<rt::Variable>(p)) {
                 params.push_back(nb::cast<rt::Variable>(p));
+              } else {
+                throw nb::type_error(("[Adam] parameter " + std::to_string(params.size() + groups.size()) +
+                                      " must be a Variable or a parameter-group dict, got " +
+                                      nb::cast<std::string>(nb::str(p.type().attr("__name__"))))
+                                         .c_str());
               }
             }
             if (!groups.empty() && !params.empty()) {
