@@ -66,6 +66,17 @@ rt::GenerationOptions options_of(std::int64_t max_new_tokens, float temperature,
   return o;
 }
 
+/// Before any work: a tokenizer must have the model's vocabulary (as
+/// tokenizer_for_model requires), or the model would sample ids it cannot
+/// decode (or be given ids it has no embedding for) partway through.
+void check_tokenizer(const rt::DecoderOnlyTransformer& model, const OptionalTokenizer& tokenizer) {
+  if (tokenizer && tokenizer->vocab_size() != model.dimensions().vocab_size) {
+    throw rt::ValueError("[generate] the tokenizer's vocabulary is " + std::to_string(tokenizer->vocab_size()) +
+                         " but the model's is " + std::to_string(model.dimensions().vocab_size) +
+                         " (give the tokenizer the model was trained with: Tokenizer.for_model)");
+  }
+}
+
 std::vector<std::int32_t> prompt_ids(nb::handle prompt, const OptionalTokenizer& tokenizer) {
   if (!nb::isinstance<nb::str>(prompt)) return tokens_from_python(prompt, "generate").ids;
   const std::string text = utf8_of(prompt, "[generate] the prompt");
@@ -127,6 +138,7 @@ void init_decode(nb::module_& m) {
       [](const rt::DecoderOnlyTransformer& model, nb::handle prompt, std::int64_t max_new_tokens, float temperature,
          std::int64_t top_k, std::uint64_t seed, float top_p, float repetition_penalty, nb::handle stop,
          const OptionalTokenizer& tokenizer) {
+        check_tokenizer(model, tokenizer);
         const std::vector<std::int32_t> ids = prompt_ids(prompt, tokenizer);
         rt::GenerationOptions options =
             options_of(max_new_tokens, temperature, top_k, seed, top_p, repetition_penalty, stop, 1);
@@ -149,6 +161,7 @@ void init_decode(nb::module_& m) {
       [](const rt::DecoderOnlyTransformer& model, nb::handle prompt, std::int64_t num_samples,
          std::int64_t max_new_tokens, float temperature, std::int64_t top_k, std::uint64_t seed, float top_p,
          float repetition_penalty, nb::handle stop, const OptionalTokenizer& tokenizer) {
+        check_tokenizer(model, tokenizer);
         const std::vector<std::int32_t> ids = prompt_ids(prompt, tokenizer);
         rt::GenerationOptions options =
             options_of(max_new_tokens, temperature, top_k, seed, top_p, repetition_penalty, stop, num_samples);
