@@ -52,10 +52,10 @@ void init_optim(nb::module_& m) {
           "parameters"_a, "Use the Adam's own .parameters (the order must match).")
       .def(
           "add",
-          [](rt::GradientAccumulator& a, float weight) {
-            nb::gil_scoped_release release;
-            a.add(weight);
-          },
+          // Keeps the GIL: the GIL is what serializes add() and clear() from
+          // several Python threads (released, one freed the sums the other
+          // was writing: segfault).
+          [](rt::GradientAccumulator& a, float weight) { a.add(weight); },
           "weight"_a = 1.0F, "Adds weight * each parameter's current gradient to its sum.")
       .def_prop_ro("count", &rt::GradientAccumulator::count, "add() calls since the last clear()")
       .def_prop_ro(
@@ -134,8 +134,15 @@ void init_optim(nb::module_& m) {
       .def(
           "step",
           [](rt::Adam& adam, const rt::GradientAccumulator* accumulated) {
+            if (accumulated == nullptr) {
+              nb::gil_scoped_release release;
+              return adam.step();
+            }
+            // A snapshot taken under the GIL holds the sums' buffers: another
+            // thread's clear() while the GIL is released cannot free them.
+            const rt::GradientAccumulator snapshot = *accumulated;
             nb::gil_scoped_release release;
-            return accumulated == nullptr ? adam.step() : adam.step(*accumulated);
+            return adam.step(snapshot);
           },
           "accumulated"_a = nb::none(),
           "One update of every parameter that has a gradient; returns the gradient norm before clipping.\n"

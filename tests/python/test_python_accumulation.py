@@ -214,3 +214,34 @@ def test_unencodable_prompt_and_stop_strings_are_value_errors(kwargs, needle):
         model.generate(max_new_tokens=2, **kwargs)
     with pytest.raises(ValueError, match=needle):
         model.generate_samples(num_samples=2, max_new_tokens=2, **kwargs)
+
+
+def test_accumulator_used_from_several_threads_does_not_crash():
+    # add() released the GIL: one thread's clear() freed the sums another
+    # thread's add() (or Adam.step(acc)) was using: segfault.
+    import threading
+    import time
+    model = riftco.DecoderOnlyTransformer(riftco.TransformerConfig(
+        vocab_size=256, context_length=32, model_width=128, heads=4, layers=1, feed_forward_width=256), seed=1)
+    opt = riftco.Adam(model.trainable_parameters())
+    tokens = np.arange(32, dtype=np.int32).reshape(1, 32)
+    model.loss(tokens, tokens).backward()
+    acc = riftco.GradientAccumulator(opt.parameters)
+    done = threading.Event()
+
+    def loop(work):
+        while not done.is_set():
+            work()
+
+    def step():
+        acc.add(1.0)
+        opt.step(acc)
+
+    threads = [threading.Thread(target=loop, args=(w,)) for w in (lambda: acc.add(0.5), acc.add, acc.clear, step)]
+    for t in threads:
+        t.start()
+    time.sleep(2.0)
+    done.set()
+    for t in threads:
+        t.join()
+    assert acc.count >= 0 and opt.step_count > 0
