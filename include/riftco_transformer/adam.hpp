@@ -18,6 +18,8 @@
 
 namespace riftco_transformer {
 
+class GradientAccumulator;
+
 struct AdamOptions {
   float learning_rate = 1.0e-3F;
   float beta1 = 0.9F;
@@ -41,8 +43,9 @@ struct ParameterGroup {
 
 class Adam {
  public:
-  /// Parameters must be leaves that require grad (ValueError otherwise).
-  /// One group: every parameter decays by options.weight_decay.
+  /// Parameters must be leaves that require grad, each listed once
+  /// (ValueError otherwise). One group, "all": every parameter decays by
+  /// options.weight_decay.
   Adam(std::vector<Variable> parameters, AdamOptions options = {});
   /// Several groups, each with its own weight decay (ValueError naming the
   /// group for a bad decay or a parameter listed twice). parameters(),
@@ -63,6 +66,11 @@ class Adam {
   /// of the parameters' committed gradients. Gradient accumulation hands
   /// GradientAccumulator::gradients() here. Same checks and guarantees.
   float step(std::span<const Tensor> gradients);
+  /// step(accumulator.gradients()) after checking that the accumulator holds
+  /// exactly this Adam's parameters in parameters() order (ValueError naming
+  /// the first one that differs; nothing changes): sums of other parameters
+  /// of the same shapes would otherwise train the wrong weights silently.
+  float step(const GradientAccumulator& accumulator);
   /// Drops every parameter's gradient.
   void zero_grad();
 
@@ -93,6 +101,7 @@ class Adam {
 
  private:
   void add_parameters(std::vector<Variable> parameters);
+  void check_unique() const;  // ValueError naming a parameter listed twice
   float update(std::span<const Tensor* const> gradients);
 
   std::vector<Variable> params_;

@@ -6,7 +6,7 @@
 //
 //   GradientAccumulator acc(adam.parameters());
 //   for each micro-batch k:  loss_k.backward();  acc.add(weight_k);
-//   adam.step(acc.gradients());  acc.clear();
+//   adam.step(acc);  acc.clear();   // checks acc holds adam.parameters()
 //
 // With weight_k = (real targets in micro-batch k) / (real targets in all K),
 // the sum is the gradient of the mean loss over the K-times-larger batch.
@@ -32,6 +32,9 @@ class GradientAccumulator {
   /// The sums, one per parameter in constructor order; an undefined Tensor
   /// where no add reached that parameter. Pass to Adam::step(gradients).
   const std::vector<Tensor>& gradients() const { return sums_; }
+  /// The parameters, in constructor order (Adam::step(accumulator) checks
+  /// they are its own, in its order).
+  const std::vector<Variable>& parameters() const { return params_; }
   /// add() calls since construction or the last clear().
   std::int64_t count() const { return count_; }
   /// Drops every buffer.

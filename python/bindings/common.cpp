@@ -64,6 +64,29 @@ TokenArray tokens_from_python(nb::handle values, const char* op) {
   return out;
 }
 
+std::vector<rt::Variable> variables_from_python(nb::iterable values, const char* op) {
+  std::vector<rt::Variable> out;
+  for (nb::handle v : values) {
+    if (!nb::isinstance<rt::Variable>(v)) {
+      throw nb::type_error((std::string("[") + op + "] parameter " + std::to_string(out.size()) +
+                            " must be a Variable, got " + nb::cast<std::string>(nb::str(v.type().attr("__name__"))))
+                               .c_str());
+    }
+    out.push_back(nb::cast<rt::Variable>(v));
+  }
+  return out;
+}
+
+std::string utf8_of(nb::handle text, const std::string& what) {
+  Py_ssize_t size = 0;
+  const char* data = PyUnicode_AsUTF8AndSize(text.ptr(), &size);
+  if (data == nullptr) {
+    PyErr_Clear();
+    throw rt::ValueError(what + " is not valid Unicode text (it cannot be encoded as UTF-8: a lone surrogate?)");
+  }
+  return std::string(data, static_cast<std::size_t>(size));
+}
+
 double short_double(float value) {
   char buffer[64];
   const auto r = std::to_chars(buffer, buffer + sizeof buffer - 1, value);

@@ -45,6 +45,14 @@ struct TokenArray {
 };
 TokenArray tokens_from_python(nb::handle values, const char* op);
 
+/// Variables from a Python iterable (a TypeError naming `op` and the
+/// offending item's type for anything else; was RuntimeError std::bad_cast).
+std::vector<rt::Variable> variables_from_python(nb::iterable values, const char* op);
+
+/// A str as UTF-8 (a ValueError naming `what` for a str that has none, e.g.
+/// a lone surrogate; was RuntimeError std::bad_cast).
+std::string utf8_of(nb::handle text, const std::string& what);
+
 /// The float32 as the shortest decimal that rounds back to it (0.003, not
 /// 0.003000000026077032): what config getters return.
 double short_double(float value);

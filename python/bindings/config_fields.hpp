@@ -141,7 +141,16 @@ class ConfigClass {
   };
   void add(const char* name, const char* type, std::function<void(C&, nb::handle)> set,
            std::function<nb::object(const C&)> get) {
-    (*setters_)[name] = std::move(set);
+    // Every keyword argument: a value of the wrong type is a TypeError naming
+    // the field (float, path and choice fields too; was RuntimeError std::bad_cast).
+    const std::string label = name_ + "." + name + " expects " + type;
+    (*setters_)[name] = [set = std::move(set), label](C& c, nb::handle v) {
+      try {
+        set(c, v);
+      } catch (const nb::cast_error&) {
+        throw nb::type_error((label + ", got " + nb::cast<std::string>(nb::str(v.type().attr("__name__")))).c_str());
+      }
+    };
     fields_.push_back({name, type, std::move(get)});
   }
   std::vector<std::string> field_names() const {

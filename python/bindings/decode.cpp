@@ -54,21 +54,32 @@ rt::GenerationOptions options_of(std::int64_t max_new_tokens, float temperature,
   o.repetition_penalty = repetition_penalty;
   o.num_samples = num_samples;
   if (nb::isinstance<nb::str>(stop)) {
-    o.stop.push_back(nb::cast<std::string>(stop));
+    o.stop.push_back(utf8_of(stop, "[generate] the stop string"));
   } else if (!stop.is_none()) {
     if (!nb::isinstance<nb::iterable>(stop)) throw rt::ValueError("[generate] stop must be a str or a list of str");
     for (nb::handle s : nb::borrow<nb::iterable>(stop)) {
       if (!nb::isinstance<nb::str>(s)) throw rt::ValueError("[generate] stop must be a str or a list of str");
-      o.stop.push_back(nb::cast<std::string>(s));
+      o.stop.push_back(utf8_of(s, "[generate] stop string " + std::to_string(o.stop.size())));
     }
   }
   o.validate();
   return o;
 }
 
+/// Before any work: a tokenizer must have the model's vocabulary (as
+/// tokenizer_for_model requires), or the model would sample ids it cannot
+/// decode (or be given ids it has no embedding for) partway through.
+void check_tokenizer(const rt::DecoderOnlyTransformer& model, const OptionalTokenizer& tokenizer) {
+  if (tokenizer && tokenizer->vocab_size() != model.dimensions().vocab_size) {
+    throw rt::ValueError("[generate] the tokenizer's vocabulary is " + std::to_string(tokenizer->vocab_size()) +
+                         " but the model's is " + std::to_string(model.dimensions().vocab_size) +
+                         " (give the tokenizer the model was trained with: Tokenizer.for_model)");
+  }
+}
+
 std::vector<std::int32_t> prompt_ids(nb::handle prompt, const OptionalTokenizer& tokenizer) {
   if (!nb::isinstance<nb::str>(prompt)) return tokens_from_python(prompt, "generate").ids;
-  const std::string text = nb::cast<std::string>(prompt);
+  const std::string text = utf8_of(prompt, "[generate] the prompt");
   return tokenizer ? tokenizer->encode(text) : rt::ByteTokenizer{}.encode(text);
 }
 
@@ -127,6 +138,7 @@ void init_decode(nb::module_& m) {
       [](const rt::DecoderOnlyTransformer& model, nb::handle prompt, std::int64_t max_new_tokens, float temperature,
          std::int64_t top_k, std::uint64_t seed, float top_p, float repetition_penalty, nb::handle stop,
          const OptionalTokenizer& tokenizer) {
+        check_tokenizer(model, tokenizer);
         const std::vector<std::int32_t> ids = prompt_ids(prompt, tokenizer);
         rt::GenerationOptions options =
             options_of(max_new_tokens, temperature, top_k, seed, top_p, repetition_penalty, stop, 1);
@@ -149,6 +161,7 @@ void init_decode(nb::module_& m) {
       [](const rt::DecoderOnlyTransformer& model, nb::handle prompt, std::int64_t num_samples,
          std::int64_t max_new_tokens, float temperature, std::int64_t top_k, std::uint64_t seed, float top_p,
          float repetition_penalty, nb::handle stop, const OptionalTokenizer& tokenizer) {
+        check_tokenizer(model, tokenizer);
         const std::vector<std::int32_t> ids = prompt_ids(prompt, tokenizer);
         rt::GenerationOptions options =
             options_of(max_new_tokens, temperature, top_k, seed, top_p, repetition_penalty, stop, num_samples);

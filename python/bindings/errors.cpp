@@ -97,6 +97,11 @@ void init_errors(nb::module_& m) {
       raise(g_data, e.what());
     } catch (const rt::Error& e) {
       raise(g_error, e.what());
+    } catch (const nb::cast_error&) {
+      // A Python value nb::cast could not convert, where no binding names the
+      // argument: still a TypeError (nanobind would raise RuntimeError std::bad_cast).
+      PyErr_Clear();
+      PyErr_SetString(PyExc_TypeError, "an argument has the wrong type (it could not be converted)");
     }
     // Anything else propagates to nanobind's own translators.
   });

@@ -47,17 +47,15 @@ void init_optim(nb::module_& m) {
       .def(
           "__init__",
           [](rt::GradientAccumulator* self, nb::iterable parameters) {
-            std::vector<rt::Variable> params;
-            for (nb::handle p : parameters) params.push_back(nb::cast<rt::Variable>(p));
-            new (self) rt::GradientAccumulator(std::move(params));
+            new (self) rt::GradientAccumulator(variables_from_python(parameters, "GradientAccumulator"));
           },
           "parameters"_a, "Use the Adam's own .parameters (the order must match).")
       .def(
           "add",
-          [](rt::GradientAccumulator& a, float weight) {
-            nb::gil_scoped_release release;
-            a.add(weight);
-          },
+          // Keeps the GIL: the GIL is what serializes add() and clear() from
+          // several Python threads (released, one freed the sums the other
+          // was writing: segfault).
+          [](rt::GradientAccumulator& a, float weight) { a.add(weight); },
           "weight"_a = 1.0F, "Adds weight * each parameter's current gradient to its sum.")
       .def_prop_ro("count", &rt::GradientAccumulator::count, "add() calls since the last clear()")
       .def_prop_ro(
@@ -80,8 +78,7 @@ void init_optim(nb::module_& m) {
       "default_parameter_groups",
       [](nb::iterable parameters, float weight_decay, bool decay_embeddings) {
         std::vector<rt::NamedParameter> named;
-        for (nb::handle p : parameters) {
-          const rt::Variable v = nb::cast<rt::Variable>(p);
+        for (const rt::Variable& v : variables_from_python(parameters, "default_parameter_groups")) {
           named.push_back({v.name(), v});
         }
         nb::list out;
@@ -110,8 +107,13 @@ void init_optim(nb::module_& m) {
             for (nb::handle p : parameters) {
               if (nb::isinstance<nb::dict>(p)) {
                 groups.push_back(group_from_dict(nb::borrow<nb::dict>(p), groups.size()));
-              } else {
+              } else if (nb::isinstance<rt::Variable>(p)) {
                 params.push_back(nb::cast<rt::Variable>(p));
+              } else {
+                throw nb::type_error(("[Adam] parameter " + std::to_string(params.size() + groups.size()) +
+                                      " must be a Variable or a parameter-group dict, got " +
+                                      nb::cast<std::string>(nb::str(p.type().attr("__name__"))))
+                                         .c_str());
               }
             }
             if (!groups.empty() && !params.empty()) {
@@ -132,8 +134,15 @@ void init_optim(nb::module_& m) {
       .def(
           "step",
           [](rt::Adam& adam, const rt::GradientAccumulator* accumulated) {
+            if (accumulated == nullptr) {
+              nb::gil_scoped_release release;
+              return adam.step();
+            }
+            // A snapshot taken under the GIL holds the sums' buffers: another
+            // thread's clear() while the GIL is released cannot free them.
+            const rt::GradientAccumulator snapshot = *accumulated;
             nb::gil_scoped_release release;
-            return accumulated == nullptr ? adam.step() : adam.step(accumulated->gradients());
+            return adam.step(snapshot);
           },
           "accumulated"_a = nb::none(),
           "One update of every parameter that has a gradient; returns the gradient norm before clipping.\n"

@@ -120,6 +120,19 @@ const T& require_struct(const T* pointer, const char* function, const char* name
   return value;
 }
 
+/// A copy of a caller's input struct (require_struct's checks): the bytes its
+/// struct_size covers, zero beyond them (RT_C_COVERS keeps the caller's
+/// struct_size, so those fields take their defaults). Never reads past a
+/// struct that is smaller than this library's.
+template <typename T>
+T read_struct(const T* pointer, const char* function, const char* name) {
+  const T& given = require_struct(pointer, function, name);
+  T value{};
+  std::memcpy(static_cast<void*>(&value), static_cast<const void*>(&given),
+              given.struct_size < sizeof(T) ? given.struct_size : sizeof(T));
+  return value;
+}
+
 /// *_init: `value` (defaults) into a caller's struct of `size` bytes (at
 /// least ABI 2.0's), struct_size set to `size`.
 template <typename T>

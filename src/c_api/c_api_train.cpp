@@ -414,7 +414,7 @@ rt_status rt_run_pretraining(const rt_pretraining_config* config, rt_progress_fn
       // ...and so do the fields appended to the config itself.
       c.struct_size = offsetof(rt_pretraining_config, gradient_accumulation_steps);
     } else {
-      c = require_struct(config, f, "config");
+      c = read_struct(config, f, "config");  // an older 2.x caller's struct may end before tokenizer
     }
     const rt_transformer_config& m = require_struct(&c.model, f, "config->model");
     require(result, f, "result");

@@ -2,6 +2,7 @@
 // the new layout).
 #include <algorithm>
 #include <cstring>
+#include <limits>
 
 #include "../backend/cpu/kernels.hpp"
 #include "op_util.hpp"
@@ -64,6 +65,10 @@ Variable repeat_heads(const Variable& x, std::int64_t groups) {
   const Shape in = x.shape();
   const std::int64_t b = in[0];
   const std::int64_t g = in[1];
+  if (g > 0 && groups > std::numeric_limits<std::int64_t>::max() / g) {  // g · groups would wrap (and write out of bounds)
+    throw ValueError(tag(op) + "groups " + std::to_string(groups) + " times " + std::to_string(g) +
+                     " heads overflows a dimension");
+  }
   const std::int64_t rows = in[2] * in[3];  // floats per head
   Tensor out = Tensor::empty({b, g * groups, in[2], in[3]});
   const float* px = x.value().data();

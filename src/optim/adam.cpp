@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "../backend/cpu/kernels.hpp"
+#include "riftco_transformer/gradient_accumulator.hpp"
 
 namespace riftco_transformer {
 
@@ -42,6 +43,7 @@ Adam::Adam(std::vector<Variable> parameters, AdamOptions options) : options_(opt
   add_parameters(std::move(parameters));
   groups_.push_back({"all", options_.weight_decay, 0, params_.size()});
   weight_decay_.assign(params_.size(), options_.weight_decay);
+  check_unique();
 }
 
 Adam::Adam(std::vector<ParameterGroup> groups, AdamOptions options) : options_(options) {
@@ -57,12 +59,18 @@ Adam::Adam(std::vector<ParameterGroup> groups, AdamOptions options) : options_(o
     groups_.push_back({g.name, wd, begin, params_.size()});
     weight_decay_.resize(params_.size(), wd);
   }
+  check_unique();
+}
+
+void Adam::check_unique() const {
+  // A parameter listed twice would be updated twice per step (and its
+  // moments would advance twice): refused in one list as across groups.
   std::unordered_set<const Node*> seen;
   for (const GroupInfo& info : groups_) {
     for (std::size_t i = info.begin; i < info.end; ++i) {
       if (!seen.insert(params_[i].node()).second) {
-        throw ValueError("[Adam] parameter '" + params_[i].name() + "' appears twice (again in group '" + info.name +
-                         "')");
+        throw ValueError("[Adam] parameter " + std::to_string(i) + " '" + params_[i].name() +
+                         "' appears twice (again in group '" + info.name + "')");
       }
     }
   }
@@ -99,6 +107,23 @@ float Adam::step(std::span<const Tensor> gradients) {
   pointers.reserve(gradients.size());
   for (const Tensor& g : gradients) pointers.push_back(&g);
   return update(pointers);
+}
+
+float Adam::step(const GradientAccumulator& accumulator) {
+  const std::vector<Variable>& theirs = accumulator.parameters();
+  if (theirs.size() != params_.size()) {
+    throw ValueError("[Adam] step: the GradientAccumulator holds " + std::to_string(theirs.size()) +
+                     " parameters, this Adam " + std::to_string(params_.size()) +
+                     " (build the accumulator from this Adam's parameters)");
+  }
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    if (theirs[i].node() != params_[i].node()) {
+      throw ValueError("[Adam] step: the GradientAccumulator's parameter " + std::to_string(i) + " is '" +
+                       theirs[i].name() + "', this Adam's is '" + params_[i].name() +
+                       "' (build the accumulator from this Adam's parameters, in their order)");
+    }
+  }
+  return step(accumulator.gradients());
 }
 
 float Adam::update(std::span<const Tensor* const> gradients) {

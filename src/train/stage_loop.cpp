@@ -299,7 +299,7 @@ RunResult run(StageRun& r, const ProgressCallback& progress) {
       }
       last_loss = static_cast<float>(loss_sum);
       try {
-        grad_norm = adam.step(accumulator.gradients());  // clipping and the norm see the summed gradient
+        grad_norm = adam.step(accumulator);  // clipping and the norm see the summed gradient
       } catch (const ValueError& e) {
         accumulator.clear();
         throw diverged(e.what());

@@ -9,6 +9,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "riftco_transformer/rt.h"
@@ -954,6 +956,81 @@ static void test_groups_accumulation_and_sampling(void) {
   FAILS(rt_run_pretraining(&p, NULL, NULL, &r), RT_ERROR_VALUE, "gradient_accumulation_steps");
 }
 
+/* `size` bytes at the very end of a readable page, the next page inaccessible:
+ * a library that reads past a caller's struct_size crashes here. */
+static void* at_page_end(size_t size) {
+  const long page = sysconf(_SC_PAGESIZE);
+  const int zero = open("/dev/zero", O_RDWR);
+  if (zero < 0) return NULL;
+  char* base = mmap(NULL, (size_t)(2 * page), PROT_READ | PROT_WRITE, MAP_PRIVATE, zero, 0);
+  close(zero);
+  if (base == MAP_FAILED || mprotect(base + page, (size_t)page, PROT_NONE) != 0) return NULL;
+  return base + page - size;
+}
+
+/* Every struct_size from ABI 2.0's to this header's (the in-between sizes of
+ * callers compiled against earlier 2.x headers): each consumer reads only the
+ * caller's bytes (was: rt_run_pretraining copied the whole current struct and
+ * crashed on a struct ending before `tokenizer`). */
+static void test_struct_sizes_read_no_further(void) {
+  rt_run_result r;
+  size_t size;
+  /* ABI 2.0's size: its `model` ended before key_value_heads. */
+  const size_t pretraining20 =
+      offsetof(rt_pretraining_config, model) + offsetof(rt_transformer_config, key_value_heads) + sizeof(double);
+  for (size = pretraining20; size <= sizeof(rt_pretraining_config); size += 4) {
+    rt_pretraining_config* c = at_page_end(size);
+    CHECK(c != NULL);
+    if (c == NULL) return;
+    OK(rt_pretraining_config_init(c, size));
+    c->stage.steps = 0; /* refused before any training */
+    memset(&r, 0, sizeof r);
+    r.struct_size = sizeof r;
+    FAILS(rt_run_pretraining(c, NULL, NULL, &r), RT_ERROR_VALUE, "steps must be > 0");
+  }
+  for (size = offsetof(rt_post_training_config, gradient_accumulation_steps);
+       size <= sizeof(rt_post_training_config); size += 4) {
+    rt_post_training_config* c = at_page_end(size);
+    CHECK(c != NULL);
+    if (c == NULL) return;
+    OK(rt_post_training_config_init(c, size));
+    c->stage.steps = 0;
+    memset(&r, 0, sizeof r);
+    r.struct_size = sizeof r;
+    CHECK(rt_run_post_training(c, NULL, NULL, &r) == RT_ERROR_VALUE);
+  }
+  {
+    rt_transformer_config tiny = tiny_config();
+    rt_model* model = NULL;
+    int32_t prompt[2] = {1, 2};
+    int32_t tokens[4];
+    size_t count = 0;
+    tiny.layers = 1;
+    for (size = offsetof(rt_transformer_config, key_value_heads); size <= sizeof(rt_transformer_config); size += 4) {
+      rt_transformer_config* c = at_page_end(size);
+      CHECK(c != NULL);
+      if (c == NULL) return;
+      memcpy(c, &tiny, size);
+      c->struct_size = size;
+      rt_model_destroy(model);
+      model = NULL;
+      OK(rt_model_create(c, 1, RT_ATTENTION_MATERIALIZED, RT_ACTIVATION_CHECKPOINTING_DISABLED, &model));
+    }
+    for (size = offsetof(rt_generation_options, top_p); size <= sizeof(rt_generation_options); size += 4) {
+      rt_generation_options* g = at_page_end(size);
+      rt_generation* samples = NULL;
+      CHECK(g != NULL);
+      if (g == NULL) break;
+      OK(rt_generation_options_init(g, size));
+      g->max_new_tokens = 4;
+      OK(rt_generate(model, prompt, 2, g, tokens, 4, &count, NULL));
+      OK(rt_generate_samples(model, prompt, 2, g, &samples));
+      rt_generation_destroy(samples);
+    }
+    rt_model_destroy(model);
+  }
+}
+
 int main(void) {
   snprintf(g_dir, sizeof g_dir, "/tmp/rt_c_abi_XXXXXX");
   if (mkdtemp(g_dir) == NULL) return 2;
@@ -969,6 +1046,7 @@ int main(void) {
   test_tokenizer_and_evaluate();
   test_gqa_tied_and_hf_conversion();
   test_groups_accumulation_and_sampling();
+  test_struct_sizes_read_no_further();
   char command[600];
   snprintf(command, sizeof command, "rm -rf '%s'", g_dir);
   if (system(command) != 0) fprintf(stderr, "could not remove %s\n", g_dir);

@@ -19,6 +19,7 @@
 #include "riftco_transformer/data.hpp"
 #include "riftco_transformer/gradient_accumulator.hpp"
 #include "riftco_transformer/model_state.hpp"
+#include "riftco_transformer/ops.hpp"
 #include "riftco_transformer/pipelines.hpp"
 
 using namespace riftco_transformer;
@@ -150,6 +151,46 @@ TEST(ParameterGroups, BadGroupsAreRefusedByName) {
   EXPECT_THROW(adam.step(std::vector<Tensor>{Tensor::ones({2})}), ValueError);  // one gradient for two
   EXPECT_THROW(adam.step(std::vector<Tensor>{Tensor::ones({3}), Tensor()}), ShapeError);
   EXPECT_EQ(adam.step_count(), 0);
+}
+
+TEST(ParameterGroups, AParameterListedTwiceInOneListIsRefused) {
+  // Was accepted: the parameter was then updated twice per step.
+  Variable a(Tensor::ones({2}), true, "a");
+  Variable b(Tensor::ones({2}), true, "b");
+  try {
+    Adam adam({a, b, a}, AdamOptions{});
+    FAIL() << "a parameter listed twice was accepted";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("parameter 2 'a' appears twice"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(Adam(std::vector<ParameterGroup>{{"one", {b, b}, {}}}, AdamOptions{}), ValueError);
+}
+
+TEST(ParameterGroups, StepWithAnAccumulatorOfOtherParametersIsRefused) {
+  // Same count and shapes, other order: the sums would have trained the
+  // wrong weights silently.
+  Variable a(Tensor::ones({2}), true, "a");
+  Variable b(Tensor::ones({2}), true, "b");
+  Adam adam({a, b}, AdamOptions{});
+  for (const auto& params : {std::vector<Variable>{b, a}, std::vector<Variable>{a}}) {
+    GradientAccumulator acc(params);
+    sum(add(a, scale(b, 2.0F))).backward();
+    acc.add();
+    try {
+      adam.step(acc);
+      FAIL() << "an accumulator of other parameters was accepted";
+    } catch (const ValueError& e) {
+      EXPECT_NE(std::string(e.what()).find("GradientAccumulator"), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(adam.step_count(), 0);
+    EXPECT_EQ(a.value().values()[0], 1.0F);
+    EXPECT_EQ(b.value().values()[0], 1.0F);
+  }
+  GradientAccumulator own(adam.parameters());
+  sum(add(a, b)).backward();
+  own.add();
+  adam.step(own);
+  EXPECT_EQ(adam.step_count(), 1);
 }
 
 TEST(ParameterGroups, ExplicitGradientsStepLikeCommittedOnes) {

@@ -2,6 +2,8 @@
 // repeat_heads gradients, decode == forward, checkpointed == ordinary
 // gradients, parameter lists, LoRA shapes and model-state files.
 #include <gtest/gtest.h>
+
+#include <limits>
 #include <unistd.h>
 
 #include <cstring>
@@ -58,6 +60,24 @@ TEST(RepeatHeads, ForwardCopiesEachHeadAndBackwardSumsGroups) {
             0);
   EXPECT_THROW(repeat_heads(Variable(x, false), 0), ValueError);
   EXPECT_THROW(repeat_heads(Variable(rt_test::randn({2, 3}, 1), false), 0), ShapeError);
+}
+
+TEST(RepeatHeads, AGroupCountWhoseHeadCountWrapsIsRefused) {
+  // 4 heads · 2^62 wrapped to 0: an empty output the copy loop then wrote
+  // past (segfault). Refused before anything is allocated.
+  const Variable x(rt_test::randn({1, 4, 1, 1}, 2), false);
+  for (const std::int64_t groups : {std::int64_t{1} << 62, (std::int64_t{1} << 61) + 1,
+                                    std::numeric_limits<std::int64_t>::max()}) {
+    try {
+      repeat_heads(x, groups);
+      FAIL() << "groups " << groups << " was accepted";
+    } catch (const ValueError& e) {
+      EXPECT_NE(std::string(e.what()).find("[repeat_heads] groups " + std::to_string(groups)), std::string::npos)
+          << e.what();
+    }
+  }
+  // Large but representable: a typed error for the size, not a crash.
+  EXPECT_THROW(repeat_heads(x, std::int64_t{1} << 60), ShapeError);
 }
 
 TEST(GqaDimensions, ValidateNamesTheFieldAndCountsParameters) {

@@ -155,3 +155,93 @@ def test_gradient_accumulator_sums_weighted_micro_batches_like_one_batch():
     assert acc.count == 0 and acc.gradients[0] is None
     with pytest.raises(ValueError, match="weight must be finite"):
         acc.add(float("nan"))
+
+
+def test_a_parameter_listed_twice_in_one_list_is_refused():
+    # Was accepted: Adam then updated it twice per step.
+    p = tiny_model().trainable_parameters()[0]
+    with pytest.raises(ValueError, match="appears twice"):
+        riftco.Adam([p, p])
+
+
+def test_step_with_an_accumulator_of_other_parameters_is_refused():
+    model = tiny_model()
+    params = model.trainable_parameters()
+    opt = riftco.Adam(riftco.default_parameter_groups(params, 0.1))  # groups' order differs from params
+    tokens = np.arange(8, dtype=np.int32).reshape(1, 8)
+    model.loss(tokens, tokens).backward()
+    acc = riftco.GradientAccumulator(params)
+    acc.add()
+    before = [p.numpy().copy() for p in params]
+    with pytest.raises(ValueError, match="GradientAccumulator's parameter 1 is"):
+        opt.step(acc)
+    assert opt.step_count == 0
+    assert all(np.array_equal(b, p.numpy()) for b, p in zip(before, params))
+    own = riftco.GradientAccumulator(opt.parameters)
+    own.add()
+    opt.step(own)
+    assert opt.step_count == 1
+
+
+@pytest.mark.parametrize("call, needle", [
+    (lambda: riftco.Adam([1, 2]), r"\[Adam\] parameter 0 must be a Variable or a parameter-group dict, got int"),
+    (lambda: riftco.Adam("ab"), r"\[Adam\] parameter 0 must be a Variable"),
+    (lambda: riftco.GradientAccumulator([None]), r"\[GradientAccumulator\] parameter 0 must be a Variable, got NoneType"),
+    (lambda: riftco.default_parameter_groups([1.5], 0.1), r"\[default_parameter_groups\] parameter 0 .* got float"),
+    (lambda: riftco.TransformerConfig(rope_base="big"), r"TransformerConfig.rope_base expects float, got str"),
+    (lambda: riftco.TransformerConfig(rope_base=None), r"TransformerConfig.rope_base expects float, got NoneType"),
+    (lambda: riftco.PretrainingConfig(tokenizer=5), r"PretrainingConfig.tokenizer expects .*, got int"),
+    (lambda: riftco.PretrainingConfig(activation_checkpointing=3),
+     r"PretrainingConfig.activation_checkpointing expects str, got int"),
+    (lambda: riftco.PostTrainingConfig(activation_checkpointing=4),
+     r"PostTrainingConfig.activation_checkpointing expects str, got int"),
+])
+def test_wrong_types_are_type_errors_naming_the_argument(call, needle):
+    # Were RuntimeError('std::bad_cast').
+    with pytest.raises(TypeError, match=needle):
+        call()
+
+
+@pytest.mark.parametrize("kwargs, needle", [
+    (dict(prompt="\ud800"), "the prompt is not valid Unicode"),
+    (dict(prompt="Hi", stop="\udfff"), "the stop string is not valid Unicode"),
+    (dict(prompt="Hi", stop=["ok", "\ud800x"]), "stop string 1 is not valid Unicode"),
+])
+def test_unencodable_prompt_and_stop_strings_are_value_errors(kwargs, needle):
+    # Were RuntimeError('std::bad_cast').
+    model = tiny_model()
+    with pytest.raises(ValueError, match=needle):
+        model.generate(max_new_tokens=2, **kwargs)
+    with pytest.raises(ValueError, match=needle):
+        model.generate_samples(num_samples=2, max_new_tokens=2, **kwargs)
+
+
+def test_accumulator_used_from_several_threads_does_not_crash():
+    # add() released the GIL: one thread's clear() freed the sums another
+    # thread's add() (or Adam.step(acc)) was using: segfault.
+    import threading
+    import time
+    model = riftco.DecoderOnlyTransformer(riftco.TransformerConfig(
+        vocab_size=256, context_length=32, model_width=128, heads=4, layers=1, feed_forward_width=256), seed=1)
+    opt = riftco.Adam(model.trainable_parameters())
+    tokens = np.arange(32, dtype=np.int32).reshape(1, 32)
+    model.loss(tokens, tokens).backward()
+    acc = riftco.GradientAccumulator(opt.parameters)
+    done = threading.Event()
+
+    def loop(work):
+        while not done.is_set():
+            work()
+
+    def step():
+        acc.add(1.0)
+        opt.step(acc)
+
+    threads = [threading.Thread(target=loop, args=(w,)) for w in (lambda: acc.add(0.5), acc.add, acc.clear, step)]
+    for t in threads:
+        t.start()
+    time.sleep(2.0)
+    done.set()
+    for t in threads:
+        t.join()
+    assert acc.count >= 0 and opt.step_count > 0

@@ -113,3 +113,17 @@ def test_pretraining_with_a_tokenizer_and_the_tools(tmp_path, build_dir):
     missing = run(evaluate, "--model", model, "--data", corpus)
     assert missing.returncode == 2 and "not found" in missing.stderr, missing.stderr
     assert run(evaluate, "--model", model, "--data", corpus, "--tokenizer", tmp_path / "moved.model").returncode == 0
+
+
+@pytest.mark.parametrize("model_vocab", [512, 256])
+def test_generate_refuses_a_tokenizer_of_another_vocabulary_before_generating(tmp_path, model_vocab):
+    # Was: a 512-token model sampled ids the 300-token tokenizer cannot decode
+    # and failed partway (or a 256-token model got prompt ids it has no row for).
+    tok = riftco.train_tokenizer(TEXT, tmp_path / "t.model", vocab_size=300)
+    model = riftco.DecoderOnlyTransformer(riftco.TransformerConfig(
+        vocab_size=model_vocab, context_length=32, model_width=16, heads=2, layers=1, feed_forward_width=32), seed=3)
+    needle = f"tokenizer's vocabulary is 300 but the model's is {model_vocab}"
+    with pytest.raises(ValueError, match=needle):
+        model.generate("the quick", max_new_tokens=20, tokenizer=tok)
+    with pytest.raises(ValueError, match=needle):
+        model.generate_samples("the", num_samples=2, max_new_tokens=20, tokenizer=tok, stop="zz")
