@@ -358,6 +358,9 @@ def test_pipeline_progress_stop_and_data_error(tmp_path):
 def test_ctrl_c_stops_a_pipeline_cleanly_at_the_next_step(tmp_path):
     script = textwrap.dedent(f"""
         import os, pathlib, signal, sys, threading, riftco
+        # Ctrl-C as a terminal delivers it: a shell that runs the suite in the
+        # background starts it with SIGINT ignored, and Python keeps that.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         corpus = pathlib.Path({str(tmp_path)!r}) / "c.txt"
         corpus.write_text("the quick brown fox jumps over the lazy dog.\\n" * 100)
         config = riftco.PretrainingConfig(model=riftco.TransformerConfig(**{TINY!r}), data=corpus, steps=1000000,
