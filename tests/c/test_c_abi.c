@@ -956,6 +956,8 @@ static void test_groups_accumulation_and_sampling(void) {
   FAILS(rt_run_pretraining(&p, NULL, NULL, &r), RT_ERROR_VALUE, "gradient_accumulation_steps");
 }
 
+#define ALIGN8(x) (((x) + 7u) & ~(size_t)7u)
+
 /* `size` bytes at the very end of a readable page, the next page inaccessible:
  * a library that reads past a caller's struct_size crashes here. */
 static void* at_page_end(size_t size) {
@@ -978,7 +980,9 @@ static void test_struct_sizes_read_no_further(void) {
   /* ABI 2.0's size: its `model` ended before key_value_heads. */
   const size_t pretraining20 =
       offsetof(rt_pretraining_config, model) + offsetof(rt_transformer_config, key_value_heads) + sizeof(double);
-  for (size = pretraining20; size <= sizeof(rt_pretraining_config); size += 4) {
+  /* Sizes step by 8: a caller's struct_size is its sizeof, a multiple of the
+   * struct's 8-byte alignment (and the struct must stay aligned for UBSan). */
+  for (size = ALIGN8(pretraining20); size <= sizeof(rt_pretraining_config); size += 8) {
     rt_pretraining_config* c = at_page_end(size);
     CHECK(c != NULL);
     if (c == NULL) return;
@@ -988,8 +992,8 @@ static void test_struct_sizes_read_no_further(void) {
     r.struct_size = sizeof r;
     FAILS(rt_run_pretraining(c, NULL, NULL, &r), RT_ERROR_VALUE, "steps must be > 0");
   }
-  for (size = offsetof(rt_post_training_config, gradient_accumulation_steps);
-       size <= sizeof(rt_post_training_config); size += 4) {
+  for (size = ALIGN8(offsetof(rt_post_training_config, gradient_accumulation_steps));
+       size <= sizeof(rt_post_training_config); size += 8) {
     rt_post_training_config* c = at_page_end(size);
     CHECK(c != NULL);
     if (c == NULL) return;
@@ -1006,7 +1010,8 @@ static void test_struct_sizes_read_no_further(void) {
     int32_t tokens[4];
     size_t count = 0;
     tiny.layers = 1;
-    for (size = offsetof(rt_transformer_config, key_value_heads); size <= sizeof(rt_transformer_config); size += 4) {
+    for (size = ALIGN8(offsetof(rt_transformer_config, key_value_heads)); size <= sizeof(rt_transformer_config);
+         size += 8) {
       rt_transformer_config* c = at_page_end(size);
       CHECK(c != NULL);
       if (c == NULL) return;
@@ -1016,7 +1021,7 @@ static void test_struct_sizes_read_no_further(void) {
       model = NULL;
       OK(rt_model_create(c, 1, RT_ATTENTION_MATERIALIZED, RT_ACTIVATION_CHECKPOINTING_DISABLED, &model));
     }
-    for (size = offsetof(rt_generation_options, top_p); size <= sizeof(rt_generation_options); size += 4) {
+    for (size = ALIGN8(offsetof(rt_generation_options, top_p)); size <= sizeof(rt_generation_options); size += 8) {
       rt_generation_options* g = at_page_end(size);
       rt_generation* samples = NULL;
       CHECK(g != NULL);
