@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "scratch.hpp"
 #include "model_fixtures.hpp"
 #include "riftco_transformer/adam.hpp"
 #include "riftco_transformer/adapter_state.hpp"
@@ -27,19 +28,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-fs::path fresh_dir(const std::string& name) {
-  const fs::path dir = fs::temp_directory_path() / ("riftco_accumulation_" + std::to_string(::getpid()) + "_" + name);
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
-}
-
-std::string read_file(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
+fs::path fresh_dir(const std::string& name) { return rt_test::fresh_dir("accumulation", name); }
+using rt_test::read_file;
 
 /// max |a - b| / max |b| over all elements (a relative error of the whole tensor).
 double relative_difference(const Tensor& a, const Tensor& b) {

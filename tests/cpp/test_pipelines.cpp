@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "scratch.hpp"
 #include "riftco_transformer/adapter_state.hpp"
 #include "riftco_transformer/data.hpp"
 #include "riftco_transformer/pipelines.hpp"
@@ -18,19 +19,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-fs::path fresh_dir(const std::string& name) {
-  const fs::path dir = fs::temp_directory_path() / ("riftco_pipeline_" + std::to_string(::getpid()) + "_" + name);
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
-}
-
-std::string read_file(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
+fs::path fresh_dir(const std::string& name) { return rt_test::fresh_dir("pipeline", name); }
+using rt_test::read_file;
 
 fs::path write_corpus(const fs::path& dir) {
   std::string text;

@@ -10,6 +10,7 @@
 #include <numbers>
 #include <sstream>
 
+#include "scratch.hpp"
 #include "riftco_transformer/data.hpp"
 #include "riftco_transformer/evaluation.hpp"
 #include "riftco_transformer/model_state.hpp"
@@ -20,19 +21,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-fs::path fresh_dir(const std::string& name) {
-  const fs::path dir = fs::temp_directory_path() / ("riftco_tok_" + std::to_string(::getpid()) + "_" + name);
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
-}
-
-std::string read_file(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
+fs::path fresh_dir(const std::string& name) { return rt_test::fresh_dir("tok", name); }
+using rt_test::read_file;
 
 void write_file(const fs::path& p, const std::string& bytes) { std::ofstream(p, std::ios::binary) << bytes; }
 
