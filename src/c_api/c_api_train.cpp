@@ -144,6 +144,28 @@ void write_result(const rt::RunResult& r, rt_run_result* out, const char* functi
   write_struct(out, c, function, "result");
 }
 
+/// Base and adapter parameters that require grad, in the model's order.
+std::vector<rt::NamedParameter> trainable_parameters(const rt::DecoderOnlyTransformer& m) {
+  std::vector<rt::NamedParameter> params;
+  for (const auto& list : {m.parameters(), m.lora_parameters()}) {
+    for (const rt::NamedParameter& p : list) {
+      if (p.variable.requires_grad()) params.push_back(p);
+    }
+  }
+  return params;
+}
+
+rt::AdamOptions adam_options(const rt_adam_options& o) {
+  rt::AdamOptions a;
+  a.learning_rate = o.learning_rate;
+  a.beta1 = o.beta1;
+  a.beta2 = o.beta2;
+  a.epsilon = o.epsilon;
+  a.weight_decay = o.weight_decay;
+  a.max_grad_norm = o.max_grad_norm;
+  return a;
+}
+
 }  // namespace
 
 extern "C" {
@@ -155,19 +177,8 @@ rt_status rt_adam_create(rt_model* model, const rt_adam_options* options, rt_ada
     const rt_adam_options& o = require_struct(options, f, "options");
     require(out, f, "out");
     std::vector<rt::Variable> params;
-    for (const auto& list : {m.parameters(), m.lora_parameters()}) {
-      for (const rt::NamedParameter& p : list) {
-        if (p.variable.requires_grad()) params.push_back(p.variable);
-      }
-    }
-    rt::AdamOptions a;
-    a.learning_rate = o.learning_rate;
-    a.beta1 = o.beta1;
-    a.beta2 = o.beta2;
-    a.epsilon = o.epsilon;
-    a.weight_decay = o.weight_decay;
-    a.max_grad_norm = o.max_grad_norm;
-    *out = new rt_adam{rt::Adam(std::move(params), a)};
+    for (const rt::NamedParameter& p : trainable_parameters(m)) params.push_back(p.variable);
+    *out = new rt_adam{rt::Adam(std::move(params), adam_options(o))};
   });
 }
 
@@ -178,21 +189,10 @@ rt_status rt_adam_create_grouped(rt_model* model, const rt_adam_options* options
     const rt::DecoderOnlyTransformer& m = model_of(model, f);
     const rt_adam_options& o = require_struct(options, f, "options");
     require(out, f, "out");
-    std::vector<rt::NamedParameter> params;
-    for (const auto& list : {m.parameters(), m.lora_parameters()}) {
-      for (const rt::NamedParameter& p : list) {
-        if (p.variable.requires_grad()) params.push_back(p);
-      }
-    }
-    rt::AdamOptions a;
-    a.learning_rate = o.learning_rate;
-    a.beta1 = o.beta1;
-    a.beta2 = o.beta2;
-    a.epsilon = o.epsilon;
-    a.weight_decay = o.weight_decay;
-    a.max_grad_norm = o.max_grad_norm;
+    const rt::AdamOptions a = adam_options(o);
     a.validate();  // before the groups: a bad weight decay names the option, not a group
-    *out = new rt_adam{rt::Adam(rt::default_parameter_groups(params, o.weight_decay, decay_embeddings != 0), a)};
+    *out = new rt_adam{
+        rt::Adam(rt::default_parameter_groups(trainable_parameters(m), o.weight_decay, decay_embeddings != 0), a)};
   });
 }
 
