@@ -61,6 +61,9 @@ typedef enum rt_activation_checkpointing {
   RT_ACTIVATION_CHECKPOINTING_BLOCK_SEGMENTS = 2,
   RT_ACTIVATION_CHECKPOINTING_ATTENTION = 3, /* recompute each block's attention sub-block */
   RT_ACTIVATION_CHECKPOINTING_MLP = 4,       /* recompute each block's MLP sub-block */
+  /* A per-block plan chosen for an activation memory budget (ABI 2.2): reported
+     by rt_model_activation_checkpointing, refused by the setters. */
+  RT_ACTIVATION_CHECKPOINTING_PLANNED = 5,
   RT_ACTIVATION_CHECKPOINTING_MAX_ENUM = 0x7FFFFFFF
 } rt_activation_checkpointing;
 
