@@ -1,0 +1,25 @@
+// kernels(backend): the table an op dispatches to; kernels_for's error.
+#include <string>
+
+#include "kernels.hpp"
+
+namespace riftco_transformer::backend {
+
+const Kernels& kernels(Backend backend, const char* op) {
+  switch (backend) {
+    case Backend::Cpu:
+      return cpu_kernels();
+    case Backend::Cuda:
+      if (const Kernels* table = cuda_kernels()) return *table;
+      throw BackendError(std::string("[") + op + "] the cuda backend is not built in this package");
+  }
+  throw BackendError(std::string("[") + op + "] unknown backend " + std::to_string(static_cast<int>(backend)));
+}
+
+void throw_mixed_backends(const char* op, std::size_t i, const Tensor& a, std::size_t j, const Tensor& b) {
+  throw BackendError(std::string("[") + op + "] operand " + std::to_string(i) + " " + shape_string(a.shape()) +
+                     " is on " + backend_name(a.backend()) + " but operand " + std::to_string(j) + " " +
+                     shape_string(b.shape()) + " is on " + backend_name(b.backend()));
+}
+
+}  // namespace riftco_transformer::backend
