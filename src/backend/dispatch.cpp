@@ -16,10 +16,11 @@ const Kernels& kernels(Backend backend, const char* op) {
   throw BackendError(std::string("[") + op + "] unknown backend " + std::to_string(static_cast<int>(backend)));
 }
 
-void throw_mixed_backends(const char* op, std::size_t i, const Tensor& a, std::size_t j, const Tensor& b) {
-  throw BackendError(std::string("[") + op + "] operand " + std::to_string(i) + " " + shape_string(a.shape()) +
-                     " is on " + backend_name(a.backend()) + " but operand " + std::to_string(j) + " " +
-                     shape_string(b.shape()) + " is on " + backend_name(b.backend()));
+void throw_mixed_backends(const char* op, std::size_t i, Backend a, const Shape& a_shape, std::size_t j, Backend b,
+                          const Shape& b_shape) {
+  throw BackendError(std::string("[") + op + "] operand " + std::to_string(i) + " " + shape_string(a_shape) +
+                     " is on " + backend_name(a) + " but operand " + std::to_string(j) + " " + shape_string(b_shape) +
+                     " is on " + backend_name(b));
 }
 
 }  // namespace riftco_transformer::backend

@@ -160,9 +160,10 @@ const Kernels* cuda_kernels();
 const Kernels& kernels(Backend backend, const char* op = "kernels");
 
 /// Throws BackendError "[op] operand i (shape) is on X but operand j (shape)
-/// is on Y".
-[[noreturn]] void throw_mixed_backends(const char* op, std::size_t i, const Tensor& a, std::size_t j,
-                                       const Tensor& b);
+/// is on Y" (kernels_for's error; takes plain values so a CPU-only build can
+/// test it).
+[[noreturn]] void throw_mixed_backends(const char* op, std::size_t i, Backend a, const Shape& a_shape, std::size_t j,
+                                       Backend b, const Shape& b_shape);
 
 /// The table of the operands' common backend; BackendError naming the op,
 /// both operands' shapes and both backends when they differ. Undefined
@@ -171,11 +172,11 @@ const Kernels& kernels(Backend backend, const char* op = "kernels");
 template <class... Rest>
 const Kernels& kernels_for(const char* op, const Tensor& first, const Rest&... rest) {
   const Backend b = first.backend();
-  std::size_t i = 0;
+  [[maybe_unused]] std::size_t i = 0;  // unused when there is one operand
   (
       [&](const Tensor& t) {
         ++i;
-        if (t.defined() && t.backend() != b) throw_mixed_backends(op, 0, first, i, t);
+        if (t.defined() && t.backend() != b) throw_mixed_backends(op, 0, b, first.shape(), i, t.backend(), t.shape());
       }(rest),
       ...);
   return kernels(b, op);
