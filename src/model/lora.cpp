@@ -183,8 +183,11 @@ void DecoderOnlyTransformer::add_lora(const LoraConfig& config, Random& random) 
       const std::string prefix = adapter_prefix(i, target);
       LoraAdapter adapter;
       adapter.target = target;
-      adapter.a = Variable(Tensor::uniform({config.rank, in}, random, -bound, bound), true, prefix + ".lora_a");
-      adapter.b = Variable(Tensor::zeros({out, config.rank}), true, prefix + ".lora_b");
+      // Drawn on the host, then placed with the weight they adapt.
+      const Backend backend = w.value().backend();
+      adapter.a = Variable(Tensor::uniform({config.rank, in}, random, -bound, bound).to(backend), true,
+                           prefix + ".lora_a");
+      adapter.b = Variable(Tensor::zeros({out, config.rank}, backend), true, prefix + ".lora_b");
       adapter.scale = config.scale();
       built[i].push_back(std::move(adapter));
     }
