@@ -109,6 +109,11 @@ class Tensor {
   float* data();
   const float* data() const;
   std::span<const float> values() const { return {data(), static_cast<std::size_t>(numel_)}; }
+  /// The buffer's address on its own backend (a device pointer for cuda),
+  /// for backend kernels (src/backend/kernels.hpp); host code uses data().
+  /// The non-const overload bumps the version exactly as data() does.
+  float* device_data();
+  const float* device_data() const;
 
   /// Deep copy into a new buffer.
   Tensor clone() const;

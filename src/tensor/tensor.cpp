@@ -147,6 +147,17 @@ const float* Tensor::data() const {
   return storage_->data();
 }
 
+float* Tensor::device_data() {
+  if (!storage_) throw ValueError("[tensor] device_data() of an undefined tensor");
+  storage_->bump_version("written through a data() pointer");
+  return storage_->data();
+}
+
+const float* Tensor::device_data() const {
+  if (!storage_) throw ValueError("[tensor] device_data() of an undefined tensor");
+  return storage_->data();
+}
+
 Tensor Tensor::clone() const {
   if (!defined()) return {};
   Tensor t = empty(shape_, backend());
