@@ -189,7 +189,7 @@ std::vector<Pair> elementwise_pairs() {
   Tensor y = dev(a);
   cpu::add_inplace(x, b);
   cuda::add_inplace(y, dev(b));
-  out.push_back({"add_inplace", x.clone(), y});
+  out.push_back({"add_inplace", x.clone(), y.clone()});  // snapshots: both are updated again below
   cpu::axpy_inplace(x, 0.25F, b);
   cuda::axpy_inplace(y, 0.25F, dev(b));
   out.push_back({"axpy_inplace", x, y});
