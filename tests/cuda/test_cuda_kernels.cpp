@@ -467,6 +467,57 @@ std::vector<Pair> cached_attention_pairs() {
            cuda::cached_attention(dev(q), dev(keys), dev(values), 1)}};
 }
 
+std::vector<Pair> columns_pairs() {
+  const Tensor x = uniform({3, 5, 12}, 211);
+  const Tensor delta = uniform({3, 5, 4}, 212);
+  return {{"add_columns offset 0", cpu::add_columns(x, delta, 0), cuda::add_columns(dev(x), dev(delta), 0)},
+          {"add_columns offset 8", cpu::add_columns(x, delta, 8), cuda::add_columns(dev(x), dev(delta), 8)},
+          {"take_columns 3..10", cpu::take_columns(x, 3, 7), cuda::take_columns(dev(x), 3, 7)},
+          {"take_columns all", cpu::take_columns(x, 0, 12), cuda::take_columns(dev(x), 0, 12)}};
+}
+
+std::vector<Pair> repeat_heads_pairs() {
+  const Tensor x = uniform({2, 3, 5, 4}, 221);
+  const Tensor g = uniform({2, 6, 5, 4}, 222);
+  const Tensor g4 = uniform({2, 12, 5, 4}, 223);
+  return {{"repeat_heads x2", cpu::repeat_heads(x, 2), cuda::repeat_heads(dev(x), 2)},
+          {"repeat_heads x1", cpu::repeat_heads(x, 1), cuda::repeat_heads(dev(x), 1)},
+          {"repeat_heads_backward x2", cpu::repeat_heads_backward(g, 2), cuda::repeat_heads_backward(dev(g), 2)},
+          {"repeat_heads_backward x4", cpu::repeat_heads_backward(g4, 4), cuda::repeat_heads_backward(dev(g4), 4)}};
+}
+
+/// sum_all (70000 values: three chunks) and all_finite as 0/1 scalars.
+std::vector<Pair> reduction_pairs() {
+  const Tensor x = uniform({70000}, 231);
+  const Tensor gx = dev(x);
+  std::vector<Pair> out;
+  out.push_back({"sum_all", Tensor::scalar(static_cast<float>(cpu::sum_all(x))),
+                 Tensor::scalar(static_cast<float>(cuda::sum_all(gx)))});
+  const auto finite = [](bool f) { return Tensor::scalar(f ? 1.0F : 0.0F); };
+  out.push_back({"all_finite finite", finite(cpu::all_finite(x.values())),
+                 finite(cuda::all_finite({gx.device_data(), 70000}))});
+  for (const float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+    Tensor y = x.clone();
+    y.data()[65537] = bad;  // in the third chunk
+    const Tensor gy = dev(y);
+    out.push_back({std::string("all_finite with ") + (std::isnan(bad) ? "NaN" : "inf"), finite(cpu::all_finite(y.values())),
+                   finite(cuda::all_finite({gy.device_data(), 70000}))});
+    EXPECT_FALSE(cuda::all_finite({gy.device_data(), 70000}));
+  }
+  return out;
+}
+
+std::vector<Pair> cache_write_pairs() {
+  Tensor cache = uniform({2, 20, 16}, 241);
+  Tensor gcache = dev(cache);
+  const Tensor rows = uniform({2, 1, 16}, 242);
+  cpu::cache_write(cache, rows, 0);
+  cuda::cache_write(gcache, dev(rows), 0);
+  cpu::cache_write(cache, rows, 19);
+  cuda::cache_write(gcache, dev(rows), 19);
+  return {{"cache_write rows 0 and 19", cache, gcache}};
+}
+
 const std::vector<KernelCase>& kernel_table() {
   static const std::vector<KernelCase> table = {
       {"gemm", kReduction, 1e-4F, gemm_pairs},
@@ -489,6 +540,10 @@ const std::vector<KernelCase>& kernel_table() {
       {"flash_attention_d128", kReduction, 1e-5F, [] { return flash_pairs(1, 1, 33, 128, 199); }},
       {"flash_attention_strided", kReduction, 1e-5F, flash_strided_pairs},
       {"cached_attention", kReduction, 1e-6F, cached_attention_pairs},
+      {"columns", 0.0F, 0.0F, columns_pairs},
+      {"repeat_heads", 0.0F, 0.0F, repeat_heads_pairs},
+      {"sum_all_all_finite", 1e-6F, 0.0F, reduction_pairs},
+      {"cache_write", 0.0F, 0.0F, cache_write_pairs},
   };
   return table;
 }

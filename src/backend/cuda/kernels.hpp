@@ -39,9 +39,15 @@ void axpy_inplace(Tensor& y, float alpha, const Tensor& x);
 Tensor scale(const Tensor& a, float s);
 Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b, const Shape& out_shape);
 Tensor reduce_to_shape(const Tensor& grad, const Shape& shape);
+/// Σ of every element in double (fixed chunks, fixed trees, chunk sums added in order on the host).
+double sum_all(const Tensor& x);
 
 // ---- layout ---------------------------------------------------------------------
 Tensor permute(const Tensor& in, std::span<const std::int64_t> perm);
+Tensor add_columns(const Tensor& x, const Tensor& delta, std::int64_t offset);
+Tensor take_columns(const Tensor& x, std::int64_t offset, std::int64_t width);
+Tensor repeat_heads(const Tensor& x, std::int64_t groups);
+Tensor repeat_heads_backward(const Tensor& g, std::int64_t groups);
 
 // ---- activations ----------------------------------------------------------------
 Tensor activation_forward(Activation act, const Tensor& x);
@@ -82,5 +88,7 @@ Tensor cross_entropy_backward(const Tensor& probs, std::span<const std::int32_t>
 double sum_of_squares(std::span<const std::span<const float>> spans);
 /// The AdamUpdate pointers are device pointers.
 void adam_update(std::span<const AdamUpdate> params, const AdamCoefficients& c);
+/// No NaN or ±inf among `values` (device floats).
+bool all_finite(std::span<const float> values);
 
 }  // namespace riftco_transformer::cuda
