@@ -4,12 +4,15 @@
 //   rt-bench-step [--vocab V] [--width C] [--heads H] [--layers L] [--ffn F]
 //                 [--seq T] [--batch B] [--policy disabled|block|segments]
 //                 [--attention flash|materialized] [--steps N] [--warmup W]
+//                 [--backend cpu|cuda]
 //
 // Reported (bench/run_benchmarks.py runs it in a fresh process per row):
 //   step_seconds      median wall time of the measured steps (and every step)
 //   tokens_per_second B·T / step_seconds
-//   peak_bytes        the CPU allocator's peak during a step above the bytes
+//   peak_bytes        the allocator's peak on --backend (cpu: host memory,
+//                     cuda: device memory) during a step above the bytes
 //                     live before it (parameters, Adam moments)
+//   peak_total_bytes  that backend's allocator peak including them
 //   rss_growth_bytes  peak resident set of this process during the steps
 //                     minus its resident set after setup (model, Adam, data):
 //                     the figure bench/torch_step.py measures the same way
@@ -80,7 +83,7 @@ std::vector<std::string> mapped_libraries() {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   TransformerDimensions d;
   d.vocab_size = 256;
   d.model_width = 256;
@@ -93,6 +96,7 @@ int main(int argc, char** argv) {
   std::string attention_name = "flash";
   int steps = 3;
   int warmup = 1;
+  std::string backend_name_arg = "cpu";
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -113,10 +117,12 @@ int main(int argc, char** argv) {
     else if (a == "--attention") attention_name = next();
     else if (a == "--steps") steps = std::max(1, std::stoi(next()));
     else if (a == "--warmup") warmup = std::max(0, std::stoi(next()));
+    else if (a == "--backend") backend_name_arg = next();
     else {
       std::cerr << "usage: rt-bench-step [--vocab V] [--width C] [--heads H] [--layers L] [--ffn F] [--seq T]\n"
                    "                     [--batch B] [--policy disabled|block|segments]\n"
-                   "                     [--attention flash|materialized] [--steps N] [--warmup W]\n";
+                   "                     [--attention flash|materialized] [--steps N] [--warmup W]\n"
+                   "                     [--backend cpu|cuda]\n";
       return 2;
     }
   }
@@ -128,6 +134,15 @@ int main(int argc, char** argv) {
   // ---- setup: model, optimizer (moments allocated here), data -------------
   Random random(1);
   DecoderOnlyTransformer model(d, random, 1e-5F, attention, policy);
+  if (backend_name_arg != "cpu" && backend_name_arg != "cuda") {
+    std::cerr << "rt-bench-step: --backend must be cpu or cuda, not '" << backend_name_arg << "'\n";
+    return 2;
+  }
+  const Backend backend = backend_name_arg == "cuda" ? Backend::Cuda : Backend::Cpu;
+  model.to(backend);  // before Adam, whose moments are made on the parameters' backend
+  // Kernels run asynchronously on cuda: a copy of the smallest parameter to
+  // the host waits for every earlier kernel (the legacy default stream).
+  const auto sync = [&] { (void)model.final_norm().value().to(Backend::Cpu); };
   std::vector<Variable> params;
   for (const NamedParameter& p : model.parameters()) params.push_back(p.variable);
   Adam adam(params);
@@ -145,20 +160,24 @@ int main(int argc, char** argv) {
   std::vector<double> optimizer_times;  // Adam step + zero_grad
   std::vector<double> losses;
   std::int64_t peak = 0;
+  std::int64_t peak_total = 0;
+  sync();
   for (int i = 0; i < warmup + steps; ++i) {
-    const std::int64_t before = memory_stats().live_bytes;
-    reset_peak_memory();
+    const std::int64_t before = memory_stats(backend).live_bytes;
+    reset_peak_memory(backend);
     const auto start = std::chrono::steady_clock::now();
     std::chrono::steady_clock::time_point forward_end;
     {
       Variable loss = model.loss(tokens, targets, batch);
+      losses.push_back(loss.value().to(Backend::Cpu).item());  // waits for the forward
       forward_end = std::chrono::steady_clock::now();
       loss.backward();
-      losses.push_back(loss.value().item());
+      sync();
     }  // the graph goes here, before the update (as in PyTorch)
     const auto backward_end = std::chrono::steady_clock::now();
     adam.step();
     adam.zero_grad();  // as the training loop does (src/train/stage_loop.cpp)
+    sync();
     const auto end = std::chrono::steady_clock::now();
     if (i >= warmup) {
       times.push_back(std::chrono::duration<double>(end - start).count());
@@ -166,7 +185,8 @@ int main(int argc, char** argv) {
       backward_times.push_back(std::chrono::duration<double>(backward_end - forward_end).count());
       optimizer_times.push_back(std::chrono::duration<double>(end - backward_end).count());
     }
-    peak = std::max(peak, memory_stats().peak_bytes - before);
+    peak = std::max(peak, memory_stats(backend).peak_bytes - before);
+    peak_total = std::max(peak_total, memory_stats(backend).peak_bytes);
   }
   const std::int64_t rss_peak = status_bytes("VmHWM");
   auto median_of = [](std::vector<double> v) {
@@ -185,6 +205,7 @@ int main(int argc, char** argv) {
       {"batch", batch},
       {"policy", policy_name},
       {"attention", attention_name},
+      {"backend", backend_name_arg},
       {"threads", omp_get_max_threads()},
       {"warmup", warmup},
       {"steps", steps},
@@ -196,11 +217,21 @@ int main(int argc, char** argv) {
       {"losses", losses},
       {"tokens_per_second", static_cast<double>(batch * seq) / median},
       {"peak_bytes", peak},
-      {"reserved_bytes", memory_stats().reserved_bytes},
+      {"peak_total_bytes", peak_total},
+      {"reserved_bytes", memory_stats(backend).reserved_bytes},
       {"rss_setup_bytes", rss_setup},
       {"rss_growth_bytes", hwm_reset ? rss_peak - rss_setup : -1},
       {"libraries", mapped_libraries()},
   };
   std::cout << out.dump() << std::endl;
   return 0;
+}
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {  // a typed riftco error names the op and the backend
+    std::cerr << "rt-bench-step: " << e.what() << "\n";
+    return 1;
+  }
 }

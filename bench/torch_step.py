@@ -9,6 +9,12 @@ prints. Run with /usr/bin/python3 (Debian's python3-torch).
 Memory is measured the way rt-bench-step measures it: peak resident set
 during the steps minus the resident set after setup (model, Adam moments,
 data), with the peak reset through /proc/self/clear_refs after setup.
+
+--device cuda (bench/gpu_benchmark.py) runs the same model on the GPU and
+synchronizes before every clock read; peak_bytes is then
+torch.cuda.max_memory_allocated() during a step above the bytes allocated
+before it (rt-bench-step --backend cuda reports its allocator the same way)
+and peak_total_bytes the maximum including them.
 """
 import argparse
 import json
@@ -65,6 +71,7 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     ap.add_argument("--foreach", type=int, default=0,
                     help="torch.optim.Adam(foreach=...): 0 (1.13 default) or 1 (multi-tensor: no faster here, +230 MiB on S3)")
     args = ap.parse_args()
@@ -81,6 +88,9 @@ def main():
             if p.dim() == 2:
                 std = 0.02 / (2 * args.layers) ** 0.5 if name.endswith(("output", "down")) else 0.02
                 p.normal_(0.0, std)
+    device = torch.device(args.device)
+    cuda = args.device == "cuda"
+    model.to(device)
     params = list(model.parameters())
     adam = torch.optim.Adam(params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, foreach=bool(args.foreach))
     # Adam's moments are allocated at setup, as riftco's Adam does, so the
@@ -89,24 +99,39 @@ def main():
         adam.state[p] = {"step": torch.tensor(0.0), "exp_avg": torch.zeros_like(p),
                          "exp_avg_sq": torch.zeros_like(p)}
     g = torch.Generator().manual_seed(2)
-    tokens = torch.randint(0, args.vocab, (args.batch, args.seq), generator=g)
-    targets = torch.randint(0, args.vocab, (args.batch, args.seq), generator=g)
+    tokens = torch.randint(0, args.vocab, (args.batch, args.seq), generator=g).to(device)
+    targets = torch.randint(0, args.vocab, (args.batch, args.seq), generator=g).to(device)
+
+    def sync():
+        if cuda:
+            torch.cuda.synchronize()
 
     rss_setup = status_bytes("VmRSS")
     hwm_reset = reset_peak_rss()
     times, forward_times, backward_times, optimizer_times, losses = [], [], [], [], []
+    peak, peak_total = 0, 0
+    sync()
     for i in range(args.warmup + args.steps):
+        if cuda:
+            before = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
         start = time.perf_counter()
         logits = model(tokens)
         loss = torch.nn.functional.cross_entropy(logits.view(-1, args.vocab), targets.view(-1))
+        sync()
         forward_end = time.perf_counter()
         loss.backward()
         losses.append(loss.item())
         del logits, loss
+        sync()
         backward_end = time.perf_counter()
         adam.step()
         adam.zero_grad(set_to_none=True)  # riftco's Adam::zero_grad drops gradients the same way
+        sync()
         end = time.perf_counter()
+        if cuda:
+            peak = max(peak, torch.cuda.max_memory_allocated() - before)
+            peak_total = max(peak_total, torch.cuda.max_memory_allocated())
         if i >= args.warmup:
             times.append(end - start)
             forward_times.append(forward_end - start)
@@ -128,7 +153,9 @@ def main():
         "optimizer_seconds": median_of(optimizer_times),
         "losses": losses, "tokens_per_second": args.batch * args.seq / median,
         "rss_setup_bytes": rss_setup, "rss_growth_bytes": rss_peak - rss_setup if hwm_reset else -1,
-        "adam_foreach": bool(args.foreach), "malloc_env": {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")},
+        "adam_foreach": bool(args.foreach), "device": args.device,
+        **({"peak_bytes": peak, "peak_total_bytes": peak_total, "gpu": torch.cuda.get_device_name(),
+            "tf32_matmul": torch.backends.cuda.matmul.allow_tf32} if cuda else {}), "malloc_env": {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")},
         "libraries": mapped_libraries(),
     }))
 

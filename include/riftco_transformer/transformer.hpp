@@ -184,6 +184,14 @@ class DecoderOnlyTransformer {
   /// ValueError naming the missing parameter.
   Variable parameter(const std::string& name) const;
   std::int64_t parameter_count() const;
+  /// The backend every parameter lives on (the token embedding's).
+  Backend backend() const;
+  /// Moves every parameter (base and adapters, with their gradients) to
+  /// `backend`. Each move bumps the leaf's version, so graphs built before
+  /// are rejected as stale; decode sessions opened before keep their caches
+  /// on the old backend and fail with a BackendError. BackendError for a
+  /// backend this build lacks (nothing moves).
+  void to(Backend backend);
 
   const Variable& token_embedding() const;
   const Variable& final_norm() const;

@@ -190,8 +190,7 @@ void init_model(nb::module_& m) {
       .def(
           "to",
           [](DecoderOnlyTransformer& model, const std::string& backend) -> DecoderOnlyTransformer& {
-            const rt::Backend b = backend_for(backend, "to");
-            for (rt::NamedParameter& p : all_parameters(model)) p.variable.to(b);
+            model.to(backend_for(backend, "to"));
             return model;
           },
           "backend"_a, nb::rv_policy::reference,

@@ -47,6 +47,7 @@ std::unique_ptr<DecoderOnlyTransformer> replica(const DecoderOnlyTransformer& mo
   for (NamedParameter& p : copy->parameters()) {
     p.variable.set_requires_grad(model.parameter(as_first_block(p.name)).requires_grad());
   }
+  copy->to(model.backend());  // probed where the model runs (that backend's allocator)
   return copy;
 }
 
@@ -113,13 +114,14 @@ std::string format_bytes(double bytes) {
 
 std::int64_t measure_activation_peak(const DecoderOnlyTransformer& model, std::span<const std::int32_t> tokens,
                                      std::span<const std::int32_t> targets, std::int64_t batch) {
-  const std::int64_t before = memory_stats().live_bytes;
-  reset_peak_memory();
+  const Backend backend = model.backend();  // the activations live with the parameters
+  const std::int64_t before = memory_stats(backend).live_bytes;
+  reset_peak_memory(backend);
   {
     Variable loss = model.loss(tokens, targets, batch);
     loss.backward();
   }
-  return memory_stats().peak_bytes - before;
+  return memory_stats(backend).peak_bytes - before;
 }
 
 std::int64_t ActivationMemoryProfile::kept_bytes(BlockRecompute option) const {

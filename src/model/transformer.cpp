@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "../backend/kernels.hpp"
 #include "transformer_core.hpp"
 
 namespace riftco_transformer {
@@ -301,11 +302,14 @@ void TransformerCore::check_parameters(const char* op) const {
   const std::int64_t c = dims.model_width;
   const std::int64_t f = dims.feed_forward_width;
   const std::int64_t kv = dims.kv_width();
-  auto check = [op](const Variable& p, const Shape& expected) {
-    if (p.shape() != expected || p.backend() != Backend::Cpu) {
+  // Every parameter lives on the token embedding's backend (to() moves them together).
+  const Backend backend = token_embedding.backend();
+  auto check = [op, backend](const Variable& p, const Shape& expected) {
+    if (p.shape() != expected || p.backend() != backend) {
       throw ShapeError(std::string("[") + op + "] parameter '" + p.name() + "' is " + shape_string(p.shape()) +
                        " on " + backend_name(p.backend()) + " but the model's dimensions need " +
-                       shape_string(expected) + " on cpu (set_value gave it another shape?)");
+                       shape_string(expected) + " on " + backend_name(backend) +
+                       " (set_value gave it another shape, or it was moved alone?)");
     }
   };
   check(token_embedding, {v, c});
@@ -326,6 +330,16 @@ void TransformerCore::check_parameters(const char* op) const {
 }
 
 void DecoderOnlyTransformer::validate_parameters() const { core_->check_parameters("validate_parameters"); }
+
+Backend DecoderOnlyTransformer::backend() const { return core_->token_embedding.backend(); }
+
+void DecoderOnlyTransformer::to(Backend backend) {
+  (void)backend::kernels(backend, "to");  // "not built" before anything moves
+  std::vector<NamedParameter> all = parameters();
+  for (NamedParameter& p : lora_parameters()) all.push_back(std::move(p));
+  // Each leaf's move bumps its version, so graphs built before are stale.
+  for (NamedParameter& p : all) p.variable.to(backend);
+}
 
 std::int64_t DecoderOnlyTransformer::parameter_count() const {
   std::int64_t n = 0;
