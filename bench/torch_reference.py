@@ -40,9 +40,9 @@ def rms_norm(x, w, eps):
 def rope(x, base=10000.0):
     # x (B, H, T, D): rotate pairs (2i, 2i+1).
     t, d = x.shape[-2], x.shape[-1]
-    i = torch.arange(d // 2, dtype=torch.float64)
+    i = torch.arange(d // 2, dtype=torch.float64, device=x.device)
     theta = base ** (-2.0 * i / d)
-    angle = torch.arange(t, dtype=torch.float64)[:, None] * theta[None, :]
+    angle = torch.arange(t, dtype=torch.float64, device=x.device)[:, None] * theta[None, :]
     cos = torch.cos(angle).to(x.dtype)
     sin = torch.sin(angle).to(x.dtype)
     a, b = x[..., 0::2], x[..., 1::2]
@@ -75,7 +75,7 @@ class Block(torch.nn.Module):
         k = rope(split(x @ self.key.T))
         v = split(x @ self.value.T)
         scores = (q @ k.transpose(-1, -2)) / math.sqrt(d)
-        mask = torch.ones(t, t, dtype=torch.bool).triu(1)
+        mask = torch.ones(t, t, dtype=torch.bool, device=h.device).triu(1)
         p = torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1)
         a = (p @ v).transpose(1, 2).reshape(b, t, c)
         h = h + a @ self.output.T

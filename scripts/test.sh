@@ -7,7 +7,7 @@
 # under AddressSanitizer + UBSan, and a bounded
 # run of every libFuzzer harness (RIFTCO_FUZZ_SECONDS each, default 60), and,
 # where nvcc is found, a compile check of the CUDA backend (build-cuda: the
-# library and the GPU test binary, whose tests skip without a device).
+# library and the GPU test binaries, whose tests skip without a device).
 # Every other build is CPU-only (-DRIFTCO_CUDA=OFF), as before the CUDA backend.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -52,10 +52,11 @@ bash fuzz/run.sh build-fuzz build "${RIFTCO_FUZZ_SECONDS:-60}"
 
 nvcc=$(command -v nvcc || { [ -x /usr/local/cuda/bin/nvcc ] && echo /usr/local/cuda/bin/nvcc; } || true)
 if [ -n "$nvcc" ]; then
-  echo "== CUDA backend compile check ($nvcc; docs/cuda.md): library + test_cuda_kernels, run (skips without a GPU) =="
+  echo "== CUDA backend compile check ($nvcc; docs/cuda.md): library + test_cuda_kernels + test_cuda_model, run (skip without a GPU) =="
   cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release -DRIFTCO_CUDA=ON -DCMAKE_CUDA_COMPILER="$nvcc" >/dev/null
-  cmake --build build-cuda -j "$jobs" --target riftco_transformer test_cuda_kernels
+  cmake --build build-cuda -j "$jobs" --target riftco_transformer test_cuda_kernels test_cuda_model
   build-cuda/tests/test_cuda_kernels --gtest_brief=1
+  build-cuda/tests/test_cuda_model --gtest_brief=1
 else
   echo "== CUDA backend compile check: skipped (no nvcc) =="
 fi
