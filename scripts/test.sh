@@ -5,7 +5,10 @@
 # Python package (a wheel installed into .venv) and the Python tests (with the
 # kill -9 crash-safety trials), the installed-wheel test, the C++ suite again
 # under AddressSanitizer + UBSan, and a bounded
-# run of every libFuzzer harness (RIFTCO_FUZZ_SECONDS each, default 60).
+# run of every libFuzzer harness (RIFTCO_FUZZ_SECONDS each, default 60), and,
+# where nvcc is found, a compile check of the CUDA backend (build-cuda: the
+# library and the GPU test binary, whose tests skip without a device).
+# Every other build is CPU-only (-DRIFTCO_CUDA=OFF), as before the CUDA backend.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -15,7 +18,7 @@ jobs=$(nproc)
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 
 echo "== release build =="
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DRIFTCO_CUDA=OFF >/dev/null
 cmake --build build -j "$jobs"
 ctest --test-dir build --output-on-failure -j "$jobs"
 
@@ -26,7 +29,7 @@ echo "== Python package (riftco wheel: scikit-build-core + nanobind, installed i
 python=$(bash scripts/python_env.sh)  # one cached virtual environment (Debian's site packages visible)
 rm -rf dist
 CMAKE_BUILD_PARALLEL_LEVEL="$jobs" "$python" -m pip wheel . --no-deps --no-build-isolation -q -w dist \
-  --config-settings=build-dir="build-python/{wheel_tag}"
+  --config-settings=build-dir="build-python/{wheel_tag}" --config-settings=cmake.define.RIFTCO_CUDA=OFF
 "$python" -m pip install -q --disable-pip-version-check --force-reinstall --no-deps dist/riftco-*.whl
 
 echo "== Python tests (pytest in .venv: riftco, and Debian's numpy, torch and matplotlib) =="
@@ -36,13 +39,23 @@ echo "== installed-wheel test (a fresh virtual environment, outside the source t
 RIFTCO_WHEEL="$(ls "$PWD"/dist/riftco-*.whl)" "$python" -m pytest tests/install -q
 
 echo "== sanitizer build (ASan + UBSan) =="
-cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DRIFTCO_SANITIZE=ON >/dev/null
+cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DRIFTCO_SANITIZE=ON -DRIFTCO_CUDA=OFF >/dev/null
 cmake --build build-asan -j "$jobs"
 # LeakSanitizer is on: a leak around backward or checkpoint fails the suite.
 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
   ctest --test-dir build-asan --output-on-failure -j "$jobs"
 
 echo "== fuzzers (libFuzzer + ASan + UBSan, ${RIFTCO_FUZZ_SECONDS:-60} s each) =="
-CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DRIFTCO_FUZZ=ON >/dev/null
+CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DRIFTCO_FUZZ=ON -DRIFTCO_CUDA=OFF >/dev/null
 cmake --build build-fuzz -j "$jobs"
 bash fuzz/run.sh build-fuzz build "${RIFTCO_FUZZ_SECONDS:-60}"
+
+nvcc=$(command -v nvcc || { [ -x /usr/local/cuda/bin/nvcc ] && echo /usr/local/cuda/bin/nvcc; } || true)
+if [ -n "$nvcc" ]; then
+  echo "== CUDA backend compile check ($nvcc; docs/cuda.md): library + test_cuda_kernels, run (skips without a GPU) =="
+  cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release -DRIFTCO_CUDA=ON -DCMAKE_CUDA_COMPILER="$nvcc" >/dev/null
+  cmake --build build-cuda -j "$jobs" --target riftco_transformer test_cuda_kernels
+  build-cuda/tests/test_cuda_kernels --gtest_brief=1
+else
+  echo "== CUDA backend compile check: skipped (no nvcc) =="
+fi

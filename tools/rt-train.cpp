@@ -13,6 +13,7 @@
 #include "cli.hpp"
 #include "riftco_transformer/data.hpp"
 #include "riftco_transformer/model_state.hpp"
+#include "riftco_transformer/memory_plan.hpp"
 #include "riftco_transformer/pipelines.hpp"
 
 using namespace riftco_transformer;
@@ -23,6 +24,7 @@ namespace {
 /// text until the run's settings are assembled.
 struct StageText {
   std::string attention, activation_checkpointing, checkpoint_segment_blocks = "sqrt", data, output, tokenizer;
+  std::string activation_memory_budget = "0";
   bool quiet = false;
 };
 
@@ -65,6 +67,22 @@ void add_stage_options(CLI::App& app, StageSettings& s, StageText& t) {
                  "blocks per segment for 'segments' (sqrt or 0: round(sqrt(layers)))")
       ->type_name("N|sqrt")
       ->check(CLI::IsMember({"sqrt"}) | rt_cli::integer_at_least(0))
+      ->group(policy);
+  app.add_option("--activation-memory-budget", t.activation_memory_budget,
+                 "fit every step's activation peak in SIZE (e.g. 256MiB, 1.5GiB, bytes; 0: none): chooses what "
+                 "each block recomputes and prints the plan (docs/checkpointing.md)")
+      ->type_name("SIZE")
+      ->check(CLI::Validator(
+          [](std::string& text) -> std::string {
+            if (text == "0") return "";
+            try {
+              (void)parse_byte_size(text, "--activation-memory-budget");
+            } catch (const std::exception& e) {
+              return e.what();
+            }
+            return "";
+          },
+          "SIZE"))
       ->group(policy);
   add_number(app, "--dropout", s.dropout, "residual dropout probability")->group(policy);
   const std::string training = "Training";
@@ -123,6 +141,12 @@ void apply_stage_text(const CLI::App& app, const StageText& t, StageSettings& s)
   s.attention = parse_attention_kind(t.attention, "--attention");
   s.activation_checkpointing = parse_activation_checkpointing(t.activation_checkpointing, "--activation-checkpointing");
   s.checkpoint_segment_blocks = t.checkpoint_segment_blocks == "sqrt" ? 0 : std::stoll(t.checkpoint_segment_blocks);
+  s.activation_memory_budget =
+      t.activation_memory_budget == "0" ? 0 : parse_byte_size(t.activation_memory_budget, "--activation-memory-budget");
+  if (s.activation_memory_budget > 0 && s.activation_checkpointing != ActivationCheckpointingKind::Disabled) {
+    throw rt_cli::UsageError("--activation-memory-budget chooses the checkpointing itself: leave out "
+                             "--activation-checkpointing " + t.activation_checkpointing);
+  }
   if (app.count("--data") > 0) {
     if (t.data.empty()) throw rt_cli::UsageError("option '--data' must name a file (leave it out for the default)");
     s.data = t.data;
@@ -154,12 +178,23 @@ ProgressCallback progress_printer(const std::string& stage, bool quiet) {
   };
 }
 
+/// Prints the activation memory plan (stdout: it is the run's result as much as the final line).
+void print_notice(const std::string& text) { std::cout << text << std::flush; }
+
+/// "checkpointing block" or "activation memory budget 256.0 MiB".
+std::string policy_text(const StageSettings& s) {
+  if (s.activation_memory_budget > 0) {
+    return "activation memory budget " + format_bytes(static_cast<double>(s.activation_memory_budget));
+  }
+  return std::string("checkpointing ") + activation_checkpointing_name(s.activation_checkpointing);
+}
+
 void print_result(const RunResult& r) {
   std::cout << "done: " << r.steps << " steps";
   if (r.resumed_from_step > 0) std::cout << " (resumed from step " << r.resumed_from_step << ")";
   std::cout << ", final train loss " << r.final_train_loss << ", validation loss " << r.final_validation_loss
             << ", " << static_cast<long long>(r.tokens_per_second) << " tok/s, peak " << rt_cli::mib(r.peak_bytes)
-            << "\nwrote " << r.weights.string() << ", " << (r.output_dir / "metadata.json").string() << ", "
+            << " (activations " << rt_cli::mib(r.activation_peak_bytes) << ")\nwrote " << r.weights.string() << ", " << (r.output_dir / "metadata.json").string() << ", "
             << (r.output_dir / "metrics.jsonl").string() << ", " << (r.output_dir / "loss_curve.svg").string()
             << "\n";
 }
@@ -209,13 +244,13 @@ int pretrain(const CLI::App& sub, Commands& c, bool& running) {
   const TransformerDimensions& d = p.dimensions;
   std::cerr << "[pretrain] " << d.layers << " layers, width " << d.model_width << ", " << d.heads << " heads ("
             << d.kv_heads() << " key/value), context "
-            << d.context_length << "; attention " << attention_kind_name(p.attention) << ", checkpointing "
-            << activation_checkpointing_name(p.activation_checkpointing) << "; data "
+            << d.context_length << "; attention " << attention_kind_name(p.attention) << ", " << policy_text(p)
+            << "; data "
             << (p.data.empty() ? "default corpus" : p.data.string()) << "; tokenizer "
             << (p.tokenizer.empty() ? std::string("bytes") : p.tokenizer.string()) << " -> " << p.output_dir.string()
             << "\n";
   running = true;
-  print_result(run_pretraining(p, progress_printer("pretrain", c.pretrain_text.quiet)));
+  print_result(run_pretraining(p, progress_printer("pretrain", c.pretrain_text.quiet), print_notice));
   return 0;
 }
 
@@ -268,10 +303,9 @@ int post_train(const CLI::App& sub, Commands& c, bool& running) {
   (void)tokenizer_for_model(p.base_model, p.tokenizer, false);
   p.validate_for(read_model_dimensions(p.base_model));
   std::cerr << "[post-train] " << fine_tuning_method_name(p.fine_tuning_method) << " on " << p.base_model.string()
-            << " with " << p.data.string() << "; checkpointing "
-            << activation_checkpointing_name(p.activation_checkpointing) << " -> " << p.output_dir.string() << "\n";
+            << " with " << p.data.string() << "; " << policy_text(p) << " -> " << p.output_dir.string() << "\n";
   running = true;
-  print_result(run_post_training(p, progress_printer("post-train", c.post_text.quiet)));
+  print_result(run_post_training(p, progress_printer("post-train", c.post_text.quiet), print_notice));
   return 0;
 }
 

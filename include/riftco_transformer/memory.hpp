@@ -15,7 +15,8 @@ enum class Backend : std::uint8_t { Cpu = 0, Cuda = 1 };
 const char* backend_name(Backend backend);
 /// Parses "cpu" / "cuda"; throws ValueError naming `op` otherwise.
 Backend parse_backend(const std::string& name, const char* op);
-/// True when this build contains the backend's kernels.
+/// True when this build contains the backend's kernels and, for cuda, a
+/// CUDA device is present.
 bool backend_available(Backend backend);
 
 struct MemoryStats {
@@ -34,12 +35,15 @@ void reset_peak_memory(Backend backend = Backend::Cpu);
 /// Gives every freed block the allocator keeps for reuse back to the system
 /// (reserved_bytes drops to what live tensors hold); returns the bytes
 /// released. Large CPU buffers (>= 64 KiB) are cached by size class when
-/// freed, so a training loop does not fault the same pages in every step.
+/// freed, so a training loop does not fault the same pages in every step;
+/// CUDA buffers of every size are (cudaMalloc and cudaFree are slow).
 std::int64_t release_cached_memory(Backend backend = Backend::Cpu);
 
 namespace detail {
-/// 64-byte aligned; counts the bytes on `backend`. Never returns null
-/// (throws std::bad_alloc). Zero bytes returns a valid unique pointer.
+/// 64-byte aligned (512 on cuda: a device pointer); counts the bytes on
+/// `backend`. Never returns null (throws std::bad_alloc on the CPU,
+/// BackendError naming cudaMalloc on cuda, or when the backend is not
+/// available). Zero bytes returns a valid unique pointer.
 void* allocate_bytes(Backend backend, std::size_t bytes);
 void free_bytes(Backend backend, void* ptr, std::size_t bytes) noexcept;
 }  // namespace detail

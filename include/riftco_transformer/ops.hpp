@@ -1,7 +1,8 @@
 #pragma once
 // Differentiable functions over Variables. Each op validates and broadcasts
-// in its front-end (errors start with "[op]" and carry the shapes), runs a
-// CPU kernel forward and records a backward closure beside it.
+// in its front-end (errors start with "[op]" and carry the shapes), runs the
+// forward kernel of its operands' backend (docs/backends.md) and records a
+// backward closure beside it.
 #include <cstdint>
 #include <span>
 #include <vector>

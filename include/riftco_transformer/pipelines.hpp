@@ -31,6 +31,12 @@ struct StageSettings {
   /// Execution policy, not architecture: recorded in metadata.json only.
   ActivationCheckpointingKind activation_checkpointing = ActivationCheckpointingKind::Disabled;
   std::int64_t checkpoint_segment_blocks = 0;  // BlockSegments: 0 = round(sqrt(layers))
+  /// Bytes (> 0): every micro-batch's activation peak (measure_activation_peak)
+  /// must fit; the run profiles the model and chooses what each block
+  /// recomputes (plan_activation_memory, memory_plan.hpp) before the first
+  /// step, and refuses a budget no plan fits, naming the smallest. Needs
+  /// activation_checkpointing left Disabled. 0: no budget.
+  std::int64_t activation_memory_budget = 0;
   float dropout = 0.0F;
 
   std::filesystem::path data;  // empty: the stage's default data
@@ -130,10 +136,15 @@ struct StepReport {
   double elapsed_seconds = 0.0;
   double eta_seconds = 0.0;
   std::int64_t peak_bytes = 0;  // allocator peak so far in this run
+  /// The largest activation peak of any micro-batch so far (forward +
+  /// backward above the bytes live before the forward).
+  std::int64_t activation_peak_bytes = 0;
 };
 /// Return false to stop the run after this step (as an interruption would:
 /// no final files are written; a resume continues from the last checkpoint).
 using ProgressCallback = std::function<bool(const StepReport&)>;
+/// Messages a run has before its first step (the activation memory plan).
+using NoticeCallback = std::function<void(const std::string&)>;
 
 struct RunResult {
   bool completed = false;  // false when the callback stopped the run
@@ -143,6 +154,9 @@ struct RunResult {
   float final_validation_loss = 0.0F;
   double tokens_per_second = 0.0;
   std::int64_t peak_bytes = 0;
+  std::int64_t activation_peak_bytes = 0;  // the largest of any micro-batch of this run
+  /// describe_activation_memory_plan's text when activation_memory_budget is set.
+  std::string activation_memory_plan;
   std::filesystem::path output_dir;
   std::filesystem::path weights;  // model.safetensors or adapter.safetensors
 };
@@ -158,7 +172,9 @@ struct RunResult {
 Tokenizer tokenizer_for_model(const std::filesystem::path& model, const std::filesystem::path& given,
                               bool use_recorded = true);
 
-RunResult run_pretraining(const PretrainingConfig& config, const ProgressCallback& progress = {});
-RunResult run_post_training(const PostTrainingConfig& config, const ProgressCallback& progress = {});
+RunResult run_pretraining(const PretrainingConfig& config, const ProgressCallback& progress = {},
+                          const NoticeCallback& notice = {});
+RunResult run_post_training(const PostTrainingConfig& config, const ProgressCallback& progress = {},
+                            const NoticeCallback& notice = {});
 
 }  // namespace riftco_transformer

@@ -24,7 +24,7 @@ extern "C" {
 #endif
 
 #define RT_ABI_VERSION_MAJOR 2
-#define RT_ABI_VERSION_MINOR 1
+#define RT_ABI_VERSION_MINOR 2
 
 /* ---- status and errors ---------------------------------------------------- */
 
@@ -61,6 +61,9 @@ typedef enum rt_activation_checkpointing {
   RT_ACTIVATION_CHECKPOINTING_BLOCK_SEGMENTS = 2,
   RT_ACTIVATION_CHECKPOINTING_ATTENTION = 3, /* recompute each block's attention sub-block */
   RT_ACTIVATION_CHECKPOINTING_MLP = 4,       /* recompute each block's MLP sub-block */
+  /* A per-block plan chosen for an activation memory budget (ABI 2.2): reported
+     by rt_model_activation_checkpointing, refused by the setters. */
+  RT_ACTIVATION_CHECKPOINTING_PLANNED = 5,
   RT_ACTIVATION_CHECKPOINTING_MAX_ENUM = 0x7FFFFFFF
 } rt_activation_checkpointing;
 
@@ -384,6 +387,12 @@ typedef struct rt_pretraining_config {
    * (rt_train_tokenizer); NULL or "": the byte tokenizer. model.vocab_size
    * left at 256 takes the tokenizer's. A smaller struct_size reads it as NULL. */
   const char* tokenizer;
+  /* Appended in ABI 2.2: bytes every step's activation peak must fit (0: no
+   * budget); the run chooses what each block recomputes (stage.
+   * activation_checkpointing must stay DISABLED) and records the plan in
+   * metadata.json; a budget no plan fits is RT_ERROR_VALUE naming the
+   * smallest. A smaller struct_size reads 0. */
+  int64_t activation_memory_budget;
 } rt_pretraining_config;
 /* Fills the first struct_size bytes with the defaults and sets struct_size;
  * use the inline rt_pretraining_config_default, which passes the caller's sizeof. */
@@ -405,6 +414,8 @@ typedef struct rt_post_training_config {
    * records one, is RT_ERROR_VALUE naming both checksums. A smaller
    * struct_size reads it as NULL. */
   const char* tokenizer;
+  /* Appended in ABI 2.2, as in rt_pretraining_config. */
+  int64_t activation_memory_budget;
 } rt_post_training_config;
 /* Fills the first struct_size bytes with the defaults and sets struct_size;
  * use the inline rt_post_training_config_default, which passes the caller's sizeof. */
@@ -424,6 +435,9 @@ typedef struct rt_step_report {
   double elapsed_seconds;
   double eta_seconds;
   int64_t peak_bytes;
+  /* Appended in ABI 2.2 (check struct_size): the largest activation peak of
+   * any micro-batch so far (forward + backward above the bytes live before). */
+  int64_t activation_peak_bytes;
 } rt_step_report;
 
 /* Called after every step; return non-zero to stop the run (as an

@@ -109,22 +109,29 @@ class Tensor {
   float* data();
   const float* data() const;
   std::span<const float> values() const { return {data(), static_cast<std::size_t>(numel_)}; }
+  /// The buffer's address on its own backend (a device pointer for cuda),
+  /// for backend kernels only: host code must not dereference it unless the
+  /// tensor is on the CPU. The non-const overload bumps the version, like data().
+  float* device_data();
+  const float* device_data() const;
 
   /// Deep copy into a new buffer.
   Tensor clone() const;
   /// Same storage, new shape with the same element count. One dimension may be -1.
   Tensor reshape(const Shape& shape) const;
   /// Copy to another backend (a deep copy even for the same backend is not
-  /// made: same backend returns *this).
+  /// made: same backend returns *this). cpu <-> cuda copies are synchronous.
   Tensor to(Backend backend) const;
+  /// The values on the host (a cuda tensor is copied back first).
   std::vector<float> to_vector() const;
 
-  /// Element access for tests and small host code.
+  /// Element access for tests and small host code (cpu tensors only).
   float at(std::initializer_list<std::int64_t> index) const;
   float item() const;  // numel() == 1
   /// In-place writes: both bump the storage's version.
   void fill(float value);
-  /// Copies `other`'s values into this tensor's buffer (same shape).
+  /// Copies `other`'s values into this tensor's buffer (same shape; the two
+  /// may be on different backends).
   void copy_from(const Tensor& other);
 
   /// The storage's version (0 for an undefined tensor); see Storage.
@@ -156,9 +163,9 @@ class Tensor {
   std::int64_t numel_ = 0;
 };
 
-/// Bitwise equality of shape and values (tests: "bit-identical").
+/// Bitwise equality of shape and values (tests: "bit-identical"); cpu tensors.
 bool bit_equal(const Tensor& a, const Tensor& b);
-/// max |a - b|; shapes must match.
+/// max |a - b|; shapes must match; cpu tensors.
 float max_abs_diff(const Tensor& a, const Tensor& b);
 
 }  // namespace riftco_transformer

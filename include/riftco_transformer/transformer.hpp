@@ -74,13 +74,40 @@ enum class ActivationCheckpointingKind : std::uint8_t {
   /// Checkpoint each block's MLP sub-block (norm, gate/up, SwiGLU, down,
   /// residual): the attention side's values are kept.
   MlpSubBlock = 4,
+  /// A per-block plan (set_activation_checkpointing_plan, usually chosen by
+  /// plan_activation_memory for a budget). Not a named policy: it is not in
+  /// activation_checkpointing_kinds() and cannot be parsed from a name.
+  Planned = 5,
 };
 /// Every policy, in enum order.
 std::span<const ActivationCheckpointingKind> activation_checkpointing_kinds();
-/// "disabled" / "block" / "segments" / "attention" / "mlp".
+/// "disabled" / "block" / "segments" / "attention" / "mlp" ("planned" for Planned).
 const char* activation_checkpointing_name(ActivationCheckpointingKind kind);
 ActivationCheckpointingKind parse_activation_checkpointing(const std::string& name,
                                                            const char* op = "activation_checkpointing");
+
+/// What one checkpoint group recomputes in backward.
+enum class BlockRecompute : std::uint8_t {
+  Nothing = 0,    ///< keep everything (no checkpoint)
+  Attention = 1,  ///< recompute the attention sub-block (keep the MLP side)
+  Mlp = 2,        ///< recompute the MLP sub-block (keep the attention side)
+  Whole = 3,      ///< recompute the whole group of blocks (one checkpoint)
+};
+/// "keep" / "attention" / "mlp" / "block".
+const char* block_recompute_name(BlockRecompute recompute);
+
+/// `blocks` consecutive blocks treated alike. blocks > 1 is only allowed with
+/// Whole (a segment: one checkpoint around all of them); otherwise each block
+/// of the group gets its own checkpoint of the given kind.
+struct CheckpointGroup {
+  std::int64_t blocks = 1;
+  BlockRecompute recompute = BlockRecompute::Nothing;
+  bool operator==(const CheckpointGroup&) const = default;
+};
+/// Groups in block order covering every block exactly once.
+using ActivationCheckpointingPlan = std::vector<CheckpointGroup>;
+/// e.g. "segments of 3 ×2, block ×1, attention ×4, keep ×5" (runs of equal groups merged).
+std::string describe_plan(const ActivationCheckpointingPlan& plan);
 
 struct NamedParameter {
   std::string name;  // e.g. "blocks.3.attention.query.weight"
@@ -130,6 +157,13 @@ class DecoderOnlyTransformer {
   void set_checkpoint_segment_blocks(std::int64_t blocks);
   /// The effective segment size (resolves 0 to round(√layers), at least 1).
   std::int64_t checkpoint_segment_blocks() const;
+  /// Sets a per-block plan and the kind Planned. ValueError unless the groups
+  /// cover exactly `layers` blocks with blocks >= 1 and segments (blocks > 1)
+  /// only recomputing Whole. set_activation_checkpointing_kind() drops it.
+  void set_activation_checkpointing_plan(const ActivationCheckpointingPlan& plan);
+  /// The plan forward() follows: the explicit plan under Planned, else the
+  /// uniform policy written as groups (segments of checkpoint_segment_blocks()).
+  ActivationCheckpointingPlan activation_checkpointing_plan() const;
 
   /// Residual dropout after the attention output and MLP down projections
   /// of every block, active while training() is true. p = 0 (the default)

@@ -2,6 +2,7 @@
 #include <nanobind/operators.h>
 
 #include "common.hpp"
+#include "riftco_transformer/memory_plan.hpp"
 #include "config_fields.hpp"
 #include "riftco_transformer/attention.hpp"
 #include "riftco_transformer/lora.hpp"
@@ -9,6 +10,15 @@
 
 namespace riftco_python {
 namespace {
+
+rt::BlockRecompute parse_block_recompute(const std::string& name) {
+  for (const rt::BlockRecompute r : {rt::BlockRecompute::Nothing, rt::BlockRecompute::Attention,
+                                     rt::BlockRecompute::Mlp, rt::BlockRecompute::Whole}) {
+    if (name == rt::block_recompute_name(r)) return r;
+  }
+  throw rt::ValueError("[activation_checkpointing_plan] unknown recompute '" + name +
+                       "' (expected 'keep', 'attention', 'mlp' or 'block')");
+}
 
 using rt::DecoderOnlyTransformer;
 
@@ -114,7 +124,60 @@ void init_model(nb::module_& m) {
           [](DecoderOnlyTransformer& model, const std::string& kind) {
             model.set_activation_checkpointing_kind(rt::parse_activation_checkpointing(kind));
           },
-          "'disabled' | 'block' | 'segments'. Safe to change at any time; affects later forwards only.")
+          "'disabled' | 'block' | 'segments' | 'attention' | 'mlp' ('planned' while a plan is set: read only). "
+          "Safe to change at any time; affects later forwards only.")
+      .def_prop_rw(
+          "activation_checkpointing_plan",
+          [](const DecoderOnlyTransformer& model) {
+            nb::list out;
+            for (const rt::CheckpointGroup& g : model.activation_checkpointing_plan()) {
+              out.append(nb::make_tuple(g.blocks, rt::block_recompute_name(g.recompute)));
+            }
+            return out;
+          },
+          [](DecoderOnlyTransformer& model, const nb::handle& groups) {
+            rt::ActivationCheckpointingPlan plan;
+            for (nb::handle item : nb::iter(groups)) {
+              const auto pair = nb::cast<std::tuple<std::int64_t, std::string>>(item);
+              plan.push_back({std::get<0>(pair), parse_block_recompute(std::get<1>(pair))});
+            }
+            model.set_activation_checkpointing_plan(plan);
+          },
+          "Per-block plan as [(blocks, 'keep' | 'attention' | 'mlp' | 'block'), ...] covering every block "
+          "(blocks > 1 only for 'block': a segment). Setting it makes activation_checkpointing 'planned'.")
+      .def(
+          "plan_activation_memory",
+          [](DecoderOnlyTransformer& model, nb::handle budget, std::int64_t batch, std::int64_t sequence_length,
+             bool apply) {
+            const std::int64_t bytes = nb::isinstance<nb::str>(budget)
+                                           ? rt::parse_byte_size(nb::cast<std::string>(budget), "plan_activation_memory")
+                                           : nb::cast<std::int64_t>(budget);
+            rt::ActivationMemoryProfile profile;
+            {
+              nb::gil_scoped_release release;
+              profile = rt::profile_activation_memory(model, batch, sequence_length);
+            }
+            const rt::ActivationMemoryPlan plan = rt::plan_activation_memory(profile, bytes);
+            if (apply) model.set_activation_checkpointing_plan(plan.plan);
+            nb::list groups;
+            for (const rt::CheckpointGroup& g : plan.plan) {
+              groups.append(nb::make_tuple(g.blocks, rt::block_recompute_name(g.recompute)));
+            }
+            nb::dict out;
+            out["plan"] = groups;
+            out["budget_bytes"] = plan.budget_bytes;
+            out["predicted_peak_bytes"] = plan.predicted_peak_bytes;
+            out["disabled_peak_bytes"] = plan.disabled_peak_bytes;
+            out["smallest_feasible_bytes"] = plan.smallest_feasible_bytes;
+            out["recompute_flops"] = plan.recompute_flops;
+            out["forward_flops"] = profile.forward_flops;
+            out["description"] = rt::describe_activation_memory_plan(profile, plan);
+            return out;
+          },
+          "budget"_a, "batch"_a, "sequence_length"_a, "apply"_a = true,
+          "Profiles 1- and 2-layer copies of this model at (batch, sequence_length) and returns the least-recompute "
+          "plan whose predicted activation peak fits `budget` (bytes or '256MiB'); apply=True sets it. ValueError "
+          "naming the smallest feasible budget when none fits (docs/checkpointing.md).")
       .def("set_activation_checkpointing", [](DecoderOnlyTransformer& model, const std::string& kind) {
         model.set_activation_checkpointing_kind(rt::parse_activation_checkpointing(kind));
       }, "kind"_a)

@@ -8,6 +8,7 @@
 
 #include "common.hpp"
 #include "config_fields.hpp"
+#include "riftco_transformer/memory_plan.hpp"
 #include "riftco_transformer/pipelines.hpp"
 
 namespace riftco_python {
@@ -24,6 +25,23 @@ ConfigClass<C>& stage_fields(ConfigClass<C>& c) {
               &rt::activation_checkpointing_name, "'disabled' | 'block' | 'segments' | 'attention' | 'mlp' (recorded in metadata.json)")
       .field("checkpoint_segment_blocks", &StageSettings::checkpoint_segment_blocks, "int",
              "'segments': blocks per segment (0: round(sqrt(layers)))")
+      .custom(
+          "activation_memory_budget", "int | str",
+          [](const C& c) { return nb::cast(c.activation_memory_budget); },
+          [](C& c, nb::handle v) {
+            if (nb::isinstance<nb::str>(v)) {
+              const std::string text = nb::cast<std::string>(v);
+              c.activation_memory_budget = text == "0" ? 0 : rt::parse_byte_size(text, "activation_memory_budget");
+            } else if (nb::isinstance<nb::int_>(v) && !nb::isinstance<nb::bool_>(v)) {
+              const std::int64_t bytes = nb::cast<std::int64_t>(v);
+              if (bytes < 0) throw rt::ValueError("[activation_memory_budget] must be >= 0 bytes, got " + std::to_string(bytes));
+              c.activation_memory_budget = bytes;
+            } else {
+              throw nb::type_error("activation_memory_budget must be an int (bytes) or a size like '256MiB'");
+            }
+          },
+          "bytes (or '256MiB', '1.5GiB') every step's activation peak must fit; the run chooses what each block "
+          "recomputes (activation_checkpointing stays 'disabled'); 0: none")
       .real("dropout", &StageSettings::dropout)
       .path("data", &StageSettings::data, "None: the stage's default data")
       .path("tokenizer", &StageSettings::tokenizer, "None: bytes; a SentencePiece model file (train_tokenizer)")
@@ -128,6 +146,8 @@ void init_pipelines(nb::module_& m) {
       .def_ro("elapsed_seconds", &rt::StepReport::elapsed_seconds)
       .def_ro("eta_seconds", &rt::StepReport::eta_seconds)
       .def_ro("peak_bytes", &rt::StepReport::peak_bytes)
+      .def_ro("activation_peak_bytes", &rt::StepReport::activation_peak_bytes,
+              "the largest activation peak of any micro-batch so far (forward + backward)")
       .def("__repr__", [](const rt::StepReport& s) {
         return "StepReport(step=" + std::to_string(s.step) + "/" + std::to_string(s.total_steps) +
                ", loss=" + std::to_string(s.loss) + ")";
@@ -141,6 +161,9 @@ void init_pipelines(nb::module_& m) {
       .def_ro("final_validation_loss", &rt::RunResult::final_validation_loss)
       .def_ro("tokens_per_second", &rt::RunResult::tokens_per_second)
       .def_ro("peak_bytes", &rt::RunResult::peak_bytes)
+      .def_ro("activation_peak_bytes", &rt::RunResult::activation_peak_bytes)
+      .def_ro("activation_memory_plan", &rt::RunResult::activation_memory_plan,
+              "the plan chosen for activation_memory_budget, as rt-train prints it ('' without a budget)")
       .def_ro("output_dir", &rt::RunResult::output_dir)
       .def_ro("weights", &rt::RunResult::weights)
       .def_prop_ro("files", &run_files,

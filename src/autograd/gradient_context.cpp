@@ -2,7 +2,7 @@
 
 #include <unordered_set>
 
-#include "../backend/cpu/kernels.hpp"
+#include "../backend/kernels.hpp"
 
 namespace riftco_transformer {
 
@@ -13,10 +13,11 @@ void GradientContext::accumulate(const Node* node, Tensor g) {
     return;
   }
   Tensor& existing = it->second;
+  const backend::Kernels& kernels = backend::kernels_for("backward", existing, g);
   if (existing.use_count() == 1) {
-    cpu::add_inplace(existing, g);  // existing += g (we own the buffer)
+    kernels.add_inplace(existing, g);  // existing += g (we own the buffer)
   } else {
-    existing = cpu::add(existing, g);  // buffer shared elsewhere: new buffer
+    existing = kernels.add(existing, g);  // buffer shared elsewhere: new buffer
   }
 }
 

@@ -26,6 +26,10 @@ riftco_transformer::ActivationCheckpointingKind policy(const rt_activation_check
   if (value == RT_ACTIVATION_CHECKPOINTING_BLOCK_SEGMENTS) return ActivationCheckpointingKind::BlockSegments;
   if (value == RT_ACTIVATION_CHECKPOINTING_ATTENTION) return ActivationCheckpointingKind::AttentionSubBlock;
   if (value == RT_ACTIVATION_CHECKPOINTING_MLP) return ActivationCheckpointingKind::MlpSubBlock;
+  if (value == RT_ACTIVATION_CHECKPOINTING_PLANNED) {
+    bad_argument(function, "RT_ACTIVATION_CHECKPOINTING_PLANNED is not a policy to set: a plan comes from an "
+                           "activation memory budget (the pipeline configs' activation_memory_budget field)");
+  }
   bad_argument(function, "activation checkpointing " + std::to_string(value) +
                              " is not an rt_activation_checkpointing value (0 disabled, 1 transformer block, "
                              "2 block segments, 3 attention sub-blocks, 4 MLP sub-blocks)");

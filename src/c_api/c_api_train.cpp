@@ -78,6 +78,7 @@ void appended_settings(const Config& c, rt::StageSettings& s) {
   if (RT_C_COVERS(c, gradient_accumulation_steps)) s.gradient_accumulation_steps = c.gradient_accumulation_steps;
   if (RT_C_COVERS(c, decay_embeddings)) s.decay_embeddings = c.decay_embeddings != 0;
   if (RT_C_COVERS(c, tokenizer) && c.tokenizer != nullptr) s.tokenizer = c.tokenizer;
+  if (RT_C_COVERS(c, activation_memory_budget)) s.activation_memory_budget = c.activation_memory_budget;
 }
 
 rt::GenerationOptions generation_options(const rt_generation_options& o, const char* function) {
@@ -105,7 +106,7 @@ rt::ProgressCallback progress_of(rt_progress_fn progress, void* user_data) {
   return [progress, user_data](const rt::StepReport& r) {
     rt_step_report c{sizeof(rt_step_report), r.step, r.total_steps, r.loss, r.validation_loss ? 1 : 0,
                      r.validation_loss.value_or(0.0F), r.learning_rate, r.grad_norm, r.tokens_per_second,
-                     r.elapsed_seconds, r.eta_seconds, r.peak_bytes};
+                     r.elapsed_seconds, r.eta_seconds, r.peak_bytes, r.activation_peak_bytes};
     return progress(&c, user_data) == 0;
   };
 }
@@ -371,6 +372,7 @@ rt_status rt_pretraining_config_init(rt_pretraining_config* config, size_t struc
     c.gradient_accumulation_steps = d.gradient_accumulation_steps;
     c.decay_embeddings = d.decay_embeddings ? 1 : 0;
     c.tokenizer = nullptr;
+    c.activation_memory_budget = 0;
     init_struct(config, struct_size, c, f);
   });
 }
@@ -388,6 +390,7 @@ rt_status rt_post_training_config_init(rt_post_training_config* config, size_t s
     c.gradient_accumulation_steps = d.gradient_accumulation_steps;
     c.decay_embeddings = d.decay_embeddings ? 1 : 0;
     c.tokenizer = nullptr;
+    c.activation_memory_budget = 0;
     init_struct(config, struct_size, c, f);
   });
 }

@@ -2,28 +2,14 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <numeric>
 #include <utility>
 
-#include "../backend/cpu/decode_attention.hpp"
+#include "../backend/kernels.hpp"
 #include "riftco_transformer/ops.hpp"
 #include "transformer_core.hpp"
 
 namespace riftco_transformer {
-namespace {
-
-/// Copies rows (H, 1, D) into the cache (H, capacity, D) at `position`.
-void write_cache(Tensor& cache, const Tensor& rows, std::int64_t position) {
-  const std::int64_t heads = cache.size(0);
-  const std::int64_t cap = cache.size(1);
-  const std::int64_t d = cache.size(2);
-  for (std::int64_t h = 0; h < heads; ++h) {
-    std::memcpy(cache.data() + (h * cap + position) * d, rows.data() + h * d, static_cast<std::size_t>(d) * sizeof(float));
-  }
-}
-
-}  // namespace
 
 DecodeSession::DecodeSession(const DecoderOnlyTransformer& model) : core_(model.core()) { reset(); }
 
@@ -35,9 +21,10 @@ void DecodeSession::reset() {
   const TransformerDimensions& d = core_->dims;
   keys_.clear();
   values_.clear();
+  const Backend backend = core_->token_embedding.value().backend();  // the caches live with the weights
   for (std::int64_t i = 0; i < d.layers; ++i) {
-    keys_.push_back(Tensor::zeros({d.kv_heads(), d.context_length, d.head_width()}));
-    values_.push_back(Tensor::zeros({d.kv_heads(), d.context_length, d.head_width()}));
+    keys_.push_back(Tensor::zeros({d.kv_heads(), d.context_length, d.head_width()}, backend));
+    values_.push_back(Tensor::zeros({d.kv_heads(), d.context_length, d.head_width()}, backend));
   }
   versions_.clear();
   for (const Variable& p : core_->all_leaves()) versions_.push_back(p.value_version());
@@ -82,9 +69,10 @@ Tensor DecodeSession::decode_token(std::int32_t token) {
     const Variable q = rope(split_heads(m.project(w, LoraTarget::Query, x), heads), position_, base);   // (1, H, 1, D)
     const Variable k = rope(split_heads(m.project(w, LoraTarget::Key, x), kv_heads), position_, base);  // (1, G, 1, D)
     const Variable v = split_heads(m.project(w, LoraTarget::Value, x), kv_heads);                       // (1, G, 1, D)
-    write_cache(keys_[i], k.value(), position_);
-    write_cache(values_[i], v.value(), position_);
-    const Tensor a = cpu::cached_attention(q.value().reshape({heads, d}), keys_[i], values_[i], position_ + 1);
+    const backend::Kernels& kernels = backend::kernels_for("decode_token", q.value(), keys_[i], k.value());
+    kernels.cache_write(keys_[i], k.value(), position_);  // (G, 1, D) into row position_ of (G, capacity, D)
+    kernels.cache_write(values_[i], v.value(), position_);
+    const Tensor a = kernels.cached_attention(q.value().reshape({heads, d}), keys_[i], values_[i], position_ + 1);
     const Variable merged(a.reshape({1, 1, c}));
     const Variable h1 = add(h, m.project(w, LoraTarget::Output, merged));
     const Variable y = rms_norm(h1, w.mlp_norm, m.eps);

@@ -68,7 +68,8 @@ GenerationResult generate_one(const DecoderOnlyTransformer& model, std::span<con
   const Detokenizer& detokenize = options.detokenize ? options.detokenize : Detokenizer(bytes_detokenizer);
   DecodeSession session(model);
   Tensor logits;
-  for (const std::int32_t t : prompt) logits = session.decode_token(t);
+  // Sampling runs on the host: the logits (V) are read there (a no-op copy on cpu).
+  for (const std::int32_t t : prompt) logits = session.decode_token(t).to(Backend::Cpu);
   Random random(options.seed);
   GenerationResult result;
   std::vector<std::int32_t> order(static_cast<std::size_t>(vocab));
@@ -128,7 +129,7 @@ GenerationResult generate_one(const DecoderOnlyTransformer& model, std::span<con
       }
       break;
     }
-    if (n + 1 < options.max_new_tokens) logits = session.decode_token(next);
+    if (n + 1 < options.max_new_tokens) logits = session.decode_token(next).to(Backend::Cpu);
   }
   if (result.message.empty()) result.message = "generated " + std::to_string(result.tokens.size()) + " tokens";
   result.text = detokenize(result.tokens);

@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "../backend/cpu/kernels.hpp"
+#include "../backend/kernels.hpp"
 #include "transformer_core.hpp"
 
 namespace riftco_transformer {
@@ -183,8 +183,11 @@ void DecoderOnlyTransformer::add_lora(const LoraConfig& config, Random& random) 
       const std::string prefix = adapter_prefix(i, target);
       LoraAdapter adapter;
       adapter.target = target;
-      adapter.a = Variable(Tensor::uniform({config.rank, in}, random, -bound, bound), true, prefix + ".lora_a");
-      adapter.b = Variable(Tensor::zeros({out, config.rank}), true, prefix + ".lora_b");
+      // Drawn on the host, then placed with the weight they adapt.
+      const Backend backend = w.value().backend();
+      adapter.a = Variable(Tensor::uniform({config.rank, in}, random, -bound, bound).to(backend), true,
+                           prefix + ".lora_a");
+      adapter.b = Variable(Tensor::zeros({out, config.rank}, backend), true, prefix + ".lora_b");
       adapter.scale = config.scale();
       built[i].push_back(std::move(adapter));
     }
@@ -248,8 +251,9 @@ void DecoderOnlyTransformer::merge_lora() {
       const Tensor& av = adapter.a.value();  // (r, in)
       const Tensor& bv = adapter.b.value();  // (out, r)
       // base (out, in) += scale · B A
-      cpu::gemm(false, false, bv.size(0), av.size(1), av.size(0), adapter.scale, bv.data(), bv.size(1), av.data(),
-                av.size(1), 1.0F, base.data(), base.size(1));
+      backend::kernels_for("merge_lora", base, av, bv)
+          .gemm(false, false, bv.size(0), av.size(1), av.size(0), adapter.scale, bv.device_data(), bv.size(1),
+                av.device_data(), av.size(1), 1.0F, base.device_data(), base.size(1));
       merged.emplace_back(w, std::move(base));
     }
   }

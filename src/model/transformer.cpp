@@ -77,8 +77,38 @@ const char* activation_checkpointing_name(ActivationCheckpointingKind kind) {
       return "attention";
     case ActivationCheckpointingKind::MlpSubBlock:
       return "mlp";
+    case ActivationCheckpointingKind::Planned:
+      return "planned";
   }
   return "unknown";
+}
+
+const char* block_recompute_name(BlockRecompute recompute) {
+  switch (recompute) {
+    case BlockRecompute::Nothing:
+      return "keep";
+    case BlockRecompute::Attention:
+      return "attention";
+    case BlockRecompute::Mlp:
+      return "mlp";
+    case BlockRecompute::Whole:
+      return "block";
+  }
+  return "unknown";
+}
+
+std::string describe_plan(const ActivationCheckpointingPlan& plan) {
+  std::string out;
+  for (std::size_t i = 0; i < plan.size();) {
+    std::size_t j = i;
+    while (j < plan.size() && plan[j] == plan[i]) ++j;
+    const CheckpointGroup& g = plan[i];
+    if (!out.empty()) out += ", ";
+    out += g.blocks > 1 ? "segment of " + std::to_string(g.blocks) : std::string(block_recompute_name(g.recompute));
+    out += " x" + std::to_string(j - i);
+    i = j;
+  }
+  return out.empty() ? "(no blocks)" : out;
 }
 
 ActivationCheckpointingKind parse_activation_checkpointing(const std::string& name, const char* op) {
@@ -86,6 +116,11 @@ ActivationCheckpointingKind parse_activation_checkpointing(const std::string& na
   for (const ActivationCheckpointingKind k : activation_checkpointing_kinds()) {
     if (name == activation_checkpointing_name(k)) return k;
     expected += std::string(expected.empty() ? "'" : ", '") + activation_checkpointing_name(k) + "'";
+  }
+  if (name == "planned") {
+    throw ValueError(std::string("[") + op +
+                     "] 'planned' is not a policy to name: a plan comes from an activation memory budget "
+                     "(--activation-memory-budget, plan_activation_memory) or set_activation_checkpointing_plan");
   }
   throw ValueError(std::string("[") + op + "] unknown activation checkpointing policy '" + name + "' (expected " +
                    expected + ")");
@@ -149,9 +184,59 @@ void DecoderOnlyTransformer::set_attention_kind(FullSequenceAttentionKind kind) 
 void DecoderOnlyTransformer::set_activation_checkpointing_kind(ActivationCheckpointingKind kind) {
   const auto kinds = activation_checkpointing_kinds();
   if (std::find(kinds.begin(), kinds.end(), kind) == kinds.end()) {
+    if (kind == ActivationCheckpointingKind::Planned) {
+      throw ValueError("[set_activation_checkpointing_kind] Planned needs the plan: call set_activation_checkpointing_plan");
+    }
     throw ValueError("[set_activation_checkpointing_kind] unknown policy " + std::to_string(static_cast<int>(kind)));
   }
   core_->checkpointing = kind;
+  core_->plan.clear();
+}
+
+void DecoderOnlyTransformer::set_activation_checkpointing_plan(const ActivationCheckpointingPlan& plan) {
+  constexpr const char* op = "[set_activation_checkpointing_plan] ";
+  std::int64_t covered = 0;
+  for (std::size_t i = 0; i < plan.size(); ++i) {
+    const CheckpointGroup& g = plan[i];
+    const auto r = static_cast<int>(g.recompute);
+    if (r < 0 || r > static_cast<int>(BlockRecompute::Whole)) {
+      throw ValueError(op + std::string("group ") + std::to_string(i) + " has unknown recompute " + std::to_string(r));
+    }
+    if (g.blocks < 1 || g.blocks > core_->dims.layers) {
+      throw ValueError(op + std::string("group ") + std::to_string(i) + " covers " + std::to_string(g.blocks) +
+                       " blocks (expected 1.." + std::to_string(core_->dims.layers) + ")");
+    }
+    if (g.blocks > 1 && g.recompute != BlockRecompute::Whole) {
+      throw ValueError(op + std::string("group ") + std::to_string(i) + " covers " + std::to_string(g.blocks) +
+                       " blocks with recompute '" + block_recompute_name(g.recompute) +
+                       "': only 'block' (a segment) may span several blocks");
+    }
+    covered += g.blocks;
+  }
+  if (covered != core_->dims.layers) {
+    throw ValueError(op + std::string("the groups cover ") + std::to_string(covered) + " blocks but the model has " +
+                     std::to_string(core_->dims.layers));
+  }
+  core_->plan = plan;
+  core_->checkpointing = ActivationCheckpointingKind::Planned;
+}
+
+ActivationCheckpointingPlan DecoderOnlyTransformer::activation_checkpointing_plan() const {
+  const TransformerCore& m = *core_;
+  if (m.checkpointing == ActivationCheckpointingKind::Planned) return m.plan;
+  const std::int64_t layers = m.dims.layers;
+  ActivationCheckpointingPlan plan;
+  if (m.checkpointing == ActivationCheckpointingKind::BlockSegments) {
+    const std::int64_t k = checkpoint_segment_blocks();
+    for (std::int64_t i = 0; i < layers; i += k) plan.push_back({std::min(k, layers - i), BlockRecompute::Whole});
+    return plan;
+  }
+  BlockRecompute r = BlockRecompute::Nothing;
+  if (m.checkpointing == ActivationCheckpointingKind::TransformerBlock) r = BlockRecompute::Whole;
+  if (m.checkpointing == ActivationCheckpointingKind::AttentionSubBlock) r = BlockRecompute::Attention;
+  if (m.checkpointing == ActivationCheckpointingKind::MlpSubBlock) r = BlockRecompute::Mlp;
+  plan.assign(static_cast<std::size_t>(layers), CheckpointGroup{1, r});
+  return plan;
 }
 
 void DecoderOnlyTransformer::set_checkpoint_segment_blocks(std::int64_t blocks) {

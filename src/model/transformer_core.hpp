@@ -15,6 +15,7 @@ struct TransformerCore {
   FullSequenceAttentionKind attention = FullSequenceAttentionKind::Materialized;
   ActivationCheckpointingKind checkpointing = ActivationCheckpointingKind::Disabled;
   std::int64_t segment_blocks = 0;  // 0 = round(sqrt(layers))
+  ActivationCheckpointingPlan plan;  // under Planned
   float dropout_probability = 0.0F;
   bool training = true;
   Random dropout_random{0};

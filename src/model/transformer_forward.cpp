@@ -240,30 +240,19 @@ Variable DecoderOnlyTransformer::forward(std::span<const std::int32_t> tokens, s
   const float drop = m.training ? m.dropout_probability : 0.0F;
   const bool grad = !NoGradGuard::active();
   Variable h = embedding(m.token_embedding, tokens, {batch, t});  // (B, T, C)
-  const std::size_t layers = m.blocks.size();
-  std::size_t step = 0;  // blocks per checkpoint; 0 = none
-  if (grad && m.checkpointing == ActivationCheckpointingKind::TransformerBlock) step = 1;
-  if (grad && m.checkpointing == ActivationCheckpointingKind::BlockSegments) {
-    step = static_cast<std::size_t>(checkpoint_segment_blocks());
-  }
-  const bool sub_block = grad && (m.checkpointing == ActivationCheckpointingKind::AttentionSubBlock ||
-                                  m.checkpointing == ActivationCheckpointingKind::MlpSubBlock);
-  for (std::size_t i = 0; i < layers;) {
-    if (sub_block) {
-      if (m.checkpointing == ActivationCheckpointingKind::AttentionSubBlock) {
-        h = m.mlp_sub_block(i, checkpointed_sub_block(core_, i, true, h, m.attention, drop), drop);
-      } else {
-        h = checkpointed_sub_block(core_, i, false, m.attention_sub_block(i, h, m.attention, drop), m.attention, drop);
-      }
-      ++i;
-    } else if (step == 0) {
-      h = m.block_forward(i, h, m.attention, drop);
-      ++i;
+  std::size_t i = 0;
+  for (const CheckpointGroup& g : activation_checkpointing_plan()) {
+    const auto n = static_cast<std::size_t>(g.blocks);
+    if (!grad || g.recompute == BlockRecompute::Nothing) {
+      for (std::size_t j = i; j < i + n; ++j) h = m.block_forward(j, h, m.attention, drop);
+    } else if (g.recompute == BlockRecompute::Attention) {
+      h = m.mlp_sub_block(i, checkpointed_sub_block(core_, i, true, h, m.attention, drop), drop);
+    } else if (g.recompute == BlockRecompute::Mlp) {
+      h = checkpointed_sub_block(core_, i, false, m.attention_sub_block(i, h, m.attention, drop), m.attention, drop);
     } else {
-      const std::size_t last = std::min(layers, i + step);
-      h = checkpointed_blocks(core_, i, last, h, m.attention, drop);
-      i = last;
+      h = checkpointed_blocks(core_, i, i + n, h, m.attention, drop);
     }
+    i += n;
   }
   h = rms_norm(h, m.final_norm, m.eps);  // (B, T, C)
   return linear(h, m.lm_head);          // (B, T, V)

@@ -1,5 +1,5 @@
 // silu, gelu (tanh approximation), swiglu = silu(gate) * up.
-#include "../backend/cpu/kernels.hpp"
+#include "../backend/kernels.hpp"
 #include "op_util.hpp"
 #include "riftco_transformer/ops.hpp"
 
@@ -8,21 +8,21 @@ using namespace ops_detail;
 
 namespace {
 
-Variable unary_activation(const char* op, cpu::Activation act, const Variable& x) {
+Variable unary_activation(const char* op, backend::Activation act, const Variable& x) {
   check_defined(op, "input", x);
   const Tensor xv = x.value();
   return Variable::from_op(
-      op, cpu::activation_forward(act, xv), {x},
-      [act, xv](const Tensor& g, const std::vector<bool>&) {
-        return std::vector<Tensor>{cpu::activation_backward(act, xv, g)};
+      op, backend::kernels_for(op, xv).activation_forward(act, xv), {x},
+      [op, act, xv](const Tensor& g, const std::vector<bool>&) {
+        return std::vector<Tensor>{backend::kernels_for(op, xv, g).activation_backward(act, xv, g)};
       },
       {xv});
 }
 
 }  // namespace
 
-Variable silu(const Variable& x) { return unary_activation("silu", cpu::Activation::Silu, x); }
-Variable gelu(const Variable& x) { return unary_activation("gelu", cpu::Activation::Gelu, x); }
+Variable silu(const Variable& x) { return unary_activation("silu", backend::Activation::Silu, x); }
+Variable gelu(const Variable& x) { return unary_activation("gelu", backend::Activation::Gelu, x); }
 
 Variable swiglu(const Variable& gate, const Variable& up) {
   const char* op = "swiglu";
@@ -34,10 +34,10 @@ Variable swiglu(const Variable& gate, const Variable& up) {
   const Tensor a = gate.value();
   const Tensor b = up.value();
   return Variable::from_op(
-      op, cpu::swiglu_forward(a, b), {gate, up},
-      [a, b](const Tensor& g, const std::vector<bool>&) {
+      op, backend::kernels_for(op, a, b).swiglu_forward(a, b), {gate, up},
+      [op, a, b](const Tensor& g, const std::vector<bool>&) {
         std::vector<Tensor> grads(2);
-        cpu::swiglu_backward(a, b, g, grads[0], grads[1]);
+        backend::kernels_for(op, a, b, g).swiglu_backward(a, b, g, grads[0], grads[1]);
         return grads;
       },
       {a, b});

@@ -5,7 +5,7 @@
 
 #include <cmath>
 
-#include "../backend/cpu/flash_attention.hpp"
+#include "../backend/kernels.hpp"
 #include "op_util.hpp"
 #include "riftco_transformer/ops.hpp"
 
@@ -37,22 +37,21 @@ Variable materialized_attention(const Variable& q, const Variable& k, const Vari
 }
 
 Variable flash_attention(const Variable& q, const Variable& k, const Variable& v, float s) {
-  if (q.backend() != Backend::Cpu) {
-    throw BackendError("[causal_attention] flash attention has no " + std::string(backend_name(q.backend())) +
-                       " kernel in this build (q " + shape_string(q.shape()) + ")");
-  }
-  const cpu::FlashTiles tiles = cpu::flash_default_tiles(q.shape()[3]);
+  const char* op = "flash_attention";
+  const backend::Kernels& kernels = backend::kernels_for(op, q.value(), k.value(), v.value());
+  const backend::FlashTiles tiles = kernels.flash_default_tiles(q.shape()[3]);
   Tensor lse;  // (B, H, T)
-  Tensor out = cpu::flash_attention_forward(q.value(), k.value(), v.value(), s, tiles, lse);  // (B, H, T, D)
+  Tensor out = kernels.flash_attention_forward(q.value(), k.value(), v.value(), s, tiles, lse);  // (B, H, T, D)
   const Tensor qv = q.value();
   const Tensor kv = k.value();
   const Tensor vv = v.value();
   const Tensor ov = out;
   return Variable::from_op(
-      "flash_attention", std::move(out), {q, k, v},
-      [qv, kv, vv, ov, lse, s, tiles](const Tensor& g, const std::vector<bool>& needs) {
+      op, std::move(out), {q, k, v},
+      [op, qv, kv, vv, ov, lse, s, tiles](const Tensor& g, const std::vector<bool>& needs) {
         std::vector<Tensor> grads(3);
-        cpu::flash_attention_backward(qv, kv, vv, ov, lse, g, s, tiles, grads[0], grads[1], grads[2]);
+        backend::kernels_for(op, qv, g).flash_attention_backward(qv, kv, vv, ov, lse, g, s, tiles, grads[0], grads[1],
+                                                                 grads[2]);
         for (std::size_t i = 0; i < 3; ++i) {
           if (!needs[i]) grads[i] = Tensor();
         }

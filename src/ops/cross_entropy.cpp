@@ -1,5 +1,5 @@
 // Fused log-softmax + negative log-likelihood, mean over non-ignored rows.
-#include "../backend/cpu/kernels.hpp"
+#include "../backend/kernels.hpp"
 #include "op_util.hpp"
 #include "riftco_transformer/ops.hpp"
 
@@ -27,13 +27,16 @@ Variable cross_entropy(const Variable& logits, std::span<const std::int32_t> tar
   Tensor probs;
   std::int64_t count = 0;
   const Tensor flat = logits.value().reshape({rows, v});
-  const float loss = cpu::cross_entropy_forward(flat, targets, ignore_index, probs, count);
+  const float loss = backend::kernels_for(op, flat).cross_entropy_forward(flat, targets, ignore_index, probs, count);
   std::vector<std::int32_t> kept(targets.begin(), targets.end());
   const Shape shape = logits.shape();
   return Variable::from_op(
-      op, Tensor::scalar(loss), {logits},
-      [probs, kept = std::move(kept), ignore_index, count, shape](const Tensor& g, const std::vector<bool>&) {
-        return std::vector<Tensor>{cpu::cross_entropy_backward(probs, kept, ignore_index, count, g.item()).reshape(shape)};
+      op, Tensor::full({}, loss, flat.backend()), {logits},
+      [op, probs, kept = std::move(kept), ignore_index, count, shape](const Tensor& g, const std::vector<bool>&) {
+        const float seed = g.to(Backend::Cpu).item();  // the upstream scalar, read on the host
+        return std::vector<Tensor>{backend::kernels_for(op, probs, g)
+                                       .cross_entropy_backward(probs, kept, ignore_index, count, seed)
+                                       .reshape(shape)};
       },
       {probs});
 }

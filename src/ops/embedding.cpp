@@ -1,5 +1,5 @@
 // Token embedding lookup; backward scatter-adds rows into dW.
-#include "../backend/cpu/kernels.hpp"
+#include "../backend/kernels.hpp"
 #include "op_util.hpp"
 #include "riftco_transformer/ops.hpp"
 
@@ -28,10 +28,12 @@ Variable embedding(const Variable& weight, std::span<const std::int32_t> ids, co
   out_shape.push_back(weight.shape()[1]);
   std::vector<std::int32_t> kept(ids.begin(), ids.end());
   const Shape wshape = weight.shape();
-  return Variable::from_op(op, cpu::embedding_forward(weight.value(), ids, out_shape), {weight},
-                           [kept = std::move(kept), wshape](const Tensor& g, const std::vector<bool>&) {
-                             return std::vector<Tensor>{cpu::embedding_backward(wshape, kept, g)};
-                           });
+  const Tensor wv = weight.value();
+  return Variable::from_op(
+      op, backend::kernels_for(op, wv).embedding_forward(wv, ids, out_shape), {weight},
+      [op, kept = std::move(kept), wshape](const Tensor& g, const std::vector<bool>&) {
+        return std::vector<Tensor>{backend::kernels_for(op, g).embedding_backward(wshape, kept, g)};
+      });
 }
 
 }  // namespace riftco_transformer

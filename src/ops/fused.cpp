@@ -3,12 +3,10 @@
 // other op files.
 #include "fused.hpp"
 
-#include <cmath>
 #include <algorithm>
-#include <cstring>
+#include <cmath>
 
-#include "../backend/cpu/flash_attention.hpp"
-#include "../backend/cpu/kernels.hpp"
+#include "../backend/kernels.hpp"
 #include "op_util.hpp"
 
 namespace riftco_transformer::fused {
@@ -18,43 +16,45 @@ namespace {
 
 /// x W_iᵀ for every weight into consecutive columns of out (rows, Σ out_i),
 /// all products in one parallel region.
-void packed_forward(const float* x, std::int64_t rows, std::int64_t k, const std::vector<Tensor>& w,
-                    const std::vector<std::int64_t>& widths, std::int64_t total, float* out) {
-  std::vector<cpu::GemmProblem> problems;
+void packed_forward(const backend::Kernels& kern, const float* x, std::int64_t rows, std::int64_t k,
+                    const std::vector<Tensor>& w, const std::vector<std::int64_t>& widths, std::int64_t total,
+                    float* out) {
+  std::vector<backend::GemmProblem> problems;
   std::int64_t offset = 0;
   for (std::size_t i = 0; i < w.size(); ++i) {
-    problems.push_back({false, true, rows, widths[i], k, 1.0F, x, k, w[i].data(), k, 0.0F, out + offset, total});
+    problems.push_back({false, true, rows, widths[i], k, 1.0F, x, k, w[i].device_data(), k, 0.0F, out + offset, total});
     offset += widths[i];
   }
-  std::vector<std::span<const cpu::GemmProblem>> chains;
-  for (const cpu::GemmProblem& p : problems) chains.emplace_back(&p, 1);
-  cpu::gemm_group(chains);
+  std::vector<std::span<const backend::GemmProblem>> chains;
+  for (const backend::GemmProblem& p : problems) chains.emplace_back(&p, 1);
+  kern.gemm_group(chains);
 }
 
 /// Backward of packed_forward given g (rows, Σ out_i): dx = Σ_i g_i W_i in
 /// part order (when dx is non-null; one chain) and dW_i = g_iᵀ x for each
 /// needed i, all in one parallel region.
-void packed_backward(const float* g, const float* x, std::int64_t rows, std::int64_t k, const std::vector<Tensor>& w,
-                     const std::vector<std::int64_t>& widths, std::int64_t total, float* dx,
-                     std::vector<Tensor>& dw, const std::vector<bool>& need_dw) {
-  std::vector<cpu::GemmProblem> dx_chain;
-  std::vector<cpu::GemmProblem> dw_problems;
+void packed_backward(const backend::Kernels& kern, const float* g, const float* x, std::int64_t rows, std::int64_t k,
+                     const std::vector<Tensor>& w, const std::vector<std::int64_t>& widths, std::int64_t total,
+                     float* dx, std::vector<Tensor>& dw, const std::vector<bool>& need_dw) {
+  std::vector<backend::GemmProblem> dx_chain;
+  std::vector<backend::GemmProblem> dw_problems;
   std::int64_t offset = 0;
   for (std::size_t i = 0; i < w.size(); ++i) {
     if (dx != nullptr) {
-      dx_chain.push_back({false, false, rows, k, widths[i], 1.0F, g + offset, total, w[i].data(), k,
+      dx_chain.push_back({false, false, rows, k, widths[i], 1.0F, g + offset, total, w[i].device_data(), k,
                           i == 0 ? 0.0F : 1.0F, dx, k});
     }
     if (need_dw[i]) {
-      dw[i] = Tensor::empty(w[i].shape());
-      dw_problems.push_back({true, false, widths[i], k, rows, 1.0F, g + offset, total, x, k, 0.0F, dw[i].data(), k});
+      dw[i] = Tensor::empty(w[i].shape(), w[i].backend());
+      dw_problems.push_back(
+          {true, false, widths[i], k, rows, 1.0F, g + offset, total, x, k, 0.0F, dw[i].device_data(), k});
     }
     offset += widths[i];
   }
-  std::vector<std::span<const cpu::GemmProblem>> chains;
+  std::vector<std::span<const backend::GemmProblem>> chains;
   if (!dx_chain.empty()) chains.emplace_back(dx_chain);
-  for (const cpu::GemmProblem& p : dw_problems) chains.emplace_back(&p, 1);
-  cpu::gemm_group(chains);
+  for (const backend::GemmProblem& p : dw_problems) chains.emplace_back(&p, 1);
+  kern.gemm_group(chains);
 }
 
 /// Validates weights (out_i, k) against an input's last dim k.
@@ -79,7 +79,9 @@ std::vector<std::int64_t> packed_widths(const char* op, const Variable& x, const
 }
 
 /// out = a + b elementwise (the add op's kernel, same order).
-Tensor add_same_shape(const Tensor& a, const Tensor& b) { return cpu::binary(cpu::BinaryOp::Add, a, b, a.shape()); }
+Tensor add_same_shape(const backend::Kernels& kern, const Tensor& a, const Tensor& b) {
+  return kern.binary(backend::BinaryOp::Add, a, b, a.shape());
+}
 
 }  // namespace
 
@@ -100,13 +102,14 @@ Variable norm_linear_packed(const Variable& h, const Variable& norm_weight, floa
   const std::int64_t rows = k == 0 ? 0 : hv.numel() / k;
   Shape out_shape = hv.shape();
   out_shape.back() = total;
-  Tensor out = Tensor::empty(out_shape);  // (..., Σ out_i)
-  Tensor rstd;                            // (rows)
+  const backend::Kernels& kern = backend::kernels_for(op, hv, nw);  // weights: checked by packed_widths
+  Tensor out = Tensor::empty(out_shape, hv.backend());  // (..., Σ out_i)
+  Tensor rstd;                                          // (rows)
   std::vector<Tensor> wv;
   for (const Variable& w : weights) wv.push_back(w.value());
   {
-    const Tensor x = cpu::rms_norm_forward(hv, nw, eps, rstd);  // (..., K), not kept
-    packed_forward(x.data(), rows, k, wv, widths, total, out.data());
+    const Tensor x = kern.rms_norm_forward(hv, nw, eps, rstd);  // (..., K), not kept
+    packed_forward(kern, x.device_data(), rows, k, wv, widths, total, out.device_data());
   }
   std::vector<Variable> parents{h, norm_weight};
   parents.insert(parents.end(), weights.begin(), weights.end());
@@ -116,18 +119,19 @@ Variable norm_linear_packed(const Variable& h, const Variable& norm_weight, floa
   saved.push_back(rstd);
   return Variable::from_op(
       op, std::move(out), std::move(parents),
-      [hv, nw, rstd, wv, widths, total, rows, k, eps](const Tensor& g, const std::vector<bool>& needs) {
+      [op, hv, nw, rstd, wv, widths, total, rows, k, eps](const Tensor& g, const std::vector<bool>& needs) {
+        const backend::Kernels& kern = backend::kernels_for(op, hv, g);
         std::vector<Tensor> grads(wv.size() + 2);
         Tensor unused;
-        const Tensor x = cpu::rms_norm_forward(hv, nw, eps, unused);  // recomputed, bit-identical
+        const Tensor x = kern.rms_norm_forward(hv, nw, eps, unused);  // recomputed, bit-identical
         const bool need_dx = needs[0] || needs[1];
         Tensor dx;
-        if (need_dx) dx = Tensor::empty(hv.shape());
+        if (need_dx) dx = Tensor::empty(hv.shape(), hv.backend());
         std::vector<Tensor> dw(wv.size());
-        packed_backward(g.data(), x.data(), rows, k, wv, widths, total, need_dx ? dx.data() : nullptr, dw,
-                        std::vector<bool>(needs.begin() + 2, needs.end()));
+        packed_backward(kern, g.device_data(), x.device_data(), rows, k, wv, widths, total,
+                        need_dx ? dx.device_data() : nullptr, dw, std::vector<bool>(needs.begin() + 2, needs.end()));
         for (std::size_t i = 0; i < wv.size(); ++i) grads[i + 2] = std::move(dw[i]);
-        if (need_dx) cpu::rms_norm_backward(hv, nw, rstd, dx, grads[0], grads[1], needs[0], needs[1]);
+        if (need_dx) kern.rms_norm_backward(hv, nw, rstd, dx, grads[0], grads[1], needs[0], needs[1]);
         return grads;
       },
       std::move(saved));
@@ -149,21 +153,23 @@ Variable linear_residual(const Variable& residual, const Variable& x, const Vari
   const std::vector<Tensor> wv{weight.value()};
   const std::int64_t k = xv.size(-1);
   const std::int64_t rows = k == 0 ? 0 : xv.numel() / k;
+  const backend::Kernels& kern = backend::kernels_for(op, xv, residual.value());
   Tensor out;
   {
-    Tensor projection = Tensor::empty(out_shape);  // not kept
-    packed_forward(xv.data(), rows, k, wv, widths, total, projection.data());
-    out = add_same_shape(residual.value(), projection);  // residual + x Wᵀ, as add(residual, linear(x, W))
+    Tensor projection = Tensor::empty(out_shape, xv.backend());  // not kept
+    packed_forward(kern, xv.device_data(), rows, k, wv, widths, total, projection.device_data());
+    out = add_same_shape(kern, residual.value(), projection);  // residual + x Wᵀ, as add(residual, linear(x, W))
   }
   return Variable::from_op(
       op, std::move(out), {residual, x, weight},
-      [xv, wv, widths, total, rows, k](const Tensor& g, const std::vector<bool>& needs) {
+      [op, xv, wv, widths, total, rows, k](const Tensor& g, const std::vector<bool>& needs) {
+        const backend::Kernels& kern = backend::kernels_for(op, xv, g);
         std::vector<Tensor> grads(3);
         if (needs[0]) grads[0] = g;
-        if (needs[1]) grads[1] = Tensor::empty(xv.shape());
+        if (needs[1]) grads[1] = Tensor::empty(xv.shape(), xv.backend());
         std::vector<Tensor> dw(1);
-        packed_backward(g.data(), xv.data(), rows, k, wv, widths, total, needs[1] ? grads[1].data() : nullptr, dw,
-                        {static_cast<bool>(needs[2])});
+        packed_backward(kern, g.device_data(), xv.device_data(), rows, k, wv, widths, total,
+                        needs[1] ? grads[1].device_data() : nullptr, dw, {static_cast<bool>(needs[2])});
         grads[2] = std::move(dw[0]);
         return grads;
       },
@@ -191,26 +197,28 @@ Variable swiglu_linear_residual(const Variable& residual, const Variable& gate_u
   const std::int64_t total = ws[0];
   const std::int64_t k = ws[1];
   const std::int64_t rows = k == 0 ? 0 : gu.numel() / (2 * k);
+  const backend::Kernels& kern = backend::kernels_for(op, gu, residual.value());
   Tensor out;
   {
-    const Tensor m = cpu::swiglu_packed_forward(gu);  // (..., F), not kept
-    Tensor projection = Tensor::empty(residual.shape());
-    packed_forward(m.data(), rows, k, wv, widths, total, projection.data());
-    out = add_same_shape(residual.value(), projection);
+    const Tensor m = kern.swiglu_packed_forward(gu);  // (..., F), not kept
+    Tensor projection = Tensor::empty(residual.shape(), gu.backend());
+    packed_forward(kern, m.device_data(), rows, k, wv, widths, total, projection.device_data());
+    out = add_same_shape(kern, residual.value(), projection);
   }
   return Variable::from_op(
       op, std::move(out), {residual, gate_up, weight},
-      [gu, wv, widths, total, rows, k](const Tensor& g, const std::vector<bool>& needs) {
+      [op, gu, wv, widths, total, rows, k](const Tensor& g, const std::vector<bool>& needs) {
+        const backend::Kernels& kern = backend::kernels_for(op, gu, g);
         std::vector<Tensor> grads(3);
         if (needs[0]) grads[0] = g;
-        const Tensor m = cpu::swiglu_packed_forward(gu);  // recomputed, bit-identical
+        const Tensor m = kern.swiglu_packed_forward(gu);  // recomputed, bit-identical
         Tensor dm;
-        if (needs[1]) dm = Tensor::empty(m.shape());
+        if (needs[1]) dm = Tensor::empty(m.shape(), gu.backend());
         std::vector<Tensor> dw(1);
-        packed_backward(g.data(), m.data(), rows, k, wv, widths, total, needs[1] ? dm.data() : nullptr, dw,
-                        {static_cast<bool>(needs[2])});
+        packed_backward(kern, g.device_data(), m.device_data(), rows, k, wv, widths, total,
+                        needs[1] ? dm.device_data() : nullptr, dw, {static_cast<bool>(needs[2])});
         grads[2] = std::move(dw[0]);
-        if (needs[1]) grads[1] = cpu::swiglu_packed_backward(gu, dm);
+        if (needs[1]) grads[1] = kern.swiglu_packed_backward(gu, dm);
         return grads;
       },
       {gu, wv[0]});
@@ -226,21 +234,24 @@ Variable linear_packed(const Variable& x, const std::vector<Variable>& weights) 
   const std::int64_t rows = k == 0 ? 0 : xv.numel() / k;
   Shape out_shape = x.shape();
   out_shape.back() = total;
-  Tensor out = Tensor::empty(out_shape);  // (..., Σ out_i): [x W_0ᵀ | x W_1ᵀ | ...]
+  const backend::Kernels& kern = backend::kernels_for(op, xv);  // weights: checked by packed_widths
+  Tensor out = Tensor::empty(out_shape, xv.backend());  // (..., Σ out_i): [x W_0ᵀ | x W_1ᵀ | ...]
   std::vector<Tensor> wv;
   for (const Variable& w : weights) wv.push_back(w.value());
-  packed_forward(xv.data(), rows, k, wv, widths, total, out.data());
+  packed_forward(kern, xv.device_data(), rows, k, wv, widths, total, out.device_data());
   std::vector<Variable> parents{x};
   parents.insert(parents.end(), weights.begin(), weights.end());
   std::vector<Tensor> saved = wv;
   saved.push_back(xv);
   return Variable::from_op(
       op, std::move(out), std::move(parents),
-      [xv, wv, widths, total, rows, k](const Tensor& g, const std::vector<bool>& needs) {
+      [op, xv, wv, widths, total, rows, k](const Tensor& g, const std::vector<bool>& needs) {
+        const backend::Kernels& kern = backend::kernels_for(op, xv, g);
         std::vector<Tensor> grads(wv.size() + 1);
-        if (needs[0]) grads[0] = Tensor::empty(xv.shape());
+        if (needs[0]) grads[0] = Tensor::empty(xv.shape(), xv.backend());
         std::vector<Tensor> dw(wv.size());
-        packed_backward(g.data(), xv.data(), rows, k, wv, widths, total, needs[0] ? grads[0].data() : nullptr, dw,
+        packed_backward(kern, g.device_data(), xv.device_data(), rows, k, wv, widths, total,
+                        needs[0] ? grads[0].device_data() : nullptr, dw,
                         std::vector<bool>(needs.begin() + 1, needs.end()));
         for (std::size_t i = 0; i < wv.size(); ++i) grads[i + 1] = std::move(dw[i]);
         return grads;
@@ -258,29 +269,13 @@ Variable add_columns(const Variable& x, const Variable& delta, std::int64_t offs
     throw ShapeError(tag(op) + "input " + shape_string(xs) + " and delta " + shape_string(ds) + " at column " +
                      std::to_string(offset) + ": delta must fit inside the input's last dimension");
   }
-  const std::int64_t n = xs.back();
   const std::int64_t w = ds.back();
-  const std::int64_t rows = n == 0 ? 0 : x.value().numel() / n;
-  Tensor out = x.value().clone();
-  float* po = out.data();
-  const float* pd = delta.value().data();
-#pragma omp parallel for schedule(static) if (rows * w > 32768)
-  for (std::int64_t r = 0; r < rows; ++r) {
-    for (std::int64_t j = 0; j < w; ++j) po[r * n + offset + j] += pd[r * w + j];
-  }
-  const Shape delta_shape = ds;
+  Tensor out = backend::kernels_for(op, x.value(), delta.value()).add_columns(x.value(), delta.value(), offset);
   return Variable::from_op(
       op, std::move(out), {x, delta},
-      [n, w, rows, offset, delta_shape](const Tensor& g, const std::vector<bool>& needs) {
+      [op, w, offset](const Tensor& g, const std::vector<bool>& needs) {
         std::vector<Tensor> grads(2);
-        if (needs[1]) {
-          grads[1] = Tensor::empty(delta_shape);
-          const float* pg = g.data();
-          float* p = grads[1].data();
-          for (std::int64_t r = 0; r < rows; ++r) {
-            std::memcpy(p + r * w, pg + r * n + offset, static_cast<std::size_t>(w) * sizeof(float));
-          }
-        }
+        if (needs[1]) grads[1] = backend::kernels_for(op, g).take_columns(g, offset, w);  // (..., w)
         if (needs[0]) grads[0] = g;
         return grads;
       });
@@ -293,9 +288,9 @@ struct PackedGeometry {
 };
 
 /// rope(q), rope(k) of every row of qkv into (B, T, 2C): [rope(q) | rope(k)].
-Tensor rotated_qk(const Tensor& qkv, const PackedGeometry& g, float base) {
-  Tensor rot = Tensor::empty({g.b, g.t, 2 * g.c});  // (B, T, 2C)
-  cpu::rope_packed(qkv.data(), 3 * g.c, rot.data(), 2 * g.c, g.b, g.t, 2 * g.c, g.d, base, false);
+Tensor rotated_qk(const backend::Kernels& kern, const Tensor& qkv, const PackedGeometry& g, float base) {
+  Tensor rot = Tensor::empty({g.b, g.t, 2 * g.c}, qkv.backend());  // (B, T, 2C)
+  kern.rope_packed(qkv.device_data(), 3 * g.c, rot.device_data(), 2 * g.c, g.b, g.t, 2 * g.c, g.d, base, false);
   return rot;
 }
 
@@ -309,38 +304,37 @@ Variable rope_attention_packed(const Variable& qkv, std::int64_t heads, float ro
     throw ShapeError(tag(op) + "qkv " + shape_string(s) + " with " + std::to_string(heads) +
                      " heads: expected (B, T, 3·heads·D) with D even and positive");
   }
-  if (qkv.backend() != Backend::Cpu) {
-    throw BackendError(tag(op) + "no " + std::string(backend_name(qkv.backend())) + " kernel in this build");
-  }
   const PackedGeometry g{s[0], s[1], s[2] / 3, heads, s[2] / 3 / heads};
   const float scale = 1.0F / std::sqrt(static_cast<float>(g.d));
-  const cpu::FlashTiles tiles = cpu::flash_default_tiles(g.d);
   const Tensor x = qkv.value();
-  Tensor out = Tensor::empty({g.b, g.t, g.c});  // (B, T, C), heads merged
-  Tensor lse = Tensor::empty({g.b, heads, g.t});  // (B, H, T)
+  const backend::Kernels& kern = backend::kernels_for(op, x);
+  const backend::FlashTiles tiles = kern.flash_default_tiles(g.d);
+  Tensor out = Tensor::empty({g.b, g.t, g.c}, x.backend());    // (B, T, C), heads merged
+  Tensor lse = Tensor::empty({g.b, heads, g.t}, x.backend());  // (B, H, T)
   {
-    const Tensor rot = rotated_qk(x, g, rope_base);  // (B, T, 2C), freed after the kernel
+    const Tensor rot = rotated_qk(kern, x, g, rope_base);  // (B, T, 2C), freed after the kernel
     const std::int64_t tc2 = g.t * 2 * g.c;
-    cpu::flash_attention_forward(g.b, heads, g.t, g.d, {rot.data(), tc2, g.d, 2 * g.c},
-                                 {rot.data() + g.c, tc2, g.d, 2 * g.c},
-                                 {x.data() + 2 * g.c, g.t * 3 * g.c, g.d, 3 * g.c},
-                                 {out.data(), g.t * g.c, g.d, g.c}, lse.data(), scale, tiles);
+    kern.flash_attention_forward(g.b, heads, g.t, g.d, {rot.device_data(), tc2, g.d, 2 * g.c},
+                                 {rot.device_data() + g.c, tc2, g.d, 2 * g.c},
+                                 {x.device_data() + 2 * g.c, g.t * 3 * g.c, g.d, 3 * g.c},
+                                 {out.device_data(), g.t * g.c, g.d, g.c}, lse.device_data(), scale, tiles);
   }
   const Tensor ov = out;
   return Variable::from_op(
       op, std::move(out), {qkv},
-      [x, ov, lse, g, scale, tiles, rope_base](const Tensor& grad, const std::vector<bool>&) {
-        const Tensor rot = rotated_qk(x, g, rope_base);  // recomputed: (B, T, 2C)
-        Tensor d = Tensor::empty(x.shape());               // (B, T, 3C): [dq | dk | dv]
+      [op, x, ov, lse, g, scale, tiles, rope_base](const Tensor& grad, const std::vector<bool>&) {
+        const backend::Kernels& kern = backend::kernels_for(op, x, grad);
+        const Tensor rot = rotated_qk(kern, x, g, rope_base);  // recomputed: (B, T, 2C)
+        Tensor d = Tensor::empty(x.shape(), x.backend());        // (B, T, 3C): [dq | dk | dv]
         const std::int64_t tc = g.t * g.c, tc2 = 2 * tc, tc3 = 3 * tc;
-        float* pd = d.data();
-        cpu::flash_attention_backward(
-            g.b, g.heads, g.t, g.d, {rot.data(), tc2, g.d, 2 * g.c}, {rot.data() + g.c, tc2, g.d, 2 * g.c},
-            {x.data() + 2 * g.c, tc3, g.d, 3 * g.c}, {ov.data(), tc, g.d, g.c}, {grad.data(), tc, g.d, g.c},
-            lse.data(), {pd, tc3, g.d, 3 * g.c}, {pd + g.c, tc3, g.d, 3 * g.c}, {pd + 2 * g.c, tc3, g.d, 3 * g.c},
-            scale, tiles);
+        float* pd = d.device_data();
+        const float* pr = rot.device_data();
+        kern.flash_attention_backward(g.b, g.heads, g.t, g.d, {pr, tc2, g.d, 2 * g.c}, {pr + g.c, tc2, g.d, 2 * g.c},
+                                      {x.device_data() + 2 * g.c, tc3, g.d, 3 * g.c}, {ov.device_data(), tc, g.d, g.c},
+                                      {grad.device_data(), tc, g.d, g.c}, lse.device_data(), {pd, tc3, g.d, 3 * g.c},
+                                      {pd + g.c, tc3, g.d, 3 * g.c}, {pd + 2 * g.c, tc3, g.d, 3 * g.c}, scale, tiles);
         // d rope(x) → d x: the inverse rotation, in place on the q and k columns.
-        cpu::rope_packed(pd, 3 * g.c, pd, 3 * g.c, g.b, g.t, 2 * g.c, g.d, rope_base, true);
+        kern.rope_packed(pd, 3 * g.c, pd, 3 * g.c, g.b, g.t, 2 * g.c, g.d, rope_base, true);
         return std::vector<Tensor>{std::move(d)};
       },
       {x, ov, lse});
@@ -354,9 +348,9 @@ Variable swiglu_packed(const Variable& gate_up) {
   }
   const Tensor x = gate_up.value();
   return Variable::from_op(
-      op, cpu::swiglu_packed_forward(x), {gate_up},
-      [x](const Tensor& g, const std::vector<bool>&) {
-        return std::vector<Tensor>{cpu::swiglu_packed_backward(x, g)};
+      op, backend::kernels_for(op, x).swiglu_packed_forward(x), {gate_up},
+      [op, x](const Tensor& g, const std::vector<bool>&) {
+        return std::vector<Tensor>{backend::kernels_for(op, x, g).swiglu_packed_backward(x, g)};
       },
       {x});
 }

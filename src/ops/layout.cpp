@@ -1,10 +1,9 @@
 // reshape (shares storage), transpose, permute and repeat_heads (copy into
 // the new layout).
 #include <algorithm>
-#include <cstring>
 #include <limits>
 
-#include "../backend/cpu/kernels.hpp"
+#include "../backend/kernels.hpp"
 #include "op_util.hpp"
 #include "riftco_transformer/ops.hpp"
 
@@ -39,9 +38,9 @@ Variable permute(const Variable& x, const std::vector<std::int64_t>& dims) {
   }
   std::vector<std::int64_t> inverse(perm.size());
   for (std::size_t i = 0; i < perm.size(); ++i) inverse[static_cast<std::size_t>(perm[i])] = static_cast<std::int64_t>(i);
-  return Variable::from_op(op, cpu::permute(x.value(), perm), {x},
-                           [inverse](const Tensor& g, const std::vector<bool>&) {
-                             return std::vector<Tensor>{cpu::permute(g, inverse)};
+  return Variable::from_op(op, backend::kernels_for(op, x.value()).permute(x.value(), perm), {x},
+                           [op, inverse](const Tensor& g, const std::vector<bool>&) {
+                             return std::vector<Tensor>{backend::kernels_for(op, g).permute(g, inverse)};
                            });
 }
 
@@ -61,36 +60,14 @@ Variable repeat_heads(const Variable& x, std::int64_t groups) {
   check_defined(op, "input", x);
   if (x.value().dim() != 4) throw ShapeError(tag(op) + "input " + shape_string(x.shape()) + " must be (B, G, T, D)");
   if (groups < 1) throw ValueError(tag(op) + "groups must be >= 1, got " + std::to_string(groups));
-  if (x.backend() != Backend::Cpu) throw ValueError(tag(op) + "runs on cpu tensors only");
-  const Shape in = x.shape();
-  const std::int64_t b = in[0];
-  const std::int64_t g = in[1];
+  const std::int64_t g = x.shape()[1];
   if (g > 0 && groups > std::numeric_limits<std::int64_t>::max() / g) {  // g · groups would wrap (and write out of bounds)
     throw ValueError(tag(op) + "groups " + std::to_string(groups) + " times " + std::to_string(g) +
                      " heads overflows a dimension");
   }
-  const std::int64_t rows = in[2] * in[3];  // floats per head
-  Tensor out = Tensor::empty({b, g * groups, in[2], in[3]});
-  const float* px = x.value().data();
-  float* po = out.data();
-  for (std::int64_t i = 0; i < b * g; ++i) {
-    for (std::int64_t r = 0; r < groups; ++r) {
-      std::memcpy(po + (i * groups + r) * rows, px + i * rows, static_cast<std::size_t>(rows) * sizeof(float));
-    }
-  }
-  return Variable::from_op(op, std::move(out), {x}, [in, groups](const Tensor& grad, const std::vector<bool>&) {
-    const std::int64_t rows = in[2] * in[3];
-    Tensor dx = Tensor::zeros(in);
-    const float* pg = grad.data();
-    float* pd = dx.data();
-    for (std::int64_t i = 0; i < in[0] * in[1]; ++i) {
-      for (std::int64_t r = 0; r < groups; ++r) {  // fixed order: deterministic
-        const float* src = pg + (i * groups + r) * rows;
-        float* dst = pd + i * rows;
-        for (std::int64_t k = 0; k < rows; ++k) dst[k] += src[k];
-      }
-    }
-    return std::vector<Tensor>{std::move(dx)};
+  Tensor out = backend::kernels_for(op, x.value()).repeat_heads(x.value(), groups);  // (B, G·groups, T, D)
+  return Variable::from_op(op, std::move(out), {x}, [op, groups](const Tensor& grad, const std::vector<bool>&) {
+    return std::vector<Tensor>{backend::kernels_for(op, grad).repeat_heads_backward(grad, groups)};  // (B, G, T, D)
   });
 }
 

@@ -1,5 +1,5 @@
 // rms_norm: fused kernel forward/backward; keeps x and one rstd per row.
-#include "../backend/cpu/kernels.hpp"
+#include "../backend/kernels.hpp"
 #include "op_util.hpp"
 #include "riftco_transformer/ops.hpp"
 
@@ -17,15 +17,15 @@ Variable rms_norm(const Variable& x, const Variable& weight, float eps) {
   const Tensor xv = x.value();
   const Tensor wv = weight.value();
   Tensor rstd;
-  Tensor out = cpu::rms_norm_forward(xv, wv, eps, rstd);
-  return Variable::from_op(
-      op, std::move(out), {x, weight},
-      [xv, wv, rstd](const Tensor& g, const std::vector<bool>& needs) {
-        std::vector<Tensor> grads(2);
-        cpu::rms_norm_backward(xv, wv, rstd, g, grads[0], grads[1], needs[0], needs[1]);
-        return grads;
-      },
-      {xv, wv, rstd});
+  Tensor out = backend::kernels_for(op, xv, wv).rms_norm_forward(xv, wv, eps, rstd);
+  return Variable::from_op(op, std::move(out), {x, weight},
+                           [op, xv, wv, rstd](const Tensor& g, const std::vector<bool>& needs) {
+                             std::vector<Tensor> grads(2);
+                             backend::kernels_for(op, xv, g).rms_norm_backward(xv, wv, rstd, g, grads[0], grads[1],
+                                                                               needs[0], needs[1]);
+                             return grads;
+                           },
+                           {xv, wv, rstd});
 }
 
 }  // namespace riftco_transformer

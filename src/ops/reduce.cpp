@@ -1,6 +1,6 @@
-// sum / mean over all elements. The forward sums serially in float64, so the
-// result does not depend on the thread count.
-#include "../backend/cpu/kernels.hpp"
+// sum / mean over all elements. The forward sums serially in float64 (the
+// backend's sum_all), so the result does not depend on the thread count.
+#include "../backend/kernels.hpp"
 #include "op_util.hpp"
 #include "riftco_transformer/ops.hpp"
 
@@ -9,23 +9,18 @@ using namespace ops_detail;
 
 namespace {
 
-double sum_all(const Tensor& x) {
-  const float* p = x.data();
-  double acc = 0.0;
-  for (std::int64_t i = 0; i < x.numel(); ++i) acc += p[i];
-  return acc;
-}
-
 Variable reduce_all(const char* op, const Variable& x, bool average) {
   check_defined(op, "input", x);
   const std::int64_t n = x.value().numel();
   if (average && n == 0) throw ShapeError(tag(op) + "mean of an empty tensor " + shape_string(x.shape()));
   const float factor = average ? 1.0F / static_cast<float>(n) : 1.0F;
-  const double total = sum_all(x.value());
-  Tensor out = Tensor::scalar(static_cast<float>(average ? total / static_cast<double>(n) : total));
+  const Tensor xv = x.value();
+  const double total = backend::kernels_for(op, xv).sum_all(xv);
+  Tensor out = Tensor::full({}, static_cast<float>(average ? total / static_cast<double>(n) : total), xv.backend());
   const Shape shape = x.shape();
   return Variable::from_op(op, std::move(out), {x}, [shape, factor](const Tensor& g, const std::vector<bool>&) {
-    return std::vector<Tensor>{Tensor::full(shape, g.item() * factor)};
+    // The upstream scalar is read on the host; the gradient is made on g's backend.
+    return std::vector<Tensor>{Tensor::full(shape, g.to(Backend::Cpu).item() * factor, g.backend())};
   });
 }
 

@@ -1,6 +1,6 @@
 // Rotary position embedding: a rotation per pair, so the backward is the
 // inverse rotation of the gradient.
-#include "../backend/cpu/kernels.hpp"
+#include "../backend/kernels.hpp"
 #include "op_util.hpp"
 #include "riftco_transformer/ops.hpp"
 
@@ -15,10 +15,12 @@ Variable rope(const Variable& x, std::int64_t position_offset, float base) {
   }
   if (position_offset < 0) throw ValueError(tag(op) + "position_offset must be >= 0");
   if (!(base > 1.0F)) throw ValueError(tag(op) + "base must be > 1");
-  return Variable::from_op(op, cpu::rope_apply(x.value(), position_offset, base, false), {x},
-                           [position_offset, base](const Tensor& g, const std::vector<bool>&) {
-                             return std::vector<Tensor>{cpu::rope_apply(g, position_offset, base, true)};
-                           });
+  const Tensor xv = x.value();
+  return Variable::from_op(
+      op, backend::kernels_for(op, xv).rope_apply(xv, position_offset, base, false), {x},
+      [op, position_offset, base](const Tensor& g, const std::vector<bool>&) {
+        return std::vector<Tensor>{backend::kernels_for(op, g).rope_apply(g, position_offset, base, true)};
+      });
 }
 
 }  // namespace riftco_transformer

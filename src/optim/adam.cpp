@@ -6,7 +6,7 @@
 #include <utility>
 #include <vector>
 
-#include "../backend/cpu/kernels.hpp"
+#include "../backend/kernels.hpp"
 #include "riftco_transformer/gradient_accumulator.hpp"
 
 namespace riftco_transformer {
@@ -144,20 +144,23 @@ float Adam::update(std::span<const Tensor* const> gradients) {
                        shape_string(m_[i].shape()) + " on " + backend_name(m_[i].backend()) +
                        " (set_value or to() changed it after this Adam was built): build a new Adam for it");
     }
+    if (!with_grad.empty() && value.backend() != params_[with_grad[0]].value().backend()) {
+      throw BackendError("[Adam] parameter '" + params_[i].name() + "' " + shape_string(value.shape()) + " is on " +
+                         backend_name(value.backend()) + " but '" + params_[with_grad[0]].name() + "' is on " +
+                         backend_name(params_[with_grad[0]].value().backend()) +
+                         ": one Adam steps parameters on one backend");
+    }
     with_grad.push_back(i);
-    grads.emplace_back(g.data(), static_cast<std::size_t>(g.numel()));
+    grads.emplace_back(g.device_data(), static_cast<std::size_t>(g.numel()));  // the backend's memory
   }
-  const double squares = cpu::sum_of_squares(grads);
+  const backend::Kernels& kernels =
+      backend::kernels(with_grad.empty() ? Backend::Cpu : params_[with_grad[0]].value().backend(), "Adam");
+  const double squares = kernels.sum_of_squares(grads);
   if (!std::isfinite(static_cast<float>(std::sqrt(squares)))) {
     // One pass to name the culprit; only on this failure path.
     std::string culprit;
     for (std::size_t k = 0; k < with_grad.size() && culprit.empty(); ++k) {
-      for (const float g : grads[k]) {
-        if (!std::isfinite(g)) {
-          culprit = params_[with_grad[k]].name();
-          break;
-        }
-      }
+      if (!kernels.all_finite(grads[k])) culprit = params_[with_grad[k]].name();
     }
     throw ValueError("[Adam] the gradient norm is not finite" +
                      (culprit.empty() ? std::string(" (it overflowed)") : " ('" + culprit + "' has a non-finite gradient)") +
@@ -169,7 +172,7 @@ float Adam::update(std::span<const Tensor* const> gradients) {
 
   ++steps_;
   const auto t = static_cast<double>(steps_);
-  cpu::AdamCoefficients c{};
+  backend::AdamCoefficients c{};
   c.beta1 = options_.beta1;
   c.beta2 = options_.beta2;
   c.bias1 = static_cast<float>(1.0 - std::pow(static_cast<double>(options_.beta1), t));
@@ -177,18 +180,18 @@ float Adam::update(std::span<const Tensor* const> gradients) {
   c.learning_rate = options_.learning_rate;
   c.epsilon = options_.epsilon;
   c.clip = clip;
-  std::vector<cpu::AdamUpdate> updates;
+  std::vector<backend::AdamUpdate> updates;
   updates.reserve(with_grad.size());
   for (std::size_t k = 0; k < with_grad.size(); ++k) {
     const std::size_t i = with_grad[k];
     // Bumps the buffer's version (every graph that read it becomes stale);
     // the pointer is then taken without a second bump.
     Tensor theta_handle = params_[i].mutable_value("updated in place by Adam::step");
-    auto* theta = const_cast<float*>(std::as_const(theta_handle).data());
-    updates.push_back({theta, m_[i].data(), v_[i].data(), grads[k].data(), params_[i].value().numel(),
+    auto* theta = const_cast<float*>(std::as_const(theta_handle).device_data());
+    updates.push_back({theta, m_[i].device_data(), v_[i].device_data(), grads[k].data(), params_[i].value().numel(),
                        1.0F - options_.learning_rate * weight_decay_[i]});
   }
-  cpu::adam_update(updates, c);
+  kernels.adam_update(updates, c);
   return norm;
 }
 

@@ -2,7 +2,8 @@
 
 #include <cmath>
 #include <string>
-#include <utility>  // std::as_const
+
+#include "../backend/kernels.hpp"
 
 namespace riftco_transformer {
 
@@ -20,11 +21,11 @@ void GradientAccumulator::add(float weight) {
   for (std::size_t i = 0; i < params_.size(); ++i) {
     const Tensor& g = params_[i].grad();
     if (!g.defined()) continue;
-    if (g.backend() != Backend::Cpu) {
-      throw ShapeError("[GradientAccumulator] the gradient of '" + params_[i].name() + "' is on " +
-                       backend_name(g.backend()) + "; accumulation runs on cpu");
-    }
     const Tensor& sum = sums_[i];
+    if (sum.defined() && sum.backend() != g.backend()) {
+      throw BackendError("[GradientAccumulator] the gradient of '" + params_[i].name() + "' is on " +
+                         backend_name(g.backend()) + ", but earlier ones were on " + backend_name(sum.backend()));
+    }
     if (sum.defined() ? g.shape() != sum.shape() : g.shape() != params_[i].value().shape()) {
       throw ShapeError("[GradientAccumulator] the gradient of '" + params_[i].name() + "' is " +
                        shape_string(g.shape()) + ", but " + (sum.defined() ? "earlier ones were " : "the value is ") +
@@ -34,18 +35,12 @@ void GradientAccumulator::add(float weight) {
   for (std::size_t i = 0; i < params_.size(); ++i) {
     const Tensor& g = params_[i].grad();
     if (!g.defined()) continue;
-    const float* src = std::as_const(g).data();
-    const std::int64_t n = g.numel();
+    // Elementwise on g's backend: the bits do not depend on the thread count.
+    const backend::Kernels& kernels = backend::kernels(g.backend(), "GradientAccumulator");
     if (!sums_[i].defined()) {
-      sums_[i] = Tensor::zeros(g.shape(), Backend::Cpu);
-      float* dst = sums_[i].data();
-      // Elementwise: the bits do not depend on the thread count.
-#pragma omp parallel for schedule(static) if (n > 65536)
-      for (std::int64_t j = 0; j < n; ++j) dst[j] = weight * src[j];
+      sums_[i] = kernels.scale(g, weight);  // weight · g
     } else {
-      float* dst = sums_[i].data();
-#pragma omp parallel for schedule(static) if (n > 65536)
-      for (std::int64_t j = 0; j < n; ++j) dst[j] += weight * src[j];
+      kernels.axpy_inplace(sums_[i], weight, g);  // sum += weight · g
     }
   }
   ++count_;

@@ -9,6 +9,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "device_runtime.hpp"
 #include "riftco_transformer/errors.hpp"
 
 namespace riftco_transformer {
@@ -33,6 +34,13 @@ namespace {
 //
 // live/peak/allocation/free counters count requested bytes exactly as
 // before; reserved_bytes counts what the allocator holds.
+//
+// CUDA buffers (cudaMalloc, device_runtime.hpp) go through the same classes,
+// counters and cap, except that every size is cached (cudaMalloc and
+// cudaFree are slow and synchronize the device) and classes below
+// kCachedMinimum are multiples of 512 bytes. A block freed to the cache may
+// still be read by a kernel in flight: every kernel and copy runs on the
+// legacy default stream, so the next user of the block is ordered after it.
 
 constexpr std::size_t kAlign = 64;
 constexpr std::size_t kCachedMinimum = std::size_t{1} << 16;  // 64 KiB
@@ -44,6 +52,8 @@ constexpr bool kCaching = false;
 #else
 constexpr bool kCaching = true;
 #endif
+
+constexpr std::size_t kCudaAlign = 512;
 
 std::size_t size_class(std::size_t bytes) {
   if (bytes < kCachedMinimum) return (bytes + kAlign - 1) / kAlign * kAlign;
@@ -75,10 +85,33 @@ void raise_peak(Counters& c, std::int64_t live) {
   }
 }
 
-void* system_allocate(std::size_t bytes) {
+/// The block size the allocator hands out for a request on `backend`.
+std::size_t block_size(Backend backend, std::size_t bytes) {
+  if (backend == Backend::Cuda && bytes < kCachedMinimum) {
+    return std::max((bytes + kCudaAlign - 1) / kCudaAlign * kCudaAlign, kCudaAlign);
+  }
+  return std::max(size_class(bytes), kAlign);
+}
+
+/// Whether freed blocks of this size are kept for reuse.
+bool cached(Backend backend, std::size_t rounded) {
+  if (backend == Backend::Cuda) return true;
+  return kCaching && rounded >= kCachedMinimum;
+}
+
+void* system_allocate(Backend backend, std::size_t bytes) {
+  if (backend == Backend::Cuda) return detail::cuda_malloc(bytes);
   void* ptr = std::aligned_alloc(kAlign, bytes);
   if (ptr == nullptr) throw std::bad_alloc();
   return ptr;
+}
+
+void system_free(Backend backend, void* ptr) noexcept {
+  if (backend == Backend::Cuda) {
+    detail::cuda_free(ptr);
+  } else {
+    std::free(ptr);
+  }
 }
 
 }  // namespace
@@ -99,7 +132,7 @@ Backend parse_backend(const std::string& name, const char* op) {
   throw ValueError(std::string("[") + op + "] unknown backend '" + name + "' (expected 'cpu' or 'cuda')");
 }
 
-bool backend_available(Backend backend) { return backend == Backend::Cpu; }
+bool backend_available(Backend backend) { return backend == Backend::Cpu || detail::cuda_device_present(); }
 
 MemoryStats memory_stats(Backend backend) {
   Counters& c = counters(backend);
@@ -122,7 +155,7 @@ std::int64_t release_cached_memory(Backend backend) {
   }
   std::int64_t released = 0;
   for (auto& [size, blocks] : lists) {
-    for (void* p : blocks) std::free(p);
+    for (void* p : blocks) system_free(backend, p);
     released += static_cast<std::int64_t>(size * blocks.size());
   }
   return released;
@@ -131,14 +164,13 @@ std::int64_t release_cached_memory(Backend backend) {
 namespace detail {
 
 void* allocate_bytes(Backend backend, std::size_t bytes) {
-  if (backend != Backend::Cpu) {
-    throw BackendError(std::string("[allocate] the ") + backend_name(backend) +
-                       " backend is not built in this package");
+  if (!backend_available(backend)) {
+    throw BackendError(std::string("[allocate] ") + detail::cuda_unavailable_reason());
   }
   Counters& c = counters(backend);
-  const std::size_t rounded = std::max(size_class(bytes), kAlign);
+  const std::size_t rounded = block_size(backend, bytes);
   void* ptr = nullptr;
-  if (kCaching && rounded >= kCachedMinimum) {
+  if (cached(backend, rounded)) {
     std::lock_guard<std::mutex> guard(c.lock);
     auto it = c.free_lists.find(rounded);
     if (it != c.free_lists.end() && !it->second.empty()) {
@@ -148,7 +180,13 @@ void* allocate_bytes(Backend backend, std::size_t bytes) {
     }
   }
   if (ptr == nullptr) {
-    ptr = system_allocate(rounded);
+    try {
+      ptr = system_allocate(backend, rounded);
+    } catch (const BackendError&) {
+      // Out of device memory with blocks cached: give them back and try once more.
+      if (backend != Backend::Cuda || release_cached_memory(backend) == 0) throw;
+      ptr = system_allocate(backend, rounded);
+    }
     c.reserved.fetch_add(static_cast<std::int64_t>(rounded));
   }
   const std::int64_t live = c.live.fetch_add(static_cast<std::int64_t>(bytes)) + static_cast<std::int64_t>(bytes);
@@ -162,8 +200,8 @@ void free_bytes(Backend backend, void* ptr, std::size_t bytes) noexcept {
   Counters& c = counters(backend);
   const std::int64_t live_before = c.live.fetch_sub(static_cast<std::int64_t>(bytes));
   c.frees.fetch_add(1);
-  const std::size_t rounded = std::max(size_class(bytes), kAlign);
-  if (kCaching && rounded >= kCachedMinimum) {
+  const std::size_t rounded = block_size(backend, bytes);
+  if (cached(backend, rounded)) {
     try {
       std::lock_guard<std::mutex> guard(c.lock);
       c.high_water = std::max(c.high_water, live_before);
@@ -176,7 +214,7 @@ void free_bytes(Backend backend, void* ptr, std::size_t bytes) noexcept {
       // fall through: give the block back to the system
     }
   }
-  std::free(ptr);
+  system_free(backend, ptr);
   c.reserved.fetch_sub(static_cast<std::int64_t>(rounded));
 }
 

@@ -2,10 +2,13 @@
 
 #include <algorithm>
 #include <atomic>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <sstream>
+
+#include "device_runtime.hpp"
 
 namespace riftco_transformer {
 
@@ -36,6 +39,27 @@ std::int64_t shape_numel(const Shape& shape, const char* op) {
 namespace {
 std::atomic<std::uint64_t> g_next_storage_serial{1};
 thread_local std::vector<OutsideWriteWatch*> t_write_watches;
+
+/// cudaMemcpy direction between two backends (at least one of them cuda).
+detail::CopyKind copy_kind(Backend from, Backend to) {
+  if (from == Backend::Cpu) return detail::CopyKind::HostToDevice;
+  return to == Backend::Cpu ? detail::CopyKind::DeviceToHost : detail::CopyKind::DeviceToDevice;
+}
+
+/// Copies `bytes` between buffers on any two backends.
+void copy_bytes(void* dst, Backend dst_backend, const void* src, Backend src_backend, std::size_t bytes,
+                const char* op) {
+  if (dst_backend == Backend::Cpu && src_backend == Backend::Cpu) {
+    std::memcpy(dst, src, bytes);
+  } else {
+    detail::cuda_copy(dst, src, bytes, copy_kind(src_backend, dst_backend), op);
+  }
+}
+
+[[noreturn]] void host_access_error(Backend backend) {
+  throw BackendError(std::string("[tensor] data() needs a cpu tensor, this one is on ") + backend_name(backend) +
+                     " (copy it with to(Backend::Cpu))");
+}
 }  // namespace
 
 Storage::Storage(Backend backend, std::int64_t numel)
@@ -63,9 +87,7 @@ Storage::~Storage() { detail::free_bytes(backend_, data_, static_cast<std::size_
 Tensor Tensor::empty(const Shape& shape, Backend backend) {
   Tensor t;
   t.numel_ = shape_numel(shape, "tensor");
-  if (!backend_available(backend)) {
-    throw BackendError(std::string("[tensor] the ") + backend_name(backend) + " backend is not built in this package");
-  }
+  if (!backend_available(backend)) throw BackendError("[tensor] " + detail::cuda_unavailable_reason());
   t.storage_ = std::make_shared<Storage>(backend, t.numel_);
   t.shape_ = shape;
   return t;
@@ -131,8 +153,19 @@ float* Tensor::data() { return data_for_write("written through a data() pointer"
 
 float* Tensor::data_for_write(const char* why) {
   if (!storage_) throw ValueError("[tensor] data() of an undefined tensor");
-  if (storage_->backend() != Backend::Cpu) throw BackendError("[tensor] data() needs a cpu tensor");
+  if (storage_->backend() != Backend::Cpu) host_access_error(storage_->backend());
   storage_->bump_version(why);
+  return storage_->data();
+}
+
+float* Tensor::device_data() {
+  if (!storage_) throw ValueError("[tensor] device_data() of an undefined tensor");
+  storage_->bump_version("written through a device_data() pointer");
+  return storage_->data();
+}
+
+const float* Tensor::device_data() const {
+  if (!storage_) throw ValueError("[tensor] device_data() of an undefined tensor");
   return storage_->data();
 }
 
@@ -143,14 +176,18 @@ void Tensor::bump_version(const char* why) {
 
 const float* Tensor::data() const {
   if (!storage_) throw ValueError("[tensor] data() of an undefined tensor");
-  if (storage_->backend() != Backend::Cpu) throw BackendError("[tensor] data() needs a cpu tensor");
+  if (storage_->backend() != Backend::Cpu) host_access_error(storage_->backend());
   return storage_->data();
 }
 
 Tensor Tensor::clone() const {
   if (!defined()) return {};
   Tensor t = empty(shape_, backend());
-  std::memcpy(t.data(), data(), static_cast<std::size_t>(nbytes()));
+  if (backend() == Backend::Cpu) {
+    std::memcpy(t.data(), data(), static_cast<std::size_t>(nbytes()));
+  } else {
+    copy_bytes(t.device_data(), backend(), storage_->data(), backend(), static_cast<std::size_t>(nbytes()), "clone");
+  }
   return t;
 }
 
@@ -185,13 +222,18 @@ Tensor Tensor::reshape(const Shape& shape) const {
 Tensor Tensor::to(Backend target) const {
   if (!defined()) throw ValueError("[to] undefined tensor");
   if (target == backend()) return *this;
-  throw BackendError(std::string("[to] the ") + backend_name(target) + " backend is not built in this package");
+  if (!backend_available(target)) throw BackendError("[to] " + detail::cuda_unavailable_reason());
+  Tensor t = empty(shape_, target);
+  copy_bytes(t.device_data(), target, storage_->data(), backend(), static_cast<std::size_t>(nbytes()), "to");
+  return t;
 }
 
 std::vector<float> Tensor::to_vector() const {
   if (!defined()) return {};
-  const float* p = data();
-  return {p, p + numel_};
+  std::vector<float> values(static_cast<std::size_t>(numel_));
+  copy_bytes(values.data(), Backend::Cpu, storage_->data(), backend(), static_cast<std::size_t>(nbytes()),
+             "to_vector");
+  return values;
 }
 
 float Tensor::at(std::initializer_list<std::int64_t> index) const {
@@ -217,8 +259,20 @@ float Tensor::item() const {
 }
 
 void Tensor::fill(float value) {
-  float* p = data_for_write("filled in place");
-  std::fill(p, p + numel_, value);
+  if (!storage_) throw ValueError("[tensor] fill() of an undefined tensor");
+  if (backend() == Backend::Cpu) {
+    float* p = data_for_write("filled in place");
+    std::fill(p, p + numel_, value);
+    return;
+  }
+  storage_->bump_version("filled in place");
+  const auto bytes = static_cast<std::size_t>(nbytes());
+  if (std::bit_cast<std::uint32_t>(value) == 0) {  // +0.0: every byte zero
+    detail::cuda_zero(storage_->data(), bytes, "fill");
+  } else {
+    const std::vector<float> host(static_cast<std::size_t>(numel_), value);
+    detail::cuda_copy(storage_->data(), host.data(), bytes, detail::CopyKind::HostToDevice, "fill");
+  }
 }
 
 void Tensor::copy_from(const Tensor& other) {
@@ -227,6 +281,12 @@ void Tensor::copy_from(const Tensor& other) {
                      shape_string(other.shape_) + " differ");
   }
   if (storage_ == other.storage_) return;
+  if (storage_ && other.storage_ && (backend() != Backend::Cpu || other.backend() != Backend::Cpu)) {
+    storage_->bump_version("overwritten by copy_from");
+    copy_bytes(storage_->data(), backend(), other.storage_->data(), other.backend(),
+               static_cast<std::size_t>(nbytes()), "copy_from");
+    return;
+  }
   const float* source = other.data();
   std::memcpy(data_for_write("overwritten by copy_from"), source, static_cast<std::size_t>(nbytes()));
 }

@@ -44,6 +44,7 @@ MemoryEstimate estimate_training_memory(const TransformerDimensions& d, std::int
   // blocks for segments.
   double live_blocks = dd(d.layers);
   if (s.activation_checkpointing == ActivationCheckpointingKind::TransformerBlock) live_blocks = 1.0;
+  if (s.activation_memory_budget > 0) live_blocks = 1.0;  // a plan may checkpoint every block
   if (s.activation_checkpointing == ActivationCheckpointingKind::BlockSegments) {
     const std::int64_t k = s.checkpoint_segment_blocks > 0
                                ? std::min(s.checkpoint_segment_blocks, d.layers)

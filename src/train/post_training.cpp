@@ -37,7 +37,8 @@ void PostTrainingConfig::validate_for(const TransformerDimensions& base) const {
   if (fine_tuning_method == FineTuningMethod::Lora) lora.validate_for(base, "PostTrainingConfig");
 }
 
-RunResult run_post_training(const PostTrainingConfig& config, const ProgressCallback& progress) {
+RunResult run_post_training(const PostTrainingConfig& config, const ProgressCallback& progress,
+                            const NoticeCallback& notice) {
   config.validate();
   // The base model's recorded tokenizer must be the one given (or none).
   const Tokenizer tokenizer = tokenizer_for_model(config.base_model, config.tokenizer, false);
@@ -106,7 +107,7 @@ RunResult run_post_training(const PostTrainingConfig& config, const ProgressCall
     }
     return path;
   };
-  return stage::run(run, progress);
+  return stage::run(run, progress, notice);
 }
 
 }  // namespace riftco_transformer

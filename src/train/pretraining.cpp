@@ -35,7 +35,8 @@ TransformerDimensions PretrainingConfig::dimensions_for(const Tokenizer& t) cons
   return d;
 }
 
-RunResult run_pretraining(const PretrainingConfig& config, const ProgressCallback& progress) {
+RunResult run_pretraining(const PretrainingConfig& config, const ProgressCallback& progress,
+                          const NoticeCallback& notice) {
   config.validate();
   // Everything that can fail on bad input happens before the output
   // directory is touched, a run too large for this machine included.
@@ -90,7 +91,7 @@ RunResult run_pretraining(const PretrainingConfig& config, const ProgressCallbac
     save_model_state(model, path, record);
     return path;
   };
-  return stage::run(run, progress);
+  return stage::run(run, progress, notice);
 }
 
 }  // namespace riftco_transformer

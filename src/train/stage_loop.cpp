@@ -18,6 +18,7 @@
 #include "riftco_transformer/gradient_accumulator.hpp"
 #include "riftco_transformer/atomic_file.hpp"
 #include "riftco_transformer/memory.hpp"
+#include "riftco_transformer/memory_plan.hpp"
 #include "riftco_transformer/model_state.hpp"
 #include "riftco_transformer/plot.hpp"
 #include "training_checkpoint.hpp"
@@ -28,7 +29,31 @@ namespace {
 constexpr std::uint64_t kEvalSeedOffset = 0x9E3779B97F4A7C15ULL;
 /// The fields of a metrics.jsonl row (StepReport).
 constexpr const char* kMetricsFields[] = {"step",           "loss",          "learning_rate", "grad_norm",
-                                          "tokens_per_second", "elapsed_seconds", "peak_bytes", "validation_loss"};
+                                          "tokens_per_second", "elapsed_seconds", "peak_bytes", "validation_loss",
+                                          "activation_peak_bytes"};
+
+/// metadata.json's record of an activation memory plan.
+nlohmann::json plan_json(const ActivationMemoryProfile& profile, const ActivationMemoryPlan& plan) {
+  nlohmann::json groups = nlohmann::json::array();
+  for (const CheckpointGroup& g : plan.plan) {
+    groups.push_back({{"blocks", g.blocks}, {"recompute", block_recompute_name(g.recompute)}});
+  }
+  nlohmann::json kept = nlohmann::json::object();
+  for (const BlockRecompute option :
+       {BlockRecompute::Nothing, BlockRecompute::Attention, BlockRecompute::Mlp, BlockRecompute::Whole}) {
+    kept[block_recompute_name(option)] = profile.kept_bytes(option);
+  }
+  return {{"budget_bytes", plan.budget_bytes},
+          {"summary", describe_plan(plan.plan)},
+          {"groups", groups},
+          {"predicted_peak_bytes", plan.predicted_peak_bytes},
+          {"disabled_peak_bytes", plan.disabled_peak_bytes},
+          {"smallest_feasible_bytes", plan.smallest_feasible_bytes},
+          {"recompute_flops_per_step", plan.recompute_flops},
+          {"forward_flops_per_step", profile.forward_flops},
+          {"kept_bytes_per_block", kept},
+          {"block_gradient_bytes", profile.block_gradient_bytes}};
+}
 
 float evaluate(StageRun& r) {
   const StageSettings& s = *r.settings;
@@ -168,7 +193,7 @@ nlohmann::json groups_json(const std::vector<NamedParameter>& ordered, const Ada
 
 }  // namespace
 
-RunResult run(StageRun& r, const ProgressCallback& progress) {
+RunResult run(StageRun& r, const ProgressCallback& progress, const NoticeCallback& notice) {
   const StageSettings& s = *r.settings;
   DecoderOnlyTransformer& model = *r.model;
   const std::filesystem::path dir = s.output_dir;
@@ -181,16 +206,25 @@ RunResult run(StageRun& r, const ProgressCallback& progress) {
                      " holds a completed run and no training checkpoint: nothing to resume (use a new output "
                      "directory, or drop resume to train it again)");
   }
-  make_directory(dir);
-  write_file_atomically(dir / ".write_probe", "");  // an unwritable directory fails now, not after training
-  remove_file(dir / ".write_probe");
-  remove_stale_temporaries(dir);  // left by a process killed inside a save
-
   model.set_attention_kind(s.attention);
   model.set_activation_checkpointing_kind(s.activation_checkpointing);
   model.set_checkpoint_segment_blocks(s.checkpoint_segment_blocks);
   model.set_dropout(s.dropout, s.seed + 1);
   model.set_training(true);
+  RunResult result;
+  if (s.activation_memory_budget > 0) {  // planned before any file is touched: an infeasible budget changes nothing
+    const ActivationMemoryProfile profile = profile_activation_memory(model, s.batch, s.sequence_length);
+    const ActivationMemoryPlan plan = plan_activation_memory(profile, s.activation_memory_budget);
+    model.set_activation_checkpointing_plan(plan.plan);
+    r.facts["activation_memory_plan"] = plan_json(profile, plan);
+    result.activation_memory_plan = describe_activation_memory_plan(profile, plan);
+    if (notice) notice(result.activation_memory_plan);
+  }
+
+  make_directory(dir);
+  write_file_atomically(dir / ".write_probe", "");  // an unwritable directory fails now, not after training
+  remove_file(dir / ".write_probe");
+  remove_stale_temporaries(dir);  // left by a process killed inside a save
 
   AdamOptions options;
   options.learning_rate = s.learning_rate;
@@ -210,7 +244,6 @@ RunResult run(StageRun& r, const ProgressCallback& progress) {
   Random data_random(s.seed);
   state.data_random = data_random.state();
   state.dropout_random = model.dropout_random().state();
-  RunResult result;
   result.output_dir = dir;
   std::vector<nlohmann::json> rows;
   if (s.resume && file_exists(checkpoint_path)) {
@@ -240,6 +273,20 @@ RunResult run(StageRun& r, const ProgressCallback& progress) {
   if (!metrics) throw Error("[pipeline] cannot open " + partial_path.string() + ": " + std::strerror(errno));
 
   reset_peak_memory();
+  // Each micro-batch's forward + backward is measured on its own (the
+  // activation peak the budget bounds); run_peak keeps the run's overall peak
+  // across those resets.
+  std::int64_t run_peak = memory_stats().peak_bytes;
+  std::int64_t activation_peak = 0;
+  std::int64_t live_before_pass = 0;
+  const auto start_pass = [&] {
+    run_peak = std::max(run_peak, memory_stats().peak_bytes);
+    live_before_pass = memory_stats().live_bytes;
+    reset_peak_memory();
+  };
+  const auto end_pass = [&] {
+    activation_peak = std::max(activation_peak, memory_stats().peak_bytes - live_before_pass);
+  };
   const auto start = std::chrono::steady_clock::now();
   std::int64_t tokens_seen = 0;
   float last_loss = rows.empty() ? 0.0F : rows.back()["loss"].get<float>();
@@ -267,10 +314,12 @@ RunResult run(StageRun& r, const ProgressCallback& progress) {
     float grad_norm = 0.0F;
     if (micro_batches == 1) {
       const TokenBatch& batch = batches.front();
+      start_pass();
       Variable loss = model.loss(batch.tokens, batch.targets, batch.batch);
       last_loss = loss.value().item();
       if (!std::isfinite(last_loss)) throw diverged("the training loss is " + std::to_string(last_loss));
       loss.backward();
+      end_pass();
       loss = Variable();  // release the graph before the update
       try {
         grad_norm = adam.step();  // refuses a non-finite gradient before changing anything
@@ -283,6 +332,7 @@ RunResult run(StageRun& r, const ProgressCallback& progress) {
         const auto ks = static_cast<std::size_t>(k);
         if (counts[ks] == 0 && real_targets > 0) continue;  // weight 0: nothing to add
         const TokenBatch& batch = batches[ks];
+        start_pass();
         Variable loss = model.loss(batch.tokens, batch.targets, batch.batch);
         const float value = loss.value().item();
         if (!std::isfinite(value)) {
@@ -290,6 +340,7 @@ RunResult run(StageRun& r, const ProgressCallback& progress) {
                          std::to_string(micro_batches) + " is " + std::to_string(value));
         }
         loss.backward();
+        end_pass();
         loss = Variable();
         const double weight = real_targets > 0 ? static_cast<double>(counts[ks]) / static_cast<double>(real_targets)
                                                : 1.0 / static_cast<double>(micro_batches);
@@ -319,7 +370,8 @@ RunResult run(StageRun& r, const ProgressCallback& progress) {
     report.tokens_per_second = report.elapsed_seconds > 0 ? static_cast<double>(tokens_seen) / report.elapsed_seconds : 0;
     const std::int64_t done_here = step + 1 - result.resumed_from_step;
     report.eta_seconds = report.elapsed_seconds / static_cast<double>(done_here) * static_cast<double>(s.steps - step - 1);
-    report.peak_bytes = memory_stats().peak_bytes;
+    report.peak_bytes = std::max(run_peak, memory_stats().peak_bytes);
+    report.activation_peak_bytes = activation_peak;
     const bool last = step + 1 == s.steps;
     if ((s.eval_interval > 0 && (step + 1) % s.eval_interval == 0) || last) {
       last_validation = evaluate(r);
@@ -331,7 +383,8 @@ RunResult run(StageRun& r, const ProgressCallback& progress) {
                           {"grad_norm", report.grad_norm},
                           {"tokens_per_second", report.tokens_per_second},
                           {"elapsed_seconds", report.elapsed_seconds},
-                          {"peak_bytes", report.peak_bytes}};
+                          {"peak_bytes", report.peak_bytes},
+                          {"activation_peak_bytes", report.activation_peak_bytes}};
     if (report.validation_loss) row["validation_loss"] = *report.validation_loss;
     metrics << row.dump() << '\n' << std::flush;
     if (!metrics) {
@@ -351,6 +404,7 @@ RunResult run(StageRun& r, const ProgressCallback& progress) {
     result.final_train_loss = last_loss;
     result.tokens_per_second = report.tokens_per_second;
     result.peak_bytes = report.peak_bytes;
+    result.activation_peak_bytes = report.activation_peak_bytes;
     if (progress && !progress(report)) return result;  // interrupted: no final files
   }
   metrics.close();
@@ -378,7 +432,8 @@ RunResult run(StageRun& r, const ProgressCallback& progress) {
         {"final_train_loss", result.final_train_loss},
         {"final_validation_loss", result.final_validation_loss},
         {"tokens_per_second", result.tokens_per_second},
-        {"peak_memory_bytes", result.peak_bytes}}},
+        {"peak_memory_bytes", result.peak_bytes},
+        {"activation_peak_bytes", result.activation_peak_bytes}}},
       {"facts", r.facts},
       {"files",
        {{"weights", result.weights.filename().string()},

@@ -25,7 +25,7 @@ struct StageRun {
   nlohmann::json facts;
 };
 
-RunResult run(StageRun& run, const ProgressCallback& progress);
+RunResult run(StageRun& run, const ProgressCallback& progress, const NoticeCallback& notice = {});
 
 /// FNV-1a 64 of `bytes` as 16 hex digits: a resumed run checks its data and
 /// base model are the ones it started with.

@@ -91,6 +91,11 @@ void validate_settings(const StageSettings& s, std::int64_t context_length, cons
   if (!(s.beta1 >= 0.0F && s.beta1 < 1.0F) || !(s.beta2 >= 0.0F && s.beta2 < 1.0F)) bad("betas must be in [0, 1)");
   if (!(s.dropout >= 0.0F && s.dropout < 1.0F)) bad("dropout must be in [0, 1)");
   if (s.checkpoint_segment_blocks < 0) bad("checkpoint_segment_blocks must be >= 0");
+  if (s.activation_memory_budget < 0) bad("activation_memory_budget must be >= 0 bytes (0: no budget)");
+  if (s.activation_memory_budget > 0 && s.activation_checkpointing != ActivationCheckpointingKind::Disabled) {
+    bad(std::string("activation_memory_budget chooses what each block recomputes: leave activation_checkpointing "
+                    "'disabled' (it is '") + activation_checkpointing_name(s.activation_checkpointing) + "')");
+  }
   if (s.eval_interval < 0) bad("eval_interval must be >= 0");
   if (s.eval_batches <= 0 || s.eval_batches > 100000) {
     bad("eval_batches must be in [1, 100000], got " + std::to_string(s.eval_batches));
@@ -110,6 +115,7 @@ nlohmann::json settings_json(const StageSettings& s) {
   return {{"attention", attention_kind_name(s.attention)},
           {"activation_checkpointing", activation_checkpointing_name(s.activation_checkpointing)},
           {"checkpoint_segment_blocks", s.checkpoint_segment_blocks},
+          {"activation_memory_budget", s.activation_memory_budget},
           {"dropout", json_number(s.dropout)},
           {"data", s.data.string()},
           {"tokenizer", s.tokenizer.string()},

@@ -148,8 +148,8 @@ static void test_struct_init(void) {
 }
 
 static void test_version_and_names(void) {
-  CHECK(rt_abi_version() == ((2u << 16) | 1u));
-  CHECK(RT_ABI_VERSION_MAJOR == 2 && RT_ABI_VERSION_MINOR == 1);
+  CHECK(rt_abi_version() == ((2u << 16) | 2u));
+  CHECK(RT_ABI_VERSION_MAJOR == 2 && RT_ABI_VERSION_MINOR == 2);
   CHECK(strcmp(rt_status_name(RT_ERROR_STALE_GRAPH), "RT_ERROR_STALE_GRAPH") == 0);
   CHECK(strcmp(rt_status_name((rt_status)99), "unknown") == 0);
 }
@@ -175,6 +175,8 @@ static void test_policy_and_parity(void) {
   /* Bad enums: refused by name, the model unchanged and usable. */
   FAILS(rt_model_set_activation_checkpointing(model, (rt_activation_checkpointing)7), RT_ERROR_INVALID_ARGUMENT,
         "activation checkpointing 7");
+  FAILS(rt_model_set_activation_checkpointing(model, RT_ACTIVATION_CHECKPOINTING_PLANNED), RT_ERROR_INVALID_ARGUMENT,
+        "RT_ACTIVATION_CHECKPOINTING_PLANNED");
   FAILS(rt_model_set_attention(model, (rt_attention)-1), RT_ERROR_INVALID_ARGUMENT, "attention -1");
   OK(rt_model_activation_checkpointing(model, &kind));
   CHECK(kind == RT_ACTIVATION_CHECKPOINTING_BLOCK_SEGMENTS);
@@ -554,8 +556,10 @@ static void test_pipelines(void) {
     FAILS(rt_run_pretraining(&fresh_dir, NULL, NULL, &small), RT_ERROR_INVALID_ARGUMENT, "result->struct_size");
     CHECK(access(path_in("never"), F_OK) != 0); /* refused before anything was trained or written */
   }
-  c.stage.activation_checkpointing = (rt_activation_checkpointing)5;
-  FAILS(rt_run_pretraining(&c, NULL, NULL, &r), RT_ERROR_INVALID_ARGUMENT, "activation checkpointing 5");
+  c.stage.activation_checkpointing = (rt_activation_checkpointing)6;
+  FAILS(rt_run_pretraining(&c, NULL, NULL, &r), RT_ERROR_INVALID_ARGUMENT, "activation checkpointing 6");
+  c.stage.activation_checkpointing = RT_ACTIVATION_CHECKPOINTING_PLANNED; /* reported, never set */
+  FAILS(rt_run_pretraining(&c, NULL, NULL, &r), RT_ERROR_INVALID_ARGUMENT, "activation memory budget");
   c.stage.activation_checkpointing = RT_ACTIVATION_CHECKPOINTING_DISABLED;
   c.stage.learning_rate = -1.0f;
   c.stage.resume = 0;
@@ -1036,6 +1040,51 @@ static void test_struct_sizes_read_no_further(void) {
   }
 }
 
+/* A budget: every step's activation peak (the progress report's appended
+ * field) stays under it, and a budget no plan fits is refused, naming the
+ * smallest, before anything is written. */
+static int max_activation_peak(const rt_step_report* report, void* user_data) {
+  int64_t* peak = (int64_t*)user_data;
+  CHECK(report->struct_size >= sizeof(rt_step_report));
+  if (report->activation_peak_bytes > *peak) *peak = report->activation_peak_bytes;
+  return 0;
+}
+
+static void test_activation_memory_budget(void) {
+  rt_pretraining_config c;
+  OK(rt_pretraining_config_default(&c));
+  CHECK(c.activation_memory_budget == 0);
+  c.model.context_length = 32;
+  c.model.model_width = 32;
+  c.model.heads = 2;
+  c.model.layers = 4;
+  c.model.feed_forward_width = 64;
+  c.stage.data = path_in("corpus.txt");
+  c.stage.output_dir = path_in("budget_free");
+  c.stage.steps = 2;
+  c.stage.batch = 2;
+  c.stage.sequence_length = 32;
+  c.stage.eval_batches = 1;
+  c.stage.checkpoint_interval = 0;
+  rt_run_result r;
+  r.struct_size = sizeof r;
+  int64_t free_peak = 0;
+  OK(rt_run_pretraining(&c, max_activation_peak, &free_peak, &r));
+  CHECK(free_peak > 0);
+  c.stage.output_dir = path_in("budget");
+  c.activation_memory_budget = free_peak * 7 / 8;
+  int64_t planned_peak = 0;
+  OK(rt_run_pretraining(&c, max_activation_peak, &planned_peak, &r));
+  CHECK(r.completed == 1 && planned_peak > 0 && planned_peak <= c.activation_memory_budget);
+  c.stage.output_dir = path_in("budget_too_small");
+  c.activation_memory_budget = 1024;
+  FAILS(rt_run_pretraining(&c, NULL, NULL, &r), RT_ERROR_VALUE, "the smallest plan");
+  CHECK(access(path_in("budget_too_small"), F_OK) != 0);
+  c.activation_memory_budget = free_peak;
+  c.stage.activation_checkpointing = RT_ACTIVATION_CHECKPOINTING_TRANSFORMER_BLOCK;
+  FAILS(rt_run_pretraining(&c, NULL, NULL, &r), RT_ERROR_VALUE, "activation_memory_budget");
+}
+
 int main(void) {
   snprintf(g_dir, sizeof g_dir, "/tmp/rt_c_abi_XXXXXX");
   if (mkdtemp(g_dir) == NULL) return 2;
@@ -1052,6 +1101,7 @@ int main(void) {
   test_gqa_tied_and_hf_conversion();
   test_groups_accumulation_and_sampling();
   test_struct_sizes_read_no_further();
+  test_activation_memory_budget();
   char command[600];
   snprintf(command, sizeof command, "rm -rf '%s'", g_dir);
   if (system(command) != 0) fprintf(stderr, "could not remove %s\n", g_dir);

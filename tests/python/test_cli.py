@@ -385,3 +385,30 @@ def test_a_config_file_can_name_the_model_of_rt_generate_and_rt_eval(tools, buil
     for tool in (tools[1], build_dir / "rt-eval"):
         r = run(tool)
         assert r.returncode == 2 and "--model PATH is required" in r.stderr, r.stderr
+
+
+def test_activation_memory_budget_prints_the_plan_and_stays_under_it(tools, corpus, tmp_path):
+    shape = ["--context-length", "64", "--model-width", "32", "--heads", "2", "--layers", "4",
+             "--feed-forward-width", "64", "--batch", "2", "--sequence-length", "48", "--eval-batches", "1", "--quiet"]
+    free = run(tools[0], "pretrain", "--data", corpus, "--steps", 2, "--output", tmp_path / "free", *shape)
+    assert free.returncode == 0, free.stderr
+    peak = json.loads((tmp_path / "free" / "metadata.json").read_text())["results"]["activation_peak_bytes"]
+    budget = peak * 7 // 8
+    r = run(tools[0], "pretrain", "--data", corpus, "--steps", 2, "--output", tmp_path / "planned",
+            "--activation-memory-budget", budget, *shape)
+    assert r.returncode == 0, r.stderr
+    assert "predicted activation peak" in r.stdout and "recompute" in r.stdout
+    meta = json.loads((tmp_path / "planned" / "metadata.json").read_text())
+    assert meta["results"]["activation_peak_bytes"] <= budget
+    assert meta["facts"]["activation_memory_plan"]["budget_bytes"] == budget
+    rows = [json.loads(line) for line in (tmp_path / "planned" / "metrics.jsonl").read_text().splitlines()]
+    assert all(0 < row["activation_peak_bytes"] <= budget for row in rows)
+
+    too_small = run(tools[0], "pretrain", "--data", corpus, "--steps", 1, "--output", tmp_path / "small",
+                    "--activation-memory-budget", "10KiB", *shape)
+    assert too_small.returncode == 1 and "the smallest plan" in too_small.stderr
+    assert not (tmp_path / "small").exists()
+    for bad in (["--activation-memory-budget", "lots"],
+                ["--activation-memory-budget", "1MiB", "--activation-checkpointing", "block"]):
+        r = run(tools[0], "pretrain", "--data", corpus, "--steps", 1, "--output", tmp_path / "bad", *bad, *shape)
+        assert r.returncode == 2 and "--activation-memory-budget" in r.stderr, r.stderr

@@ -1,6 +1,7 @@
 #include "decode_attention.hpp"
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -42,6 +43,17 @@ Tensor cached_attention(const Tensor& q, const Tensor& keys, const Tensor& value
     }
   }
   return out;
+}
+
+void cache_write(Tensor& cache, const Tensor& rows, std::int64_t position) {
+  const std::int64_t heads = cache.size(0);
+  const std::int64_t cap = cache.size(1);
+  const std::int64_t d = cache.size(2);
+  float* pc = cache.data();
+  const float* pr = rows.data();
+  for (std::int64_t h = 0; h < heads; ++h) {
+    std::memcpy(pc + (h * cap + position) * d, pr + h * d, static_cast<std::size_t>(d) * sizeof(float));
+  }
 }
 
 }  // namespace riftco_transformer::cpu

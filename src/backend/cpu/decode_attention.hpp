@@ -8,4 +8,8 @@ namespace riftco_transformer::cpu {
 /// reads cache head h / (H / G): grouped-query attention). Returns (H, D).
 Tensor cached_attention(const Tensor& q, const Tensor& keys, const Tensor& values, std::int64_t length);
 
+/// Writes rows (G, 1, D) (or (G, D)) into row `position` of each head of a
+/// cache (G, capacity, D).
+void cache_write(Tensor& cache, const Tensor& rows, std::int64_t position);
+
 }  // namespace riftco_transformer::cpu

@@ -154,6 +154,13 @@ Tensor reduce_to_shape(const Tensor& grad, const Shape& shape) {
   return out;
 }
 
+double sum_all(const Tensor& x) {
+  const float* p = x.data();
+  double acc = 0.0;
+  for (std::int64_t i = 0; i < x.numel(); ++i) acc += p[i];  // serial: fixed order
+  return acc;
+}
+
 Tensor permute(const Tensor& in, std::span<const std::int64_t> perm) {
   const Shape& is = in.shape();
   const std::size_t nd = is.size();

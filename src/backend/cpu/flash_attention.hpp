@@ -11,38 +11,22 @@
 // bit-identical for any thread count.
 #include <cstdint>
 
+#include "../kernel_types.hpp"
 #include "riftco_transformer/tensor.hpp"
 
 namespace riftco_transformer::cpu {
 
-/// Rows of queries and keys processed per tile. Exposed so tests can force
-/// many tiles on small T.
-struct FlashTiles {
-  std::int64_t query_rows = 64;
-  std::int64_t key_rows = 64;
-};
+/// Rows of queries and keys processed per tile (tests force many tiles on
+/// small T) and the strided (B, H, T, D) views: backend/kernel_types.hpp.
+using backend::FlashTiles;
+using backend::HeadView;
+using backend::MutableHeadView;
 
 /// 64 query rows and 64 key rows; while query_rows·key_rows·D exceeds 2^18
 /// the key rows, then the query rows, are halved (down to 16), which keeps a
 /// tile's scores and operands in L1/L2: 64×64 up to D = 64, 64×32 at
 /// D = 128, 64×16 at D = 256.
 FlashTiles flash_default_tiles(std::int64_t head_width);
-
-/// A read-only (B, H, T, D) view: element (b, h, t, d) is at
-/// data[b·batch_stride + h·head_stride + t·row_stride + d].
-struct HeadView {
-  const float* data;
-  std::int64_t batch_stride;
-  std::int64_t head_stride;
-  std::int64_t row_stride;
-};
-/// The same for an output.
-struct MutableHeadView {
-  float* data;
-  std::int64_t batch_stride;
-  std::int64_t head_stride;
-  std::int64_t row_stride;
-};
 
 /// out = softmax(causal(q kᵀ · scale)) v; writes lse (B, H, T), contiguous,
 /// = the log-sum-exp of each query row's scaled, masked scores.

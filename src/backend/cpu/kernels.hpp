@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <span>
 
+#include "../kernel_types.hpp"
 #include "riftco_transformer/tensor.hpp"
 
 namespace riftco_transformer::cpu {
@@ -14,19 +15,8 @@ namespace riftco_transformer::cpu {
 void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* a,
           std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c, std::int64_t ldc);
 
-/// One product for gemm_group, with gemm's arguments.
-struct GemmProblem {
-  bool trans_a, trans_b;
-  std::int64_t m, n, k;
-  float alpha;
-  const float* a;
-  std::int64_t lda;
-  const float* b;
-  std::int64_t ldb;
-  float beta;
-  float* c;
-  std::int64_t ldc;
-};
+/// One product for gemm_group, with gemm's arguments (backend/kernel_types.hpp).
+using backend::GemmProblem;
 /// Several independent products in one parallel region. Each chain is a
 /// list of products over the same C (same M, N, c, ldc; e.g. Σ_i A_i B_i with
 /// beta 0 then 1) that run in order; different chains write disjoint C.
@@ -46,18 +36,32 @@ void add_inplace(Tensor& a, const Tensor& b);  // a += b, same shape
 void axpy_inplace(Tensor& y, float alpha, const Tensor& x);  // y += alpha * x
 Tensor scale(const Tensor& a, float s);
 
-enum class BinaryOp : std::uint8_t { Add, Sub, Mul };
+using backend::BinaryOp;  // Add, Sub, Mul
 /// Numpy broadcasting; `out_shape` is the broadcast shape.
 Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b, const Shape& out_shape);
 /// Sums `grad` (broadcast shape) down to `shape` (the input's shape).
 Tensor reduce_to_shape(const Tensor& grad, const Shape& shape);
+/// Σ of every element, serially in double (the same bits for any thread
+/// count).
+double sum_all(const Tensor& x);
 
 // ---- layout ---------------------------------------------------------------
 /// out[i_perm...] = in[i...]: out dim d is in dim perm[d].
 Tensor permute(const Tensor& in, std::span<const std::int64_t> perm);
+/// x (..., N) with delta (..., W) added to columns [offset, offset + W) of
+/// every row (a new buffer; x is not written).
+Tensor add_columns(const Tensor& x, const Tensor& delta, std::int64_t offset);
+/// Columns [offset, offset + width) of every row of x (..., N): (..., width).
+Tensor take_columns(const Tensor& x, std::int64_t offset, std::int64_t width);
+/// x (B, G, T, D) → (B, G·groups, T, D): head g copied to heads
+/// g·groups … g·groups + groups − 1 (grouped-query attention).
+Tensor repeat_heads(const Tensor& x, std::int64_t groups);
+/// The backward: g (B, G·groups, T, D) summed over each head's copies, in
+/// copy order (deterministic) → (B, G, T, D).
+Tensor repeat_heads_backward(const Tensor& g, std::int64_t groups);
 
 // ---- activations (elementwise) -------------------------------------------
-enum class Activation : std::uint8_t { Silu, Gelu };
+using backend::Activation;  // Silu, Gelu
 Tensor activation_forward(Activation act, const Tensor& x);
 /// dx = g * act'(x).
 Tensor activation_backward(Activation act, const Tensor& x, const Tensor& g);
@@ -116,22 +120,16 @@ Tensor cross_entropy_backward(const Tensor& probs, std::span<const std::int32_t>
 /// depend on the thread count.
 double sum_of_squares(std::span<const std::span<const float>> spans);
 
-/// One Adam(W) update over a parameter: with g' = g·clip,
-///   m = b1·m + (1−b1)·g',  v = b2·v + (1−b2)·g'²,
-///   θ = θ·decay − lr·(m/c1) / (√(v/c2) + eps).
-struct AdamUpdate {
-  float* theta;
-  float* m;
-  float* v;
-  const float* grad;
-  std::int64_t n;
-  float decay;  // 1 − lr·weight_decay of this parameter's group
-};
-struct AdamCoefficients {
-  float beta1, beta2, bias1, bias2, learning_rate, epsilon, clip;
-};
+/// One Adam(W) update over a parameter and the step's coefficients
+/// (formula: backend/kernel_types.hpp).
+using backend::AdamCoefficients;
+using backend::AdamUpdate;
 /// Applies the update to every parameter in one parallel pass (elementwise:
 /// the bits do not depend on the thread count).
 void adam_update(std::span<const AdamUpdate> params, const AdamCoefficients& c);
+
+/// True when no value is NaN or ±inf (names the culprit when the gradient
+/// norm is not finite).
+bool all_finite(std::span<const float> values);
 
 }  // namespace riftco_transformer::cpu

@@ -94,4 +94,11 @@ void adam_update(std::span<const AdamUpdate> params, const AdamCoefficients& c) 
   }
 }
 
+bool all_finite(std::span<const float> values) {
+  for (const float x : values) {
+    if (!std::isfinite(x)) return false;
+  }
+  return true;
+}
+
 }  // namespace riftco_transformer::cpu

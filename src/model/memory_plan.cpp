@@ -1,0 +1,317 @@
+// The activation memory planner: probes, prediction and the search over
+// per-block options (include/riftco_transformer/memory_plan.hpp).
+#include "riftco_transformer/memory_plan.hpp"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <limits>
+#include <memory>
+#include <vector>
+
+#include "riftco_transformer/errors.hpp"
+#include "riftco_transformer/memory.hpp"
+
+namespace riftco_transformer {
+
+namespace {
+
+constexpr std::size_t kOptions = 4;
+constexpr BlockRecompute kAll[kOptions] = {BlockRecompute::Nothing, BlockRecompute::Attention, BlockRecompute::Mlp,
+                                           BlockRecompute::Whole};
+std::size_t index_of(BlockRecompute r) { return static_cast<std::size_t>(r); }
+
+/// "blocks.7.mlp.up.weight" -> "blocks.0.mlp.up.weight": every replica block
+/// takes its trainability from the model's first block.
+std::string as_first_block(const std::string& name) {
+  if (name.rfind("blocks.", 0) != 0) return name;
+  const std::size_t dot = name.find('.', 7);
+  return dot == std::string::npos ? name : "blocks.0" + name.substr(dot);
+}
+
+/// The model with `layers` blocks: same widths, attention, dropout, adapters
+/// and trainability (weights are random: memory does not depend on them).
+std::unique_ptr<DecoderOnlyTransformer> replica(const DecoderOnlyTransformer& model, std::int64_t layers) {
+  TransformerDimensions dims = model.dimensions();
+  dims.layers = layers;
+  Random random(1);
+  auto copy = std::make_unique<DecoderOnlyTransformer>(dims, random, model.norm_epsilon(), model.attention_kind());
+  if (model.has_lora()) {
+    copy->add_lora(model.lora_config(), random);
+    copy->set_lora_active(model.lora_active());
+  }
+  copy->set_dropout(model.dropout(), 0);
+  copy->set_training(model.training());
+  for (NamedParameter& p : copy->parameters()) {
+    p.variable.set_requires_grad(model.parameter(as_first_block(p.name)).requires_grad());
+  }
+  return copy;
+}
+
+ActivationCheckpointingPlan uniform(std::int64_t layers, BlockRecompute r) {
+  return ActivationCheckpointingPlan(static_cast<std::size_t>(layers), CheckpointGroup{1, r});
+}
+
+std::int64_t group_bytes(const ActivationMemoryProfile& p, const CheckpointGroup& g) {
+  if (g.recompute != BlockRecompute::Whole) return p.per_block[index_of(g.recompute)];
+  return g.blocks * p.per_block[index_of(BlockRecompute::Whole)] - (g.blocks - 1) * p.block_input_bytes;
+}
+
+std::int64_t group_base(const ActivationMemoryProfile& p, const CheckpointGroup& g) {
+  const std::int64_t base = p.base[index_of(g.recompute)];
+  return g.recompute == BlockRecompute::Whole ? base + (g.blocks - 1) * p.segment_extra_per_block : base;
+}
+
+}  // namespace
+
+std::int64_t parse_byte_size(const std::string& text, const char* op) {
+  const auto bad = [&](const std::string& why) {
+    return ValueError(std::string("[") + op + "] '" + text + "' is not a byte size (" + why +
+                      "; e.g. 256MiB, 1.5GiB, 300MB or a number of bytes)");
+  };
+  std::size_t i = 0;
+  while (i < text.size() && std::isspace(static_cast<unsigned char>(text[i]))) ++i;
+  std::size_t j = i;
+  while (j < text.size() && (std::isdigit(static_cast<unsigned char>(text[j])) || text[j] == '.')) ++j;
+  if (j == i) throw bad("it does not start with a number");
+  const std::string number = text.substr(i, j - i);
+  char* end = nullptr;
+  const double value = std::strtod(number.c_str(), &end);
+  if (end != number.c_str() + number.size() || !std::isfinite(value)) throw bad("the number is malformed");
+  std::string unit;
+  for (std::size_t k = j; k < text.size(); ++k) {
+    if (!std::isspace(static_cast<unsigned char>(text[k]))) unit += static_cast<char>(std::tolower(static_cast<unsigned char>(text[k])));
+  }
+  double scale = 0;
+  const struct { const char* name; double scale; } units[] = {
+      {"", 1},       {"b", 1},         {"k", 1e3},        {"kb", 1e3},          {"kib", 1024.0},
+      {"m", 1e6},    {"mb", 1e6},      {"mib", 1048576.0}, {"g", 1e9},           {"gb", 1e9},
+      {"gib", 1073741824.0}, {"t", 1e12}, {"tb", 1e12},   {"tib", 1099511627776.0}};
+  for (const auto& u : units) {
+    if (unit == u.name) scale = u.scale;
+  }
+  if (scale == 0) throw bad("unknown unit '" + unit + "'");
+  const double bytes = std::floor(value * scale);
+  if (!(bytes >= 1)) throw bad("it must be at least one byte");
+  if (bytes > 9.0e18) throw bad("it is too large");
+  return static_cast<std::int64_t>(bytes);
+}
+
+std::string format_bytes(double bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  std::size_t u = 0;
+  while (std::fabs(bytes) >= 1024.0 && u + 1 < std::size(units)) {
+    bytes /= 1024.0;
+    ++u;
+  }
+  char buffer[64];
+  std::snprintf(buffer, sizeof buffer, u == 0 ? "%.0f %s" : "%.1f %s", bytes, units[u]);
+  return buffer;
+}
+
+std::int64_t measure_activation_peak(const DecoderOnlyTransformer& model, std::span<const std::int32_t> tokens,
+                                     std::span<const std::int32_t> targets, std::int64_t batch) {
+  const std::int64_t before = memory_stats().live_bytes;
+  reset_peak_memory();
+  {
+    Variable loss = model.loss(tokens, targets, batch);
+    loss.backward();
+  }
+  return memory_stats().peak_bytes - before;
+}
+
+std::int64_t ActivationMemoryProfile::kept_bytes(BlockRecompute option) const {
+  return per_block[index_of(option)] - block_gradient_bytes;
+}
+
+ActivationMemoryProfile profile_activation_memory(const DecoderOnlyTransformer& model, std::int64_t batch,
+                                                  std::int64_t sequence_length) {
+  const TransformerDimensions& d = model.dimensions();
+  if (batch <= 0 || sequence_length <= 0 || sequence_length > d.context_length) {
+    throw ValueError("[profile_activation_memory] batch " + std::to_string(batch) + " and sequence length " +
+                     std::to_string(sequence_length) + " must be positive (sequence length <= context length " +
+                     std::to_string(d.context_length) + ")");
+  }
+  ActivationMemoryProfile p;
+  p.layers = d.layers;
+  p.batch = batch;
+  p.sequence_length = sequence_length;
+  const std::int64_t n = batch * sequence_length;
+  std::vector<std::int32_t> tokens(static_cast<std::size_t>(n));
+  std::vector<std::int32_t> targets(tokens.size());
+  for (std::size_t i = 0; i < tokens.size(); ++i) {
+    tokens[i] = static_cast<std::int32_t>((i * 7919 + 3) % static_cast<std::size_t>(d.vocab_size));
+    targets[i] = static_cast<std::int32_t>((i * 31 + 1) % static_cast<std::size_t>(d.vocab_size));
+  }
+  auto one = replica(model, 1);
+  auto two = replica(model, 2);
+  const auto measure = [&](DecoderOnlyTransformer& m, const ActivationCheckpointingPlan& plan) {
+    m.set_activation_checkpointing_plan(plan);
+    // Saving the dropout stream keeps every probe's masks alike (memory does not depend on them).
+    const Random::State state = m.dropout_random().state();
+    const std::int64_t peak = measure_activation_peak(m, tokens, targets, batch);
+    m.dropout_random().set_state(state);
+    for (NamedParameter& q : m.parameters()) q.variable.clear_grad();
+    return peak;
+  };
+  measure(*one, uniform(1, BlockRecompute::Nothing));  // warm-up: caches (e.g. rotary tables) filled once
+  measure(*two, uniform(2, BlockRecompute::Nothing));
+  for (const BlockRecompute r : kAll) {
+    const std::int64_t p1 = measure(*one, uniform(1, r));
+    const std::int64_t p2 = measure(*two, uniform(2, r));
+    p.per_block[index_of(r)] = p2 - p1;
+    p.base[index_of(r)] = p1 - (p2 - p1);
+  }
+  for (const NamedParameter& q : one->parameters()) {
+    if (q.name.rfind("blocks.0.", 0) == 0 && q.variable.requires_grad()) {
+      p.block_gradient_bytes += q.variable.value().numel() * static_cast<std::int64_t>(sizeof(float));
+    }
+  }
+  p.block_input_bytes = n * d.model_width * static_cast<std::int64_t>(sizeof(float));
+  const CheckpointGroup segment{2, BlockRecompute::Whole};
+  p.segment_extra_per_block = 0;
+  const std::int64_t without_extra = group_bytes(p, segment) + group_base(p, segment);
+  p.segment_extra_per_block = std::max<std::int64_t>(0, measure(*two, {segment}) - without_extra);
+
+  const double c = static_cast<double>(d.model_width);
+  const double rows = static_cast<double>(n);
+  const double t = static_cast<double>(sequence_length);
+  const double attention = 2.0 * rows * c * (2.0 * c + 2.0 * static_cast<double>(d.kv_width())) +
+                           2.0 * static_cast<double>(batch) * static_cast<double>(d.heads) *
+                               static_cast<double>(d.head_width()) * t * (t + 1.0);
+  const double mlp = 6.0 * rows * c * static_cast<double>(d.feed_forward_width);
+  p.recompute_flops = {0.0, attention, mlp, attention + mlp};
+  p.forward_flops = static_cast<double>(d.layers) * (attention + mlp) + 2.0 * rows * c * static_cast<double>(d.vocab_size);
+  return p;
+}
+
+std::int64_t predicted_activation_peak(const ActivationMemoryProfile& profile, const ActivationCheckpointingPlan& plan) {
+  // Backward runs from the last group to the first and frees nothing the
+  // graph keeps, so while group g replays, everything is kept, the groups
+  // after g (and g itself) hold their gradients, and g's working set sits on
+  // top: peak = Σ kept + max_g (gradients of groups ≥ g + base_g).
+  std::int64_t kept = 0;
+  std::int64_t blocks = 0;
+  for (const CheckpointGroup& g : plan) {
+    kept += group_bytes(profile, g) - g.blocks * profile.block_gradient_bytes;
+    blocks += g.blocks;
+  }
+  if (blocks != profile.layers) {
+    throw ValueError("[predicted_activation_peak] the plan covers " + std::to_string(blocks) + " blocks, the profile " +
+                     std::to_string(profile.layers));
+  }
+  std::int64_t gradients = 0;
+  std::int64_t top = 0;
+  for (auto g = plan.rbegin(); g != plan.rend(); ++g) {
+    gradients += g->blocks * profile.block_gradient_bytes;
+    top = std::max(top, gradients + group_base(profile, *g));
+  }
+  return kept + top;
+}
+
+double plan_recompute_flops(const ActivationMemoryProfile& profile, const ActivationCheckpointingPlan& plan) {
+  double flops = 0;
+  for (const CheckpointGroup& g : plan) flops += static_cast<double>(g.blocks) * profile.recompute_flops[index_of(g.recompute)];
+  return flops;
+}
+
+ActivationMemoryPlan plan_activation_memory(const ActivationMemoryProfile& profile, std::int64_t budget_bytes) {
+  const std::int64_t layers = profile.layers;
+  ActivationMemoryPlan best;
+  best.budget_bytes = budget_bytes;
+  best.disabled_peak_bytes = predicted_activation_peak(profile, uniform(layers, BlockRecompute::Nothing));
+  std::int64_t smallest = std::numeric_limits<std::int64_t>::max();
+  ActivationCheckpointingPlan smallest_plan;
+  bool found = false;
+  ActivationCheckpointingPlan plan;
+  // Blocks are alike, so a plan is a count per option plus how the rest is
+  // cut into segments (all of size k, the last one shorter), in the order
+  // that gives the lowest peak.
+  for (std::int64_t keep = 0; keep <= layers; ++keep) {
+    for (std::int64_t att = 0; keep + att <= layers; ++att) {
+      for (std::int64_t mlp = 0; keep + att + mlp <= layers; ++mlp) {
+        const std::int64_t rest = layers - keep - att - mlp;
+        for (std::int64_t k = rest == 0 ? 0 : 1; k <= rest; ++k) {
+          plan.clear();
+          for (std::int64_t i = 0; k > 0 && i < rest; i += k) plan.push_back({std::min(k, rest - i), BlockRecompute::Whole});
+          plan.insert(plan.end(), static_cast<std::size_t>(mlp), CheckpointGroup{1, BlockRecompute::Mlp});
+          plan.insert(plan.end(), static_cast<std::size_t>(att), CheckpointGroup{1, BlockRecompute::Attention});
+          plan.insert(plan.end(), static_cast<std::size_t>(keep), CheckpointGroup{1, BlockRecompute::Nothing});
+          // The group replayed last holds only its own gradients beside its
+          // working set: the largest working sets go last (nearest the head).
+          std::stable_sort(plan.begin(), plan.end(), [&](const CheckpointGroup& x, const CheckpointGroup& y) {
+            return group_base(profile, x) < group_base(profile, y);
+          });
+          const std::int64_t peak = predicted_activation_peak(profile, plan);
+          if (peak < smallest) {
+            smallest = peak;
+            smallest_plan = plan;
+          }
+          if (peak > budget_bytes) continue;
+          const double flops = plan_recompute_flops(profile, plan);
+          const bool better = !found || flops < best.recompute_flops ||
+                              (flops == best.recompute_flops &&
+                               (peak < best.predicted_peak_bytes ||
+                                (peak == best.predicted_peak_bytes && plan.size() < best.plan.size())));
+          if (better) {
+            found = true;
+            best.plan = plan;
+            best.predicted_peak_bytes = peak;
+            best.recompute_flops = flops;
+          }
+        }
+      }
+    }
+  }
+  best.smallest_feasible_bytes = smallest;
+  if (!found) {
+    throw ValueError("[plan_activation_memory] no plan fits an activation memory budget of " +
+                     format_bytes(static_cast<double>(budget_bytes)) + " (" + std::to_string(budget_bytes) +
+                     " bytes): the smallest plan (" + describe_plan(smallest_plan) + ") needs " +
+                     format_bytes(static_cast<double>(smallest)) + " (" + std::to_string(smallest) +
+                     " bytes) at batch " + std::to_string(profile.batch) + ", sequence length " +
+                     std::to_string(profile.sequence_length) + "; ask for at least that, or a smaller batch");
+  }
+  return best;
+}
+
+std::string describe_activation_memory_plan(const ActivationMemoryProfile& profile, const ActivationMemoryPlan& plan) {
+  char line[256];
+  std::string out;
+  std::snprintf(line, sizeof line, "activation memory budget %s: %s\n", format_bytes(static_cast<double>(plan.budget_bytes)).c_str(),
+                describe_plan(plan.plan).c_str());
+  out += line;
+  std::snprintf(line, sizeof line,
+                "  predicted activation peak %s (keeping everything: %s; the smallest plan: %s)\n",
+                format_bytes(static_cast<double>(plan.predicted_peak_bytes)).c_str(),
+                format_bytes(static_cast<double>(plan.disabled_peak_bytes)).c_str(),
+                format_bytes(static_cast<double>(plan.smallest_feasible_bytes)).c_str());
+  out += line;
+  std::snprintf(line, sizeof line, "  recompute %.3g GFLOP per step (%.1f%% of the forward)\n", plan.recompute_flops / 1e9,
+                profile.forward_flops > 0 ? 100.0 * plan.recompute_flops / profile.forward_flops : 0.0);
+  out += line;
+  std::int64_t first = 0;
+  for (std::size_t i = 0; i < plan.plan.size();) {
+    const CheckpointGroup& g = plan.plan[i];
+    std::size_t j = i;
+    while (j < plan.plan.size() && plan.plan[j] == g) ++j;  // a run of equal groups: one line
+    const std::int64_t blocks = static_cast<std::int64_t>(j - i) * g.blocks;
+    const std::int64_t kept = g.recompute == BlockRecompute::Whole ? profile.block_input_bytes
+                                                                   : profile.kept_bytes(g.recompute);
+    const std::string which = blocks == 1 ? "block " + std::to_string(first)
+                                          : "blocks " + std::to_string(first) + "-" + std::to_string(first + blocks - 1);
+    const std::string what = g.blocks > 1 ? "segments of " + std::to_string(g.blocks) + " blocks"
+                             : g.recompute == BlockRecompute::Nothing ? std::string("keep everything")
+                                                                      : std::string("recompute ") + block_recompute_name(g.recompute);
+    std::snprintf(line, sizeof line, "  %-14s %-28s keeps %s per %s\n", which.c_str(), what.c_str(),
+                  format_bytes(static_cast<double>(kept)).c_str(), g.blocks > 1 ? "segment" : "block");
+    out += line;
+    first += blocks;
+    i = j;
+  }
+  return out;
+}
+
+}  // namespace riftco_transformer

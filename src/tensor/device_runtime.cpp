@@ -1,0 +1,95 @@
+// CUDA runtime calls of the tensor layer (device_runtime.hpp). Built in every
+// configuration: with RIFTCO_CUDA the calls go to the CUDA runtime, without
+// it they throw the "not built" BackendError.
+#include "device_runtime.hpp"
+
+#include "riftco_transformer/errors.hpp"
+
+#if RIFTCO_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+namespace riftco_transformer::detail {
+
+#if RIFTCO_CUDA
+
+namespace {
+
+struct DeviceQuery {
+  bool present = false;
+  std::string reason;
+};
+
+const DeviceQuery& device_query() {
+  static const DeviceQuery query = [] {
+    DeviceQuery q;
+    int count = 0;
+    const cudaError_t status = cudaGetDeviceCount(&count);
+    if (status != cudaSuccess) {
+      cudaGetLastError();  // clear it, so later calls do not report it again
+      q.reason = std::string("the cuda backend is built but no CUDA device is usable (cudaGetDeviceCount: ") +
+                 cudaGetErrorString(status) + ")";
+    } else if (count == 0) {
+      q.reason = "the cuda backend is built but no CUDA device is present (cudaGetDeviceCount: 0)";
+    } else {
+      q.present = true;
+    }
+    return q;
+  }();
+  return query;
+}
+
+void check(cudaError_t status, const char* op, const char* call, std::size_t bytes) {
+  if (status == cudaSuccess) return;
+  cudaGetLastError();
+  throw BackendError(std::string("[") + op + "] " + call + " of " + std::to_string(bytes) +
+                     " bytes failed on cuda: " + cudaGetErrorString(status));
+}
+
+}  // namespace
+
+bool cuda_device_present() { return device_query().present; }
+std::string cuda_unavailable_reason() { return device_query().reason; }
+
+void* cuda_malloc(std::size_t bytes) {
+  if (!cuda_device_present()) throw BackendError("[allocate] " + cuda_unavailable_reason());
+  void* ptr = nullptr;
+  check(cudaMalloc(&ptr, bytes), "allocate", "cudaMalloc", bytes);
+  return ptr;
+}
+
+void cuda_free(void* ptr) noexcept {
+  if (ptr != nullptr) cudaFree(ptr);
+}
+
+void cuda_copy(void* dst, const void* src, std::size_t bytes, CopyKind kind, const char* op) {
+  if (bytes == 0) return;
+  const cudaMemcpyKind k = kind == CopyKind::HostToDevice   ? cudaMemcpyHostToDevice
+                           : kind == CopyKind::DeviceToHost ? cudaMemcpyDeviceToHost
+                                                            : cudaMemcpyDeviceToDevice;
+  check(cudaMemcpy(dst, src, bytes, k), op, "cudaMemcpy", bytes);
+}
+
+void cuda_zero(void* dst, std::size_t bytes, const char* op) {
+  if (bytes == 0) return;
+  check(cudaMemset(dst, 0, bytes), op, "cudaMemset", bytes);
+}
+
+#else  // !RIFTCO_CUDA
+
+namespace {
+[[noreturn]] void not_built(const char* op) {
+  throw BackendError(std::string("[") + op + "] the cuda backend is not built in this package");
+}
+}  // namespace
+
+bool cuda_device_present() { return false; }
+std::string cuda_unavailable_reason() { return "the cuda backend is not built in this package"; }
+void* cuda_malloc(std::size_t) { not_built("allocate"); }
+void cuda_free(void*) noexcept {}
+void cuda_copy(void*, const void*, std::size_t, CopyKind, const char* op) { not_built(op); }
+void cuda_zero(void*, std::size_t, const char* op) { not_built(op); }
+
+#endif
+
+}  // namespace riftco_transformer::detail

@@ -1,0 +1,27 @@
+#pragma once
+// The few CUDA runtime calls the tensor layer needs (allocation, copies,
+// zero fill), behind plain functions so memory.cpp and tensor.cpp stay free
+// of CUDA headers. Without RIFTCO_CUDA every call but the queries throws
+// BackendError "the cuda backend is not built in this package".
+#include <cstddef>
+#include <string>
+
+namespace riftco_transformer::detail {
+
+/// True when built with CUDA and at least one device is visible (asked once).
+bool cuda_device_present();
+/// Why the cuda backend cannot be used ("" when it can).
+std::string cuda_unavailable_reason();
+
+/// cudaMalloc; throws BackendError naming the call, the bytes and the reason.
+void* cuda_malloc(std::size_t bytes);
+/// cudaFree; errors are ignored (called from destructors).
+void cuda_free(void* ptr) noexcept;
+
+enum class CopyKind : unsigned char { HostToDevice, DeviceToHost, DeviceToDevice };
+/// cudaMemcpy (synchronous with the host); throws BackendError naming `op`.
+void cuda_copy(void* dst, const void* src, std::size_t bytes, CopyKind kind, const char* op);
+/// cudaMemset to zero bytes; throws BackendError naming `op`.
+void cuda_zero(void* dst, std::size_t bytes, const char* op);
+
+}  // namespace riftco_transformer::detail
