@@ -75,8 +75,8 @@ def bench(args, shapes, python, blas):
     rows = {}
     for name, shape in shapes.items():
         steps = args.steps if args.steps else (1 if args.quick else (5 if name == "S1" else 3))
-        runs = {("ours", p): [] for p in OURS}
-        runs.update({(f"torch_{m}", p): [] for p in THEIRS for m in mallocs})
+        runs = {("ours", p): [] for p in args.ours}
+        runs.update({(f"torch_{m}", p): [] for p in args.torch for m in mallocs})
         jobs = list(runs)
         for rnd in range(args.rounds):
             for who, policy in (jobs if rnd % 2 == 0 else list(reversed(jobs))):
@@ -98,9 +98,9 @@ def bench(args, shapes, python, blas):
                 log(f"{name} round {rnd + 1} {who} {policy}: {r['step_seconds']:.3f} s/step, "
                     f"rss growth {r['rss_growth_bytes'] / 2**20:.0f} MiB (load {load:.2f})")
         summary = {}
-        for p in OURS:
+        for p in args.ours:
             summary[f"ours {p}"] = rb.summarize(runs[("ours", p)])
-        for p in THEIRS:
+        for p in args.torch:
             per = {m: rb.summarize(runs[(f"torch_{m}", p)]) for m in mallocs}
             fast = min(per, key=lambda m: per[m]["step_seconds"])
             lean = min(per, key=lambda m: per[m]["rss_growth_bytes"])
@@ -122,6 +122,8 @@ def table_rows(rows):
             return min(t for y in x.get("per_malloc", {"": x}).values() for t in y["step_times"])
 
         for ours_p, theirs_p in PAIRS:
+            if f"ours {ours_p}" not in s or f"torch {theirs_p}" not in s:
+                continue
             o, t = s[f"ours {ours_p}"], s[f"torch {theirs_p}"]
             out.append({
                 "shape": name, **data["shape"], "ours_policy": ours_p, "torch_policy": theirs_p,
@@ -185,6 +187,8 @@ def markdown(result):
               "|---|---|---:|---:|"]
     for name, data in result["raw"].items():
         for p in THEIRS:
+            if f"torch {p}" not in data["summary"]:
+                continue
             per = data["summary"][f"torch {p}"]["per_malloc"]
             cells = [f"{per[m]['step_seconds']:.3f} s, {mib(per[m]['rss_growth_bytes'])}" if m in per else "—"
                      for m in ("default", "tuned")]
@@ -246,6 +250,8 @@ def main():
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--timeout", type=int, default=900, help="seconds per process")
     ap.add_argument("--wait-policy", default="passive", help="OMP_WAIT_POLICY for both sides")
+    ap.add_argument("--ours", default=",".join(OURS), help="our policies to run (default all: %(default)s)")
+    ap.add_argument("--torch", default=",".join(THEIRS), help="PyTorch policies to run (default all: %(default)s)")
     ap.add_argument("--torch-malloc", choices=["both", "default", "tuned"], default="both")
     ap.add_argument("--torch-python", default=None, help="a PyTorch >= 2.4 interpreter (default: torch2_env.sh's)")
     ap.add_argument("--render", type=pathlib.Path, default=None,
@@ -255,13 +261,20 @@ def main():
     if args.render:
         result = json.loads(args.render.read_text())
         args.out_dir = args.out_dir or args.render.resolve().parent
+        args.out_dir.mkdir(parents=True, exist_ok=True)
         if args.docs is None and args.out_dir.resolve() == (ROOT / "bench" / "results").resolve():
             args.docs = ROOT / "docs" / "checkpointing-benchmark.md"
         publish(result, args)
         return
     if args.rounds is None:
         args.rounds = 1 if args.quick else 3
-    complete = not args.quick and args.out_dir is None and not args.shapes
+    args.ours, args.torch = args.ours.split(","), args.torch.split(",")
+    for given, known, side in ((args.ours, OURS, "--ours"), (args.torch, THEIRS, "--torch")):
+        if "disabled" not in given and "none" not in given or not set(given) <= set(known):
+            sys.exit(f"[run_sac_benchmark] {side} {','.join(given)}: a subset of {','.join(known)} "
+                     "that includes the no-checkpoint policy (the ratios divide by it)")
+    complete = (not args.quick and args.out_dir is None and not args.shapes and args.ours == OURS
+                and args.torch == THEIRS)
     if args.out_dir is None:
         args.out_dir = args.build_dir / "bench-quick" if args.quick else ROOT / "bench" / "results"
     args.out_dir.mkdir(parents=True, exist_ok=True)
