@@ -2,7 +2,7 @@
 // (forward + backward + Adam) in this process; prints one JSON object.
 //
 //   rt-bench-step [--vocab V] [--width C] [--heads H] [--layers L] [--ffn F]
-//                 [--seq T] [--batch B] [--policy disabled|block|segments]
+//                 [--seq T] [--batch B] [--policy disabled|block|segments|attention|mlp]
 //                 [--attention flash|materialized] [--steps N] [--warmup W]
 //
 // Reported (bench/run_benchmarks.py runs it in a fresh process per row):
@@ -115,7 +115,7 @@ int main(int argc, char** argv) {
     else if (a == "--warmup") warmup = std::max(0, std::stoi(next()));
     else {
       std::cerr << "usage: rt-bench-step [--vocab V] [--width C] [--heads H] [--layers L] [--ffn F] [--seq T]\n"
-                   "                     [--batch B] [--policy disabled|block|segments]\n"
+                   "                     [--batch B] [--policy disabled|block|segments|attention|mlp]\n"
                    "                     [--attention flash|materialized] [--steps N] [--warmup W]\n";
       return 2;
     }
