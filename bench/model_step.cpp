@@ -2,7 +2,7 @@
 // (forward + backward + Adam) in this process; prints one JSON object.
 //
 //   rt-bench-step [--vocab V] [--width C] [--heads H] [--layers L] [--ffn F]
-//                 [--seq T] [--batch B] [--policy disabled|block|segments]
+//                 [--seq T] [--batch B] [--policy disabled|block|segments|attention|mlp]
 //                 [--attention flash|materialized] [--steps N] [--warmup W]
 //                 [--backend cpu|cuda]
 //
@@ -120,7 +120,7 @@ int run(int argc, char** argv) {
     else if (a == "--backend") backend_name_arg = next();
     else {
       std::cerr << "usage: rt-bench-step [--vocab V] [--width C] [--heads H] [--layers L] [--ffn F] [--seq T]\n"
-                   "                     [--batch B] [--policy disabled|block|segments]\n"
+                   "                     [--batch B] [--policy disabled|block|segments|attention|mlp]\n"
                    "                     [--attention flash|materialized] [--steps N] [--warmup W]\n"
                    "                     [--backend cpu|cuda]\n";
       return 2;
