@@ -188,9 +188,9 @@ class DecoderOnlyTransformer {
   Backend backend() const;
   /// Moves every parameter (base and adapters, with their gradients) to
   /// `backend`. Each move bumps the leaf's version, so graphs built before
-  /// are rejected as stale; decode sessions opened before keep their caches
-  /// on the old backend and fail with a BackendError. BackendError for a
-  /// backend this build lacks (nothing moves).
+  /// are rejected as stale (StaleGraphError), and so are decode sessions
+  /// opened before (open a new one: its caches follow the model).
+  /// BackendError for a backend this build lacks or cannot use (nothing moves).
   void to(Backend backend);
 
   const Variable& token_embedding() const;
