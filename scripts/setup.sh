@@ -19,6 +19,7 @@ packages=(
   python3-matplotlib         # the benchmark suite's chart (bench/run_benchmarks.py)
   fortunes                   # the default training corpus (/usr/share/games/fortunes)
   clang libclang-rt-dev libomp-dev  # libFuzzer harnesses in fuzz/ (clang's fuzzer and OpenMP runtimes)
+  openmpi-bin libopenmpi-dev # data parallelism: the MPI communicator (docs/distributed.md; optional at build time)
 )
 
 missing=()

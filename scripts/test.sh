@@ -9,6 +9,9 @@
 # where nvcc is found, a compile check of the CUDA backend (build-cuda: the
 # library and the GPU test binaries, whose tests skip without a device).
 # Every other build is CPU-only (-DRIFTCO_CUDA=OFF), as before the CUDA backend.
+# The release build picks up MPI (RIFTCO_MPI=AUTO: Open MPI from setup.sh) and
+# runs the communicator tests under mpirun; the Python wheel is built without
+# MPI (-DRIFTCO_MPI=OFF) so it does not depend on the machine's libmpi.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -29,7 +32,8 @@ echo "== Python package (riftco wheel: scikit-build-core + nanobind, installed i
 python=$(bash scripts/python_env.sh)  # one cached virtual environment (Debian's site packages visible)
 rm -rf dist
 CMAKE_BUILD_PARALLEL_LEVEL="$jobs" "$python" -m pip wheel . --no-deps --no-build-isolation -q -w dist \
-  --config-settings=build-dir="build-python/{wheel_tag}" --config-settings=cmake.define.RIFTCO_CUDA=OFF
+  --config-settings=build-dir="build-python/{wheel_tag}" --config-settings=cmake.define.RIFTCO_CUDA=OFF \
+  --config-settings=cmake.define.RIFTCO_MPI=OFF
 "$python" -m pip install -q --disable-pip-version-check --force-reinstall --no-deps dist/riftco-*.whl
 
 echo "== Python tests (pytest in .venv: riftco, and Debian's numpy, torch and matplotlib) =="

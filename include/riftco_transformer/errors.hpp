@@ -45,6 +45,14 @@ class BackwardError : public Error {
   using Error::Error;
 };
 
+/// A collective between ranks failed (an MPI call's error, mismatched
+/// buffer sizes, a rank out of range); the message names the collective, the
+/// MPI call and the rank.
+class CommunicationError : public Error {
+ public:
+  using Error::Error;
+};
+
 /// "(4, 8)" — used by every error message that carries a shape.
 std::string shape_string(const std::vector<std::int64_t>& shape);
 

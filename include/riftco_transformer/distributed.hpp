@@ -1,0 +1,69 @@
+#pragma once
+// The distributed layer (DESIGN.md): a communicator over the ranks of a job,
+// with a single-process implementation (the default; every collective is the
+// identity) and an MPI one (built when CMake finds MPI; RIFTCO_MPI=AUTO/ON/OFF).
+// Collectives are deterministic: every sum is taken in rank order
+// (((x_0 + x_1) + x_2) + ...), so results are bit-identical on every rank and
+// from run to run. docs/distributed.md says how, and what happens on failure.
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "riftco_transformer/tensor.hpp"
+
+namespace riftco_transformer {
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  /// This process's rank, 0 .. world_size() - 1.
+  virtual int rank() const = 0;
+  virtual int world_size() const = 0;
+  /// "single-process" or "mpi".
+  virtual std::string_view kind() const = 0;
+
+  /// In place: values[i] = sum over ranks r in rank order of rank r's values[i].
+  /// Every rank must pass the same number of elements.
+  virtual void all_reduce_sum(std::span<float> values) = 0;
+  /// all_reduce_sum, then each element divided by world_size().
+  void all_reduce_average(std::span<float> values);
+  /// Rank r receives output[i] = sum over ranks (rank order) of
+  /// input[r * output.size() + i]; input.size() must be world_size() * output.size().
+  virtual void reduce_scatter_sum(std::span<const float> input, std::span<float> output) = 0;
+  /// output[r * input.size() + i] = rank r's input[i]; output.size() must be
+  /// world_size() * input.size().
+  virtual void all_gather(std::span<const float> input, std::span<float> output) = 0;
+  /// Every rank's values become rank `root`'s values.
+  virtual void broadcast(std::span<float> values, int root) = 0;
+  virtual void barrier() = 0;
+  /// Ends the whole job now: prints "[riftco rank R/N] message" on stderr and
+  /// makes every rank exit non-zero (MPI_Abort); the single-process
+  /// implementation prints the message and calls std::_Exit(code).
+  [[noreturn]] virtual void abort(std::string_view message, int code = 1) = 0;
+
+  /// The same collectives over CPU tensors (a BackendError for any other
+  /// backend). In-place ones bump the tensor's version.
+  void all_reduce_sum(Tensor& tensor);
+  void all_reduce_average(Tensor& tensor);
+  void reduce_scatter_sum(const Tensor& input, Tensor& output);
+  void all_gather(const Tensor& input, Tensor& output);
+  void broadcast(Tensor& tensor, int root);
+
+  /// The job's communicator: the MPI one when riftco was built with MPI and
+  /// the process was started by an MPI launcher (mpirun / mpiexec set
+  /// OMPI_COMM_WORLD_SIZE, PMIX_RANK or PMI_SIZE), the single-process one
+  /// otherwise. MPI is initialized on the first call (MPI_Init_thread,
+  /// MPI_THREAD_FUNNELED) and finalized at exit.
+  static Communicator& world();
+};
+
+/// A communicator for one process alone: rank 0 of 1, every collective the
+/// identity (after the same size checks as the MPI one).
+std::unique_ptr<Communicator> make_single_process_communicator();
+
+/// Whether this build of riftco has the MPI communicator.
+bool mpi_built();
+
+}  // namespace riftco_transformer
