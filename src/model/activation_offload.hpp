@@ -22,7 +22,8 @@ class ActivationOffload {
   void park(const Tensor& input);
   /// Called first by group `index`'s callable. In the forward (the input is
   /// not parked yet) nothing; in a replay, the group's input back on the
-  /// device and the previous group's copy back started (prefetch one ahead).
+  /// device, the next group's input (its replay done) off it again, and the
+  /// previous group's copy back started (prefetch one ahead).
   void before_call(std::size_t index);
   /// After the last group: the last parked block goes back to the allocator.
   void finish_forward();

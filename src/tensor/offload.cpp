@@ -9,10 +9,13 @@
 
 namespace riftco_transformer::detail {
 
+/// Kept from the first offload until the storage goes: the pinned copy stays
+/// valid while the bytes are unchanged, so evicting them again copies nothing.
 struct ParkState {
-  void* host = nullptr;          // pinned copy of the bytes
+  void* host = nullptr;             // pinned copy of the bytes
   std::size_t bytes = 0;
-  void* incoming = nullptr;      // device block the copy back writes (null until started)
+  std::uint64_t version = 0;        // the storage's version the copy holds
+  void* incoming = nullptr;         // device block the copy back writes (null until started)
   CudaEvent copied_back = nullptr;  // recorded on the copy stream after that copy
 };
 
@@ -80,13 +83,22 @@ void OffloadAccess::park(Storage& s) {
     free_pinned_bytes(host, bytes);
     throw;
   }
-  s.park_ = new ParkState{host, bytes, nullptr, nullptr};
+  s.park_ = new ParkState{host, bytes, s.version(), nullptr, nullptr};
+  s.data_ = nullptr;
+}
+
+void OffloadAccess::evict(Storage& s) {
+  ParkState* p = s.park_;
+  if (p == nullptr || s.data_ == nullptr || s.version() != p->version) return;  // parked, or changed since
+  // Every reader of the block was queued on the compute stream, which reuses
+  // it only after them; the copy back that filled it was waited for there.
+  free_bytes(Backend::Cuda, s.data_, p->bytes);
   s.data_ = nullptr;
 }
 
 void OffloadAccess::prefetch(Storage& s) {
   ParkState* p = s.park_;
-  if (p == nullptr || p->incoming != nullptr) return;
+  if (p == nullptr || s.data_ != nullptr || p->incoming != nullptr) return;
   release_pending();
   void* device = allocate_bytes(Backend::Cuda, p->bytes);
   try {
@@ -102,15 +114,13 @@ void OffloadAccess::prefetch(Storage& s) {
 
 void OffloadAccess::restore(Storage& s) {
   ParkState* p = s.park_;
-  if (p == nullptr) return;
+  if (p == nullptr || s.data_ != nullptr) return;
   prefetch(s);
   cuda_wait_event(Stream::Compute, p->copied_back, kOp);
   cuda_destroy_event(p->copied_back);
-  // Later copies into this pinned block run on the copy stream, after this one.
-  free_pinned_bytes(p->host, p->bytes);
+  p->copied_back = nullptr;
   s.data_ = static_cast<float*>(p->incoming);
-  s.park_ = nullptr;
-  delete p;
+  p->incoming = nullptr;
 }
 
 void OffloadAccess::drop(Storage& s) noexcept {
@@ -126,6 +136,7 @@ void OffloadAccess::drop(Storage& s) noexcept {
     cuda_destroy_event(p->copied_back);
     free_bytes(Backend::Cuda, p->incoming, p->bytes);
   }
+  // Later copies into this pinned block run on the copy stream, after any in flight.
   free_pinned_bytes(p->host, p->bytes);
   delete p;
 }
@@ -136,6 +147,11 @@ void offload_to_host(const Tensor& t) {
 }
 
 void release_offloaded_blocks() { release_pending(); }
+
+void evict_from_device(const Tensor& t) {
+  Storage* s = OffloadAccess::storage(t);
+  if (parkable(s)) OffloadAccess::evict(*s);
+}
 
 void prefetch_to_device(const Tensor& t) {
   Storage* s = OffloadAccess::storage(t);
@@ -149,7 +165,7 @@ void restore_on_device(const Tensor& t) {
 
 bool offloaded(const Tensor& t) {
   const Storage* s = OffloadAccess::storage(t);
-  return parkable(s) && OffloadAccess::parked(*s);
+  return parkable(s) && OffloadAccess::parked(*s) && !OffloadAccess::resident(*s);
 }
 
 }  // namespace riftco_transformer::detail

@@ -13,7 +13,8 @@
 namespace riftco_transformer::detail {
 
 /// Starts copying the bytes to pinned host memory (memory_stats(Cpu) counts
-/// it) after the work queued on the compute stream so far. The device block
+/// it until the storage goes) after the work queued on the compute stream so
+/// far. The device block
 /// leaves memory_stats(Cuda) at the next offload_to_host or
 /// release_offloaded_blocks (the compute stream first waits for this copy),
 /// so the copy overlaps the next block's kernels. No-op when already parked.
@@ -25,17 +26,24 @@ void release_offloaded_blocks();
 /// the compute stream so far (no-op unless parked and not already started).
 void prefetch_to_device(const Tensor& t);
 /// The bytes usable on the device again: starts the copy back unless
-/// prefetch_to_device did, makes the compute stream wait for it and returns
-/// the pinned block. No-op unless parked.
+/// prefetch_to_device did and makes the compute stream wait for it (the
+/// pinned copy is kept for evict_from_device). No-op unless parked.
 void restore_on_device(const Tensor& t);
-/// True from offload_to_host until restore_on_device.
+/// Once its last reader is queued (its replay's backward ran): the device
+/// block goes back to the allocator and the storage is parked again, on the
+/// pinned copy it kept (no copy). No-op unless restored, or when the bytes
+/// were written since they were parked (they stay on the device).
+void evict_from_device(const Tensor& t);
+/// True while the bytes are in host memory only (or being copied back).
 bool offloaded(const Tensor& t);
 
 /// Storage internals for the functions above and ~Storage.
 struct OffloadAccess {
   static Storage* storage(const Tensor& t) { return t.storage_.get(); }
   static bool parked(const Storage& s) { return s.park_ != nullptr; }
+  static bool resident(const Storage& s) { return s.data_ != nullptr; }
   static void park(Storage& s);
+  static void evict(Storage& s);
   static void prefetch(Storage& s);
   static void restore(Storage& s);
   /// ~Storage of a parked storage: waits for a copy back in flight (on the
