@@ -1,5 +1,8 @@
 #!/bin/bash
 # Activation offload on the H200 (issue 18 step 4): tests, memcheck, benchmark rows.
+# As run: copied with build-cuda/tests/test_cuda_model and build-cuda/rt-bench-step
+# (built here for sm_90) into build-gpu-carry/ of the checkout, then
+# `bash build-gpu-carry/run.sh` on the device machine; outputs go to $OUT.
 C=build-gpu-carry
 cd "$(dirname "$0")/.."
 export PATH=$PATH:/usr/local/cuda/bin
