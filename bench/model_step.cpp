@@ -4,7 +4,7 @@
 //   rt-bench-step [--vocab V] [--width C] [--heads H] [--layers L] [--ffn F]
 //                 [--seq T] [--batch B] [--policy disabled|block|segments|attention|mlp]
 //                 [--attention flash|materialized] [--steps N] [--warmup W]
-//                 [--backend cpu|cuda]
+//                 [--backend cpu|cuda] [--activation-offload]
 //
 // Reported (bench/run_benchmarks.py runs it in a fresh process per row):
 //   step_seconds      median wall time of the measured steps (and every step)
@@ -17,6 +17,9 @@
 //                     minus its resident set after setup (model, Adam, data):
 //                     the figure bench/torch_step.py measures the same way
 //   reserved_bytes    bytes the allocator holds (live + cached for reuse)
+//   host_peak_bytes   with --backend cuda: the CPU allocator's peak during a
+//                     step above its live bytes before it (the pinned host
+//                     copies of --activation-offload)
 //   blas              the BLAS/OpenMP libraries this process mapped
 #include <omp.h>
 
@@ -97,6 +100,7 @@ int run(int argc, char** argv) {
   int steps = 3;
   int warmup = 1;
   std::string backend_name_arg = "cpu";
+  bool offload = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -118,11 +122,12 @@ int run(int argc, char** argv) {
     else if (a == "--steps") steps = std::max(1, std::stoi(next()));
     else if (a == "--warmup") warmup = std::max(0, std::stoi(next()));
     else if (a == "--backend") backend_name_arg = next();
+    else if (a == "--activation-offload") offload = true;
     else {
       std::cerr << "usage: rt-bench-step [--vocab V] [--width C] [--heads H] [--layers L] [--ffn F] [--seq T]\n"
                    "                     [--batch B] [--policy disabled|block|segments|attention|mlp]\n"
                    "                     [--attention flash|materialized] [--steps N] [--warmup W]\n"
-                   "                     [--backend cpu|cuda]\n";
+                   "                     [--backend cpu|cuda] [--activation-offload]\n";
       return 2;
     }
   }
@@ -139,6 +144,7 @@ int run(int argc, char** argv) {
     return 2;
   }
   const Backend backend = backend_name_arg == "cuda" ? Backend::Cuda : Backend::Cpu;
+  model.set_activation_offload(offload);
   model.to(backend);  // before Adam, whose moments are made on the parameters' backend
   // Kernels run asynchronously on cuda: a copy of the smallest parameter to
   // the host waits for every earlier kernel (the legacy default stream).
@@ -161,10 +167,13 @@ int run(int argc, char** argv) {
   std::vector<double> losses;
   std::int64_t peak = 0;
   std::int64_t peak_total = 0;
+  std::int64_t host_peak = 0;
   sync();
   for (int i = 0; i < warmup + steps; ++i) {
     const std::int64_t before = memory_stats(backend).live_bytes;
+    const std::int64_t host_before = memory_stats(Backend::Cpu).live_bytes;
     reset_peak_memory(backend);
+    if (backend != Backend::Cpu) reset_peak_memory(Backend::Cpu);
     const auto start = std::chrono::steady_clock::now();
     std::chrono::steady_clock::time_point forward_end;
     {
@@ -187,6 +196,7 @@ int run(int argc, char** argv) {
     }
     peak = std::max(peak, memory_stats(backend).peak_bytes - before);
     peak_total = std::max(peak_total, memory_stats(backend).peak_bytes);
+    if (backend != Backend::Cpu) host_peak = std::max(host_peak, memory_stats(Backend::Cpu).peak_bytes - host_before);
   }
   const std::int64_t rss_peak = status_bytes("VmHWM");
   auto median_of = [](std::vector<double> v) {
@@ -206,6 +216,7 @@ int run(int argc, char** argv) {
       {"policy", policy_name},
       {"attention", attention_name},
       {"backend", backend_name_arg},
+      {"activation_offload", offload},
       {"threads", omp_get_max_threads()},
       {"warmup", warmup},
       {"steps", steps},
@@ -218,6 +229,7 @@ int run(int argc, char** argv) {
       {"tokens_per_second", static_cast<double>(batch * seq) / median},
       {"peak_bytes", peak},
       {"peak_total_bytes", peak_total},
+      {"host_peak_bytes", host_peak},
       {"reserved_bytes", memory_stats(backend).reserved_bytes},
       {"rss_setup_bytes", rss_setup},
       {"rss_growth_bytes", hwm_reset ? rss_peak - rss_setup : -1},

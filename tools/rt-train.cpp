@@ -84,6 +84,10 @@ void add_stage_options(CLI::App& app, StageSettings& s, StageText& t) {
           },
           "SIZE"))
       ->group(policy);
+  app.add_flag("--activation-offload", s.activation_offload,
+               "keep checkpointed groups' block-boundary inputs in pinned host memory (cuda models; the CPU "
+               "pipelines record it and move nothing; docs/checkpointing.md)")
+      ->group(policy);
   add_number(app, "--dropout", s.dropout, "residual dropout probability")->group(policy);
   const std::string training = "Training";
   app.add_option("--data", t.data, "training data file")->type_name("PATH")->group(training);

@@ -46,6 +46,12 @@ namespace detail {
 /// available). Zero bytes returns a valid unique pointer.
 void* allocate_bytes(Backend backend, std::size_t bytes);
 void free_bytes(Backend backend, void* ptr, std::size_t bytes) noexcept;
+/// Page-locked host memory (cudaHostAlloc) for activation offload: counted in
+/// memory_stats(Backend::Cpu) like any host buffer (live, peak, allocations,
+/// frees, reserved); freed blocks are kept by size class and given back by
+/// release_cached_memory(Backend::Cpu). BackendError without a CUDA device.
+void* allocate_pinned_bytes(std::size_t bytes);
+void free_pinned_bytes(void* ptr, std::size_t bytes) noexcept;
 }  // namespace detail
 
 }  // namespace riftco_transformer

@@ -37,6 +37,10 @@ struct StageSettings {
   /// step, and refuses a budget no plan fits, naming the smallest. Needs
   /// activation_checkpointing left Disabled. 0: no budget.
   std::int64_t activation_memory_budget = 0;
+  /// Execution policy (metadata.json only): DecoderOnlyTransformer::
+  /// set_activation_offload. The pipelines train on the CPU, where it changes
+  /// nothing (no bytes move, the same bits); it is recorded for the run.
+  bool activation_offload = false;
   float dropout = 0.0F;
 
   std::filesystem::path data;  // empty: the stage's default data

@@ -393,6 +393,11 @@ typedef struct rt_pretraining_config {
    * metadata.json; a budget no plan fits is RT_ERROR_VALUE naming the
    * smallest. A smaller struct_size reads 0. */
   int64_t activation_memory_budget;
+  /* Appended in ABI 2.2: nonzero keeps checkpointed groups' block-boundary
+   * inputs in pinned host memory (activation offload, docs/checkpointing.md);
+   * the pipelines train on the CPU, where it moves nothing and is recorded in
+   * metadata.json. A smaller struct_size reads 0. */
+  int activation_offload;
 } rt_pretraining_config;
 /* Fills the first struct_size bytes with the defaults and sets struct_size;
  * use the inline rt_pretraining_config_default, which passes the caller's sizeof. */
@@ -416,6 +421,7 @@ typedef struct rt_post_training_config {
   const char* tokenizer;
   /* Appended in ABI 2.2, as in rt_pretraining_config. */
   int64_t activation_memory_budget;
+  int activation_offload;
 } rt_post_training_config;
 /* Fills the first struct_size bytes with the defaults and sets struct_size;
  * use the inline rt_post_training_config_default, which passes the caller's sizeof. */

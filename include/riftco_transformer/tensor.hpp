@@ -20,6 +20,11 @@ using Shape = std::vector<std::int64_t>;
 /// dimension or overflow.
 std::int64_t shape_numel(const Shape& shape, const char* op = "tensor");
 
+namespace detail {
+struct ParkState;
+struct OffloadAccess;
+}  // namespace detail
+
 /// One allocation, owned by every Tensor that views it. The version counter
 /// lives here, with the bytes: every handle that views the buffer (a reshape,
 /// a second leaf built on the same value) shares it, and every in-place write
@@ -31,8 +36,17 @@ class Storage {
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
 
-  float* data() { return data_; }
-  const float* data() const { return data_; }
+  /// The buffer. A storage whose bytes are parked in host memory
+  /// (activation offload, src/tensor/offload.hpp) and not yet brought back
+  /// throws BackendError instead of handing out a stale address.
+  float* data() {
+    if (park_ != nullptr && data_ == nullptr) [[unlikely]] throw_parked();
+    return data_;
+  }
+  const float* data() const {
+    if (park_ != nullptr && data_ == nullptr) [[unlikely]] throw_parked();
+    return data_;
+  }
   std::int64_t numel() const { return numel_; }
   Backend backend() const { return backend_; }
 
@@ -48,9 +62,13 @@ class Storage {
   std::uint64_t serial() const { return serial_; }
 
  private:
+  friend struct detail::OffloadAccess;
+  [[noreturn]] void throw_parked() const;
+
   Backend backend_;
   std::int64_t numel_;
   float* data_;
+  detail::ParkState* park_ = nullptr;  // set while offloaded or being copied back (offload.cpp)
   std::uint64_t serial_;
   std::atomic<std::uint64_t> version_{0};
   std::atomic<const char*> last_change_{""};
@@ -158,6 +176,7 @@ class Tensor {
   long use_count() const { return storage_.use_count(); }
 
  private:
+  friend struct detail::OffloadAccess;
   std::shared_ptr<Storage> storage_;
   Shape shape_;
   std::int64_t numel_ = 0;

@@ -164,6 +164,17 @@ class DecoderOnlyTransformer {
   /// The plan forward() follows: the explicit plan under Planned, else the
   /// uniform policy written as groups (segments of checkpoint_segment_blocks()).
   ActivationCheckpointingPlan activation_checkpointing_plan() const;
+  /// Activation offload (PyTorch's save_on_cpu, DeepSpeed's
+  /// cpu_checkpointing), off by default: the input of every checkpointed
+  /// group that starts at a block boundary (recompute 'block', a segment, or
+  /// 'attention') leaves the device for pinned host memory once the forward
+  /// has used it, and is copied back asynchronously one group ahead of the
+  /// backward's replays. Gradients are bit-identical to offload off. On a cpu
+  /// model, without grad mode or with no checkpointed group it does nothing
+  /// (docs/checkpointing.md, "Activation offload"). Affects later forward()
+  /// calls only.
+  void set_activation_offload(bool offload);
+  bool activation_offload() const;
 
   /// Residual dropout after the attention output and MLP down projections
   /// of every block, active while training() is true. p = 0 (the default)

@@ -97,15 +97,18 @@ void init_model(nb::module_& m) {
       .def(
           "__init__",
           [](DecoderOnlyTransformer* self, const Dims& config, const std::string& attention,
-             const std::string& activation_checkpointing, std::uint64_t seed, float norm_epsilon) {
+             const std::string& activation_checkpointing, std::uint64_t seed, float norm_epsilon,
+             bool activation_offload) {
             rt::Random random(seed);
             new (self) DecoderOnlyTransformer(config, random, norm_epsilon, rt::parse_attention_kind(attention),
                                               rt::parse_activation_checkpointing(activation_checkpointing));
+            self->set_activation_offload(activation_offload);
           },
           "config"_a = Dims{}, nb::kw_only(), "attention"_a = "materialized", "activation_checkpointing"_a = "disabled",
-          "seed"_a = 0, "norm_epsilon"_a = 1.0e-5F,
+          "seed"_a = 0, "norm_epsilon"_a = 1.0e-5F, "activation_offload"_a = false,
           "Weights drawn from a generator seeded with `seed`. attention: 'materialized' | 'flash';\n"
-          "activation_checkpointing: 'disabled' | 'block' | 'segments' | 'attention' | 'mlp' (execution policy, not architecture).")
+          "activation_checkpointing: 'disabled' | 'block' | 'segments' | 'attention' | 'mlp' (execution policy, not architecture);\n"
+          "activation_offload: see the property (cuda models; nothing moves on the CPU).")
       .def_prop_ro("config", [](const DecoderOnlyTransformer& model) { return model.dimensions(); })
       .def_prop_ro("norm_epsilon", [](const DecoderOnlyTransformer& model) { return short_double(model.norm_epsilon()); })
       .def_prop_rw(
@@ -184,6 +187,10 @@ void init_model(nb::module_& m) {
       .def_prop_rw("checkpoint_segment_blocks", &DecoderOnlyTransformer::checkpoint_segment_blocks,
                    &DecoderOnlyTransformer::set_checkpoint_segment_blocks,
                    "Blocks per segment for 'segments' (set 0 for round(sqrt(layers))).")
+      .def_prop_rw("activation_offload", &DecoderOnlyTransformer::activation_offload,
+                   &DecoderOnlyTransformer::set_activation_offload,
+                   "Keep checkpointed groups' block-boundary inputs in pinned host memory, copied back one group "
+                   "ahead of each replay (cuda models; nothing moves on the CPU; same gradients).")
       .def("set_dropout", &DecoderOnlyTransformer::set_dropout, "p"_a, "seed"_a = 0)
       .def_prop_ro("dropout", [](const DecoderOnlyTransformer& model) { return short_double(model.dropout()); })
       .def_prop_rw("training", &DecoderOnlyTransformer::training, &DecoderOnlyTransformer::set_training)

@@ -42,6 +42,9 @@ ConfigClass<C>& stage_fields(ConfigClass<C>& c) {
           },
           "bytes (or '256MiB', '1.5GiB') every step's activation peak must fit; the run chooses what each block "
           "recomputes (activation_checkpointing stays 'disabled'); 0: none")
+      .field("activation_offload", &StageSettings::activation_offload, "bool",
+             "keep checkpointed groups' block-boundary inputs in pinned host memory (cuda models; the CPU "
+             "pipelines record it in metadata.json and move nothing)")
       .real("dropout", &StageSettings::dropout)
       .path("data", &StageSettings::data, "None: the stage's default data")
       .path("tokenizer", &StageSettings::tokenizer, "None: bytes; a SentencePiece model file (train_tokenizer)")

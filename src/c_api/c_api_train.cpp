@@ -79,6 +79,7 @@ void appended_settings(const Config& c, rt::StageSettings& s) {
   if (RT_C_COVERS(c, decay_embeddings)) s.decay_embeddings = c.decay_embeddings != 0;
   if (RT_C_COVERS(c, tokenizer) && c.tokenizer != nullptr) s.tokenizer = c.tokenizer;
   if (RT_C_COVERS(c, activation_memory_budget)) s.activation_memory_budget = c.activation_memory_budget;
+  if (RT_C_COVERS(c, activation_offload)) s.activation_offload = c.activation_offload != 0;
 }
 
 rt::GenerationOptions generation_options(const rt_generation_options& o, const char* function) {
@@ -373,6 +374,7 @@ rt_status rt_pretraining_config_init(rt_pretraining_config* config, size_t struc
     c.decay_embeddings = d.decay_embeddings ? 1 : 0;
     c.tokenizer = nullptr;
     c.activation_memory_budget = 0;
+    c.activation_offload = 0;
     init_struct(config, struct_size, c, f);
   });
 }
@@ -391,6 +393,7 @@ rt_status rt_post_training_config_init(rt_post_training_config* config, size_t s
     c.decay_embeddings = d.decay_embeddings ? 1 : 0;
     c.tokenizer = nullptr;
     c.activation_memory_budget = 0;
+    c.activation_offload = 0;
     init_struct(config, struct_size, c, f);
   });
 }

@@ -222,6 +222,9 @@ void DecoderOnlyTransformer::set_activation_checkpointing_plan(const ActivationC
   core_->checkpointing = ActivationCheckpointingKind::Planned;
 }
 
+void DecoderOnlyTransformer::set_activation_offload(bool offload) { core_->activation_offload = offload; }
+bool DecoderOnlyTransformer::activation_offload() const { return core_->activation_offload; }
+
 ActivationCheckpointingPlan DecoderOnlyTransformer::activation_checkpointing_plan() const {
   const TransformerCore& m = *core_;
   if (m.checkpointing == ActivationCheckpointingKind::Planned) return m.plan;

@@ -16,6 +16,7 @@ struct TransformerCore {
   ActivationCheckpointingKind checkpointing = ActivationCheckpointingKind::Disabled;
   std::int64_t segment_blocks = 0;  // 0 = round(sqrt(layers))
   ActivationCheckpointingPlan plan;  // under Planned
+  bool activation_offload = false;   // checkpointed groups' inputs parked in host memory (cuda only)
   float dropout_probability = 0.0F;
   bool training = true;
   Random dropout_random{0};

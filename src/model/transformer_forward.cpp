@@ -5,6 +5,7 @@
 #include "riftco_transformer/checkpoint.hpp"
 #include "../ops/fused.hpp"
 #include "riftco_transformer/ops.hpp"
+#include "activation_offload.hpp"
 #include "transformer_core.hpp"
 
 namespace riftco_transformer {
@@ -191,16 +192,26 @@ Variable TransformerCore::block_forward(std::size_t index, const Variable& h, Fu
 
 namespace {
 
+/// Parks a checkpointed group's input after its checkpoint ran (offload on).
+Variable parked_after(const std::shared_ptr<ActivationOffload>& offload, const Variable& input, Variable output) {
+  if (offload) offload->park(input.value());
+  return output;
+}
+
 /// Runs blocks [first, last) on h as one checkpoint whose dependencies are
 /// every leaf those blocks use. The callable holds the shared core (not the
-/// model object) and the execution policy of this forward.
+/// model object) and the execution policy of this forward; with `offload`,
+/// it brings its parked input back first when it runs as a replay.
 Variable checkpointed_blocks(const std::shared_ptr<TransformerCore>& core, std::size_t first, std::size_t last,
-                             const Variable& h, FullSequenceAttentionKind kind, float drop) {
+                             const Variable& h, FullSequenceAttentionKind kind, float drop,
+                             const std::shared_ptr<ActivationOffload>& offload) {
   std::vector<Variable> deps;
   for (std::size_t i = first; i < last; ++i) {
     for (Variable& v : core->block_dependencies(i)) deps.push_back(std::move(v));
   }
-  auto recompute = [core, first, last, kind, drop](const Variable& input) {
+  const std::size_t slot = offload ? offload->next_index() : 0;
+  auto recompute = [core, first, last, kind, drop, offload, slot](const Variable& input) {
+    if (offload) offload->before_call(slot);
     Variable x = input;
     for (std::size_t i = first; i < last; ++i) x = core->block_forward(i, x, kind, drop);
     return x;
@@ -208,19 +219,24 @@ Variable checkpointed_blocks(const std::shared_ptr<TransformerCore>& core, std::
   CheckpointOptions options;  // dropout masks replay by default (preserve_random_state)
   options.name = last - first == 1 ? "block " + std::to_string(first)
                                    : "blocks " + std::to_string(first) + "-" + std::to_string(last - 1);
-  return checkpoint(h, deps, recompute, options);
+  return parked_after(offload, h, checkpoint(h, deps, recompute, options));
 }
 
 /// Block `index`'s attention (attention = true) or MLP sub-block as one
-/// checkpoint whose dependencies are the leaves that sub-block reads.
+/// checkpoint whose dependencies are the leaves that sub-block reads. With
+/// `offload` (the attention sub-block only: its input is the block boundary)
+/// the input is parked like a block's.
 Variable checkpointed_sub_block(const std::shared_ptr<TransformerCore>& core, std::size_t index, bool attention,
-                                const Variable& h, FullSequenceAttentionKind kind, float drop) {
-  auto recompute = [core, index, attention, kind, drop](const Variable& input) {
+                                const Variable& h, FullSequenceAttentionKind kind, float drop,
+                                const std::shared_ptr<ActivationOffload>& offload = nullptr) {
+  const std::size_t slot = offload ? offload->next_index() : 0;
+  auto recompute = [core, index, attention, kind, drop, offload, slot](const Variable& input) {
+    if (offload) offload->before_call(slot);
     return attention ? core->attention_sub_block(index, input, kind, drop) : core->mlp_sub_block(index, input, drop);
   };
   CheckpointOptions options;  // dropout masks replay by default (preserve_random_state)
   options.name = "block " + std::to_string(index) + (attention ? " attention" : " mlp");
-  return checkpoint(h, core->sub_block_dependencies(index, attention), recompute, options);
+  return parked_after(offload, h, checkpoint(h, core->sub_block_dependencies(index, attention), recompute, options));
 }
 
 }  // namespace
@@ -240,20 +256,25 @@ Variable DecoderOnlyTransformer::forward(std::span<const std::int32_t> tokens, s
   const float drop = m.training ? m.dropout_probability : 0.0F;
   const bool grad = !NoGradGuard::active();
   Variable h = embedding(m.token_embedding, tokens, {batch, t});  // (B, T, C)
+  // Activation offload: the block-boundary inputs of checkpointed groups
+  // (block, segment, attention) go to host memory; cuda models only.
+  std::shared_ptr<ActivationOffload> offload;
+  if (grad && m.activation_offload && h.backend() == Backend::Cuda) offload = std::make_shared<ActivationOffload>();
   std::size_t i = 0;
   for (const CheckpointGroup& g : activation_checkpointing_plan()) {
     const auto n = static_cast<std::size_t>(g.blocks);
     if (!grad || g.recompute == BlockRecompute::Nothing) {
       for (std::size_t j = i; j < i + n; ++j) h = m.block_forward(j, h, m.attention, drop);
     } else if (g.recompute == BlockRecompute::Attention) {
-      h = m.mlp_sub_block(i, checkpointed_sub_block(core_, i, true, h, m.attention, drop), drop);
+      h = m.mlp_sub_block(i, checkpointed_sub_block(core_, i, true, h, m.attention, drop, offload), drop);
     } else if (g.recompute == BlockRecompute::Mlp) {
       h = checkpointed_sub_block(core_, i, false, m.attention_sub_block(i, h, m.attention, drop), m.attention, drop);
     } else {
-      h = checkpointed_blocks(core_, i, i + n, h, m.attention, drop);
+      h = checkpointed_blocks(core_, i, i + n, h, m.attention, drop, offload);
     }
     i += n;
   }
+  if (offload) offload->finish_forward();
   h = rms_norm(h, m.final_norm, m.eps);  // (B, T, C)
   return linear(h, m.lm_head);          // (B, T, V)
 }

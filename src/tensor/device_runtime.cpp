@@ -75,6 +75,56 @@ void cuda_zero(void* dst, std::size_t bytes, const char* op) {
   check(cudaMemset(dst, 0, bytes), op, "cudaMemset", bytes);
 }
 
+void* cuda_host_alloc(std::size_t bytes, const char* op) {
+  if (!cuda_device_present()) throw BackendError(std::string("[") + op + "] " + cuda_unavailable_reason());
+  void* ptr = nullptr;
+  check(cudaHostAlloc(&ptr, bytes, cudaHostAllocDefault), op, "cudaHostAlloc", bytes);
+  return ptr;
+}
+
+namespace {
+cudaStream_t copy_stream() {
+  static const cudaStream_t stream = [] {
+    cudaStream_t s = nullptr;
+    check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "offload", "cudaStreamCreateWithFlags", 0);
+    return s;
+  }();
+  return stream;
+}
+cudaStream_t stream_of(Stream stream) { return stream == Stream::Copy ? copy_stream() : cudaStreamLegacy; }
+}  // namespace
+
+void cuda_host_free(void* ptr) noexcept {
+  if (ptr == nullptr) return;
+  cudaStreamSynchronize(copy_stream());  // no copy still reads or writes it
+  cudaFreeHost(ptr);
+}
+
+CudaEvent cuda_record_event(Stream stream, const char* op) {
+  cudaEvent_t event = nullptr;
+  check(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), op, "cudaEventCreate", 0);
+  const cudaError_t status = cudaEventRecord(event, stream_of(stream));
+  if (status != cudaSuccess) cudaEventDestroy(event);
+  check(status, op, "cudaEventRecord", 0);
+  return event;
+}
+
+void cuda_wait_event(Stream stream, CudaEvent event, const char* op) {
+  check(cudaStreamWaitEvent(stream_of(stream), static_cast<cudaEvent_t>(event), 0), op, "cudaStreamWaitEvent", 0);
+}
+
+void cuda_destroy_event(CudaEvent event) noexcept {
+  if (event != nullptr) cudaEventDestroy(static_cast<cudaEvent_t>(event));
+}
+
+void cuda_copy_async(void* dst, const void* src, std::size_t bytes, CopyKind kind, const char* op) {
+  if (bytes == 0) return;
+  const cudaMemcpyKind k = kind == CopyKind::HostToDevice   ? cudaMemcpyHostToDevice
+                           : kind == CopyKind::DeviceToHost ? cudaMemcpyDeviceToHost
+                                                            : cudaMemcpyDeviceToDevice;
+  check(cudaMemcpyAsync(dst, src, bytes, k, copy_stream()), op, "cudaMemcpyAsync", bytes);
+}
+
 #else  // !RIFTCO_CUDA
 
 namespace {
@@ -89,6 +139,12 @@ void* cuda_malloc(std::size_t) { not_built("allocate"); }
 void cuda_free(void*) noexcept {}
 void cuda_copy(void*, const void*, std::size_t, CopyKind, const char* op) { not_built(op); }
 void cuda_zero(void*, std::size_t, const char* op) { not_built(op); }
+void* cuda_host_alloc(std::size_t, const char* op) { not_built(op); }
+void cuda_host_free(void*) noexcept {}
+CudaEvent cuda_record_event(Stream, const char* op) { not_built(op); }
+void cuda_wait_event(Stream, CudaEvent, const char* op) { not_built(op); }
+void cuda_destroy_event(CudaEvent) noexcept {}
+void cuda_copy_async(void*, const void*, std::size_t, CopyKind, const char* op) { not_built(op); }
 
 #endif
 

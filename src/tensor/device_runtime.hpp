@@ -24,4 +24,22 @@ void cuda_copy(void* dst, const void* src, std::size_t bytes, CopyKind kind, con
 /// cudaMemset to zero bytes; throws BackendError naming `op`.
 void cuda_zero(void* dst, std::size_t bytes, const char* op);
 
+// ---- activation offload (offload.cpp) -------------------------------------
+/// cudaHostAlloc (page-locked host memory); throws BackendError naming `op`.
+void* cuda_host_alloc(std::size_t bytes, const char* op);
+/// Waits for the copy stream, then cudaFreeHost; errors are ignored.
+void cuda_host_free(void* ptr) noexcept;
+
+/// Compute: the legacy default stream every kernel runs on. Copy: one
+/// non-blocking stream (made at first use) for the offload copies only.
+enum class Stream : unsigned char { Compute, Copy };
+using CudaEvent = void*;
+/// A cudaEvent (timing disabled) recorded now on `stream`.
+CudaEvent cuda_record_event(Stream stream, const char* op);
+/// `stream` waits on the device, not the host, for `event`.
+void cuda_wait_event(Stream stream, CudaEvent event, const char* op);
+void cuda_destroy_event(CudaEvent event) noexcept;
+/// cudaMemcpyAsync on the copy stream (the host buffer must be pinned).
+void cuda_copy_async(void* dst, const void* src, std::size_t bytes, CopyKind kind, const char* op);
+
 }  // namespace riftco_transformer::detail

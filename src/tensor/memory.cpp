@@ -74,6 +74,20 @@ struct Counters {
   std::unordered_map<std::size_t, std::vector<void*>> free_lists;  // class → blocks
 };
 
+// Pinned host blocks (activation offload) by size class: counted in the CPU
+// counters, on their own free lists (they go back with cudaFreeHost). Every
+// freed block is kept: offload parks the same sizes every step.
+struct PinnedCache {
+  std::mutex lock;
+  std::unordered_map<std::size_t, std::vector<void*>> free_lists;
+  std::int64_t cached = 0;
+};
+
+PinnedCache& pinned_cache() {
+  static PinnedCache cache;
+  return cache;
+}
+
 Counters& counters(Backend backend) {
   static Counters per_backend[2];
   return per_backend[static_cast<int>(backend)];
@@ -158,6 +172,20 @@ std::int64_t release_cached_memory(Backend backend) {
     for (void* p : blocks) system_free(backend, p);
     released += static_cast<std::int64_t>(size * blocks.size());
   }
+  if (backend == Backend::Cpu) {
+    PinnedCache& pinned = pinned_cache();
+    std::unordered_map<std::size_t, std::vector<void*>> pinned_lists;
+    {
+      std::lock_guard<std::mutex> guard(pinned.lock);
+      pinned_lists.swap(pinned.free_lists);
+      c.reserved.fetch_sub(pinned.cached);
+      pinned.cached = 0;
+    }
+    for (auto& [size, blocks] : pinned_lists) {
+      for (void* p : blocks) detail::cuda_host_free(p);
+      released += static_cast<std::int64_t>(size * blocks.size());
+    }
+  }
   return released;
 }
 
@@ -215,6 +243,49 @@ void free_bytes(Backend backend, void* ptr, std::size_t bytes) noexcept {
     }
   }
   system_free(backend, ptr);
+  c.reserved.fetch_sub(static_cast<std::int64_t>(rounded));
+}
+
+void* allocate_pinned_bytes(std::size_t bytes) {
+  Counters& c = counters(Backend::Cpu);
+  PinnedCache& pinned = pinned_cache();
+  const std::size_t rounded = std::max(size_class(bytes), kAlign);
+  void* ptr = nullptr;
+  {
+    std::lock_guard<std::mutex> guard(pinned.lock);
+    auto it = pinned.free_lists.find(rounded);
+    if (it != pinned.free_lists.end() && !it->second.empty()) {
+      ptr = it->second.back();
+      it->second.pop_back();
+      pinned.cached -= static_cast<std::int64_t>(rounded);
+    }
+  }
+  if (ptr == nullptr) {
+    ptr = cuda_host_alloc(rounded, "offload");
+    c.reserved.fetch_add(static_cast<std::int64_t>(rounded));
+  }
+  const std::int64_t live = c.live.fetch_add(static_cast<std::int64_t>(bytes)) + static_cast<std::int64_t>(bytes);
+  c.allocations.fetch_add(1);
+  raise_peak(c, live);
+  return ptr;
+}
+
+void free_pinned_bytes(void* ptr, std::size_t bytes) noexcept {
+  if (ptr == nullptr) return;
+  Counters& c = counters(Backend::Cpu);
+  c.live.fetch_sub(static_cast<std::int64_t>(bytes));
+  c.frees.fetch_add(1);
+  PinnedCache& pinned = pinned_cache();
+  const std::size_t rounded = std::max(size_class(bytes), kAlign);
+  try {
+    std::lock_guard<std::mutex> guard(pinned.lock);
+    pinned.free_lists[rounded].push_back(ptr);
+    pinned.cached += static_cast<std::int64_t>(rounded);
+    return;
+  } catch (...) {
+    // fall through: give the block back
+  }
+  cuda_host_free(ptr);
   c.reserved.fetch_sub(static_cast<std::int64_t>(rounded));
 }
 

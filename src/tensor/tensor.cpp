@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "device_runtime.hpp"
+#include "offload.hpp"
 
 namespace riftco_transformer {
 
@@ -82,7 +83,16 @@ void Storage::bump_version(const char* why) {
 OutsideWriteWatch::OutsideWriteWatch() : first_serial_(g_next_storage_serial.load()) { t_write_watches.push_back(this); }
 OutsideWriteWatch::~OutsideWriteWatch() { std::erase(t_write_watches, this); }
 
-Storage::~Storage() { detail::free_bytes(backend_, data_, static_cast<std::size_t>(numel_) * sizeof(float)); }
+void Storage::throw_parked() const {
+  throw BackendError("[tensor] a cuda buffer of " + std::to_string(numel_) +
+                     " elements is offloaded to host memory (activation offload) and was read before it was copied "
+                     "back; the offload must restore it before its replay");
+}
+
+Storage::~Storage() {
+  if (park_ != nullptr) detail::OffloadAccess::drop(*this);  // parked bytes, a copy in flight
+  detail::free_bytes(backend_, data_, static_cast<std::size_t>(numel_) * sizeof(float));
+}
 
 Tensor Tensor::empty(const Shape& shape, Backend backend) {
   Tensor t;

@@ -209,6 +209,7 @@ RunResult run(StageRun& r, const ProgressCallback& progress, const NoticeCallbac
   model.set_attention_kind(s.attention);
   model.set_activation_checkpointing_kind(s.activation_checkpointing);
   model.set_checkpoint_segment_blocks(s.checkpoint_segment_blocks);
+  model.set_activation_offload(s.activation_offload);
   model.set_dropout(s.dropout, s.seed + 1);
   model.set_training(true);
   RunResult result;

@@ -116,6 +116,7 @@ nlohmann::json settings_json(const StageSettings& s) {
           {"activation_checkpointing", activation_checkpointing_name(s.activation_checkpointing)},
           {"checkpoint_segment_blocks", s.checkpoint_segment_blocks},
           {"activation_memory_budget", s.activation_memory_budget},
+          {"activation_offload", s.activation_offload},
           {"dropout", json_number(s.dropout)},
           {"data", s.data.string()},
           {"tokenizer", s.tokenizer.string()},

@@ -140,7 +140,7 @@ void load_training_checkpoint(const std::filesystem::path& path, const std::vect
   // same); everything that decides the numbers must not.
   for (auto* j : {&saved, &expected}) {
     for (const char* key : {"resume", "output_dir", "activation_checkpointing", "checkpoint_segment_blocks",
-                            "activation_memory_budget",
+                            "activation_memory_budget", "activation_offload",
                             "attention", "eval_interval", "eval_batches", "checkpoint_interval",
                             "allow_non_finite"}) {
       j->erase(key);

@@ -1085,6 +1085,46 @@ static void test_activation_memory_budget(void) {
   FAILS(rt_run_pretraining(&c, NULL, NULL, &r), RT_ERROR_VALUE, "activation_memory_budget");
 }
 
+/* Activation offload (ABI 2.2, appended): 0 by default; a CPU run with it
+ * moves nothing, gives the same losses and records it in metadata.json. */
+static void test_activation_offload(void) {
+  rt_pretraining_config c;
+  OK(rt_pretraining_config_default(&c));
+  CHECK(c.activation_offload == 0);
+  c.model.context_length = 32;
+  c.model.model_width = 16;
+  c.model.heads = 2;
+  c.model.layers = 2;
+  c.model.feed_forward_width = 32;
+  c.stage.data = path_in("corpus.txt");
+  c.stage.activation_checkpointing = RT_ACTIVATION_CHECKPOINTING_TRANSFORMER_BLOCK;
+  c.stage.steps = 2;
+  c.stage.batch = 2;
+  c.stage.sequence_length = 16;
+  c.stage.eval_batches = 1;
+  c.stage.checkpoint_interval = 0;
+  rt_run_result off;
+  off.struct_size = sizeof off;
+  c.stage.output_dir = path_in("offload_off");
+  OK(rt_run_pretraining(&c, NULL, NULL, &off));
+  rt_run_result on;
+  on.struct_size = sizeof on;
+  c.stage.output_dir = path_in("offload_on");
+  c.activation_offload = 1;
+  OK(rt_run_pretraining(&c, NULL, NULL, &on));
+  CHECK(off.completed == 1 && on.completed == 1);
+  CHECK(memcmp(&off.final_train_loss, &on.final_train_loss, sizeof(float)) == 0);
+  CHECK(memcmp(&off.final_validation_loss, &on.final_validation_loss, sizeof(float)) == 0);
+  FILE* f = fopen(path_in("offload_on/metadata.json"), "r");
+  char metadata[16384] = {0};
+  CHECK(f != NULL);
+  if (f != NULL) {
+    CHECK(fread(metadata, 1, sizeof metadata - 1, f) > 0);
+    fclose(f);
+  }
+  CHECK(strstr(metadata, "\"activation_offload\": true") != NULL);
+}
+
 int main(void) {
   snprintf(g_dir, sizeof g_dir, "/tmp/rt_c_abi_XXXXXX");
   if (mkdtemp(g_dir) == NULL) return 2;
@@ -1102,6 +1142,7 @@ int main(void) {
   test_groups_accumulation_and_sampling();
   test_struct_sizes_read_no_further();
   test_activation_memory_budget();
+  test_activation_offload();
   char command[600];
   snprintf(command, sizeof command, "rm -rf '%s'", g_dir);
   if (system(command) != 0) fprintf(stderr, "could not remove %s\n", g_dir);

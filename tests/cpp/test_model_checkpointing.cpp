@@ -22,10 +22,12 @@ struct StepResult {
 };
 
 StepResult train_step(ActivationCheckpointingKind policy, FullSequenceAttentionKind attention, std::int64_t layers = 3,
-                      float drop = 0.0F, std::int64_t segment = 0) {
+                      float drop = 0.0F, std::int64_t segment = 0, bool offload = false) {
   Random random(21);
   DecoderOnlyTransformer model(tiny_dims(layers), random, 1e-5F, attention, policy);
   model.set_checkpoint_segment_blocks(segment);
+  model.set_activation_offload(offload);
+  EXPECT_EQ(model.activation_offload(), offload);
   if (drop > 0.0F) model.set_dropout(drop, 5);
   const auto b = random_batch(2, 12, 32, 22);
   StepResult r;
@@ -89,6 +91,22 @@ TEST_P(PolicyParity, SubBlockPoliciesEqualDisabledBitForBit) {
                        "attention + dropout");
   expect_bit_identical(dropped, train_step(ActivationCheckpointingKind::MlpSubBlock, attention, 3, 0.3F),
                        "mlp + dropout");
+}
+
+// Activation offload parks cuda tensors only: on a cpu model nothing moves
+// (no pinned host bytes) and the step is the same, bit for bit.
+TEST_P(PolicyParity, ActivationOffloadOnACpuModelChangesNothing) {
+  const FullSequenceAttentionKind attention = GetParam();
+  const StepResult disabled = train_step(ActivationCheckpointingKind::Disabled, attention, 3, 0.3F);
+  expect_bit_identical(disabled,
+                       train_step(ActivationCheckpointingKind::TransformerBlock, attention, 3, 0.3F, 0, true),
+                       "block + offload");
+  expect_bit_identical(disabled,
+                       train_step(ActivationCheckpointingKind::BlockSegments, attention, 3, 0.3F, 2, true),
+                       "segments + offload");
+  expect_bit_identical(disabled,
+                       train_step(ActivationCheckpointingKind::AttentionSubBlock, attention, 3, 0.3F, 0, true),
+                       "attention + offload");
 }
 
 INSTANTIATE_TEST_SUITE_P(Attention, PolicyParity,

@@ -3,7 +3,8 @@
 // attention, grouped-query attention, LoRA); every checkpointing policy bit
 // for bit against the ordinary graph on CUDA; an Adam step; decode with the
 // K/V cache on the device; the CUDA allocator's accounting; stale graphs
-// after model.to(); and an activation memory budget met on CUDA.
+// after model.to(); an activation memory budget met on CUDA; and activation
+// offload (same bits, the boundary activations in pinned host memory).
 // Every test skips, saying why, when no CUDA device is present.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
@@ -224,6 +225,88 @@ INSTANTIATE_TEST_SUITE_P(Attention, CudaPolicyParity,
                          [](const ::testing::TestParamInfo<FullSequenceAttentionKind>& info) {
                            return std::string(info.param == FullSequenceAttentionKind::Flash ? "flash" : "materialized");
                          });
+
+// ---- activation offload: parked boundary activations, same bits -------------------
+
+TEST(CudaActivationOffload, GradientsEqualOffloadOffBitForBit) {
+  SKIP_WITHOUT_CUDA();
+  const Config c{"offload", FullSequenceAttentionKind::Flash, 2, true};
+  const auto b = random_batch(2, 20, 48, 38);
+  const auto run = [&](ActivationCheckpointingKind kind, const ActivationCheckpointingPlan* plan, bool offload,
+                       float dropout) {
+    auto model = make_model(c, Backend::Cuda, 4, plan != nullptr ? ActivationCheckpointingKind::Disabled : kind);
+    if (plan != nullptr) model->set_activation_checkpointing_plan(*plan);
+    model->set_activation_offload(offload);
+    EXPECT_EQ(model->activation_offload(), offload);
+    if (dropout > 0.0F) model->set_dropout(dropout, 7);
+    return run_step(*model, b);
+  };
+  const ActivationCheckpointingPlan mixed{{2, BlockRecompute::Whole},
+                                          {1, BlockRecompute::Attention},
+                                          {1, BlockRecompute::Mlp}};
+  for (const float dropout : {0.0F, 0.2F}) {
+    const Step base = run(ActivationCheckpointingKind::Disabled, nullptr, false, dropout);
+    const std::vector<std::pair<std::string, Step>> others = {
+        {"disabled+offload", run(ActivationCheckpointingKind::Disabled, nullptr, true, dropout)},
+        {"block+offload", run(ActivationCheckpointingKind::TransformerBlock, nullptr, true, dropout)},
+        {"segments+offload", run(ActivationCheckpointingKind::BlockSegments, nullptr, true, dropout)},
+        {"attention+offload", run(ActivationCheckpointingKind::AttentionSubBlock, nullptr, true, dropout)},
+        {"mixed plan+offload", run(ActivationCheckpointingKind::Planned, &mixed, true, dropout)},
+    };
+    for (const auto& [name, s] : others) {
+      const std::string what = name + " (dropout " + std::to_string(dropout) + ")";
+      EXPECT_TRUE(same_bits(base.logits, s.logits)) << what << " logits";
+      EXPECT_TRUE(same_bits(base.loss, s.loss)) << what << " loss";
+      ASSERT_EQ(base.grads.size(), s.grads.size());
+      for (std::size_t i = 0; i < base.grads.size(); ++i) {
+        EXPECT_TRUE(same_bits(base.grads[i], s.grads[i])) << what << " gradient " << i;
+        EXPECT_TRUE(same_bits(base.after_adam[i], s.after_adam[i])) << what << " Adam step " << i;
+      }
+    }
+  }
+}
+
+TEST(CudaActivationOffload, BoundaryActivationsMoveToPinnedHostMemoryAndBack) {
+  SKIP_WITHOUT_CUDA();
+  const Config c{"offload memory", FullSequenceAttentionKind::Flash, 0, false};
+  const auto b = random_batch(2, 20, 48, 39);
+  const std::int64_t layers = 4;
+  const std::int64_t boundary = 2 * 20 * 32 * static_cast<std::int64_t>(sizeof(float));  // one (B, T, C) input
+  // Device and host live bytes once the loss exists (before backward), and after the step and graph release.
+  // The device peak of the step (forward and backward) above the live bytes before it.
+  const auto measure = [&](bool offload, std::int64_t& device_live, std::int64_t& host_live, std::int64_t& peak) {
+    auto model = make_model(c, Backend::Cuda, layers, ActivationCheckpointingKind::TransformerBlock);
+    model->set_activation_offload(offload);
+    const std::int64_t device_before = memory_stats(Backend::Cuda).live_bytes;
+    const std::int64_t host_before = memory_stats(Backend::Cpu).live_bytes;
+    reset_peak_memory(Backend::Cuda);
+    {
+      Variable loss = model->loss(b.tokens, b.targets, b.batch);
+      device_live = memory_stats(Backend::Cuda).live_bytes - device_before;
+      host_live = memory_stats(Backend::Cpu).live_bytes - host_before;
+      loss.backward();
+      peak = memory_stats(Backend::Cuda).peak_bytes - device_before;
+      for (Variable& p : trainable(*model)) p.clear_grad();
+    }  // graph released
+    EXPECT_EQ(memory_stats(Backend::Cuda).live_bytes, device_before) << "offload " << offload;
+    EXPECT_EQ(memory_stats(Backend::Cpu).live_bytes, host_before) << "offload " << offload;
+  };
+  std::int64_t device_off = 0;
+  std::int64_t host_off = 0;
+  std::int64_t device_on = 0;
+  std::int64_t host_on = 0;
+  std::int64_t peak_off = 0;
+  std::int64_t peak_on = 0;
+  measure(false, device_off, host_off, peak_off);
+  measure(true, device_on, host_on, peak_on);
+  // The backward brings each input back one group ahead and lets it go after its replay: a lower device peak.
+  EXPECT_LT(peak_on, peak_off);
+  // Every group's input (the embedding output and three block outputs) left the device for pinned host memory.
+  EXPECT_EQ(device_off - device_on, layers * boundary);
+  EXPECT_EQ(host_on - host_off, layers * boundary);
+  // The pinned blocks stay cached for the next step until released with the CPU cache.
+  EXPECT_GE(release_cached_memory(Backend::Cpu), layers * boundary);
+}
 
 // ---- decode with the K/V cache on the device -------------------------------------
 

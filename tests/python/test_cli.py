@@ -49,6 +49,18 @@ def test_pretrain_writes_outputs_and_records_the_policy(pretrained):
     assert (pretrained / "loss_curve.svg").read_text().rstrip().endswith("</svg>")
 
 
+def test_activation_offload_is_recorded_and_changes_nothing_on_the_cpu(tools, corpus, tmp_path):
+    outputs = {}
+    for offload in (False, True):
+        out = tmp_path / f"offload_{offload}"
+        r = run(tools[0], "pretrain", "--data", corpus, "--steps", 2, "--output", out,
+                "--activation-checkpointing", "block", *(["--activation-offload"] if offload else []), *TINY)
+        assert r.returncode == 0, r.stderr
+        assert json.loads((out / "metadata.json").read_text())["config"]["activation_offload"] is offload
+        outputs[offload] = (out / "model.safetensors").read_bytes()
+    assert outputs[True] == outputs[False]  # the CPU pipelines move nothing: same bits
+
+
 @pytest.mark.parametrize("policy", ["attention", "mlp"])
 def test_sub_block_policies_train_the_same_model_as_disabled(tools, corpus, tmp_path, policy):
     outputs = {}
