@@ -225,8 +225,10 @@ bool launched_by_mpi() {
 }
 
 Communicator& mpi_world() {
-  static MpiCommunicator world;
-  return world;
+  // Never destroyed: the exit handler (finalize_at_exit, registered while it
+  // is being built) runs after static destructors and still uses it.
+  static MpiCommunicator* const world = new MpiCommunicator();
+  return *world;
 }
 
 }  // namespace riftco_transformer::distributed_detail
