@@ -1,4 +1,6 @@
-// FlashAttention-2 style causal attention, written for clarity over speed.
+// FlashAttention-2 style causal attention. The scalar kernels below are
+// written for clarity; head widths up to 64 take the register-tiled kernels
+// further down (same blocks, same summation order, same bits).
 //
 // Forward: one block per (b, h, query tile of `tile` rows). Q's tile stays in
 // shared memory; key/value tiles stream through it; each row keeps a running
