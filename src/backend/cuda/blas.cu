@@ -40,6 +40,7 @@ void check_cublas(cublasStatus_t status, const char* op, const char* call) {
     throw BackendError(std::string("[") + op + "] " + call + " failed on cuda: " + cublas_status_name(status) + " (" +
                        std::to_string(static_cast<int>(status)) + ")");
   }
+  detail::profile_mark(op, call);
 }
 
 bool read_tf32_switch() {

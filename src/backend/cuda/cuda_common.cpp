@@ -5,7 +5,10 @@
 namespace riftco_transformer::cuda::detail {
 
 void check(cudaError_t status, const char* op, const char* call) {
-  if (status == cudaSuccess) return;
+  if (status == cudaSuccess) {
+    profile_mark(op, call);
+    return;
+  }
   cudaGetLastError();  // clear a non-sticky error so the next call does not report it again
   throw BackendError(std::string("[") + op + "] " + call + " failed on cuda: " + cudaGetErrorName(status) + ": " +
                      cudaGetErrorString(status));
@@ -13,7 +16,10 @@ void check(cudaError_t status, const char* op, const char* call) {
 
 void check_launch(const char* op, const char* kernel) {
   const cudaError_t status = cudaGetLastError();
-  if (status == cudaSuccess) return;
+  if (status == cudaSuccess) {
+    profile_mark(op, kernel);
+    return;
+  }
   throw BackendError(std::string("[") + op + "] launching " + kernel + " failed on cuda: " + cudaGetErrorName(status) +
                      ": " + cudaGetErrorString(status));
 }

@@ -18,6 +18,9 @@ namespace riftco_transformer::cuda::detail {
 void check(cudaError_t status, const char* op, const char* call);
 /// After a kernel launch: cudaGetLastError() through check().
 void check_launch(const char* op, const char* kernel);
+/// RIFTCO_CUDA_PROFILE=1 only: waits for the device and books the GPU time since the previous mark to op/kernel
+/// (profile.cpp); otherwise returns at once.
+void profile_mark(const char* op, const char* kernel);
 /// BackendError unless `t` is a defined cuda tensor.
 void require_cuda(const Tensor& t, const char* op, const char* name);
 /// BackendError "[op] <what> does not fit the 32-bit size cuBLAS/CUDA takes" when value > INT32_MAX.

@@ -1,4 +1,6 @@
-// FlashAttention-2 style causal attention, written for clarity over speed.
+// FlashAttention-2 style causal attention. The scalar kernels below are
+// written for clarity; head widths up to 64 take the register-tiled kernels
+// further down (same blocks, same summation order, same bits).
 //
 // Forward: one block per (b, h, query tile of `tile` rows). Q's tile stays in
 // shared memory; key/value tiles stream through it; each row keeps a running
@@ -294,6 +296,328 @@ __global__ void flash_dq_kernel(int H, int T, int D, int tile, View q, View k, V
   for (int e = threadIdx.x; e < rows * D; e += blockDim.x) dq.row(b, h, i0 + e / D)[e % D] = dqs[e];
 }
 
+// ---- backward, register-tiled path (tile 32, 128 threads, D <= 64) -----------------
+//
+// The same blocks, tiles and per-element summation order as the kernels
+// above (every dot product over d in order, every dK/dV/dQ element over its
+// rows or keys in order, fma off), so the bits are the same; each thread
+// computes a 2x4 block of P/dS and a 4x4 block of its outputs in registers
+// instead of one element at a time from shared memory. Shared rows are padded
+// (D + 1, 33) so a warp's reads fall in distinct banks.
+
+constexpr int kFastTile = 32;
+constexpr int kFastMaxD = 64;
+constexpr int kLdS = kFastTile + 1;
+
+/// P (when ps is set) and dS of the (query tile i0, key tile j0) pair into ps/dss (row stride kLdS).
+/// Thread t: rows t/8 + 16n (n < 2), columns t%8 + 8m (m < 4).
+__device__ void fast_grad_tile(const float* qs, const float* dos, const float* ks, const float* vs, int ld, int D,
+                               const float* lses, const float* deltas, int i0, int j0, int rows, int cols,
+                               float scale, float* ps, float* dss) {
+  const int cg = threadIdx.x % 8;
+  const int rg = threadIdx.x / 8;
+  int ri[2];
+  int ci[4];
+  for (int n = 0; n < 2; ++n) ri[n] = min(rg + 16 * n, rows - 1) * ld;
+  for (int m = 0; m < 4; ++m) ci[m] = min(cg + 8 * m, cols - 1) * ld;
+  float sqk[2][4] = {};
+  float sdv[2][4] = {};
+  for (int d = 0; d < D; ++d) {
+    float qv[2], ov[2], kv[4], vv[4];
+    for (int n = 0; n < 2; ++n) {
+      qv[n] = qs[ri[n] + d];
+      ov[n] = dos[ri[n] + d];
+    }
+    for (int m = 0; m < 4; ++m) {
+      kv[m] = ks[ci[m] + d];
+      vv[m] = vs[ci[m] + d];
+    }
+    for (int n = 0; n < 2; ++n) {
+      for (int m = 0; m < 4; ++m) {
+        sqk[n][m] += qv[n] * kv[m];
+        sdv[n][m] += ov[n] * vv[m];
+      }
+    }
+  }
+  for (int n = 0; n < 2; ++n) {
+    const int r = rg + 16 * n;
+    if (r >= rows) continue;
+    for (int m = 0; m < 4; ++m) {
+      const int c = cg + 8 * m;
+      if (c >= cols) continue;
+      float p = 0.0F;
+      float ds = 0.0F;
+      if (j0 + c <= i0 + r) {
+        p = expf(sqk[n][m] * scale - lses[r]);
+        ds = p * (sdv[n][m] - deltas[r]) * scale;
+      }
+      if (ps != nullptr) ps[r * kLdS + c] = p;
+      dss[r * kLdS + c] = ds;
+    }
+  }
+}
+
+/// Shared floats of the fast dK/dV kernel: K, V, Q, dO (32·(D+1)), P, dS (32·33), lse, delta.
+std::int64_t fast_dkdv_floats(int D) {
+  return std::int64_t{4} * kFastTile * (D + 1) + std::int64_t{2} * kFastTile * kLdS + 2 * kFastTile;
+}
+
+__global__ void flash_dkdv_fast_kernel(int H, int T, int D, View q, View k, View v, View d_out, const float* lse,
+                                       const float* delta, OutView dk, OutView dv, float scale) {
+  extern __shared__ float smem[];
+  constexpr int tile = kFastTile;
+  const int tiles = (T + tile - 1) / tile;
+  const std::int64_t bh = blockIdx.x / tiles;
+  const std::int64_t b = bh / H;
+  const std::int64_t h = bh % H;
+  const int j0 = static_cast<int>(blockIdx.x % tiles) * tile;
+  const int cols = min(tile, T - j0);
+  const int ld = D + 1;
+  float* ks = smem;                // (tile, D + 1)
+  float* vs = ks + tile * ld;      // (tile, D + 1)
+  float* qs = vs + tile * ld;      // (tile, D + 1)
+  float* dos = qs + tile * ld;     // (tile, D + 1)
+  float* ps = dos + tile * ld;     // (tile, 33)
+  float* dss = ps + tile * kLdS;   // (tile, 33)
+  float* lses = dss + tile * kLdS;
+  float* deltas = lses + tile;
+  // Outputs of this thread: columns cg + 8m, head dims dg + 16k (m, k < 4).
+  const int cg = threadIdx.x % 8;
+  const int dg = threadIdx.x / 8;
+  int dd[4];
+  for (int kk = 0; kk < 4; ++kk) dd[kk] = min(dg + 16 * kk, D - 1);
+  float acc_v[4][4] = {};
+  float acc_k[4][4] = {};
+
+  load_rows(k, b, h, j0, cols, D, ks, ld);
+  load_rows(v, b, h, j0, cols, D, vs, ld);
+  for (int i0 = (j0 / tile) * tile; i0 < T; i0 += tile) {  // query tiles that see key j0 or later
+    const int rows = min(tile, T - i0);
+    __syncthreads();  // the previous query tile is done with qs, dos, ps, dss
+    load_rows(q, b, h, i0, rows, D, qs, ld);
+    load_rows(d_out, b, h, i0, rows, D, dos, ld);
+    for (int r = threadIdx.x; r < rows; r += blockDim.x) {
+      lses[r] = lse[bh * T + i0 + r];
+      deltas[r] = delta[bh * T + i0 + r];
+    }
+    __syncthreads();
+    fast_grad_tile(qs, dos, ks, vs, ld, D, lses, deltas, i0, j0, rows, cols, scale, ps, dss);
+    __syncthreads();
+    int first[4];  // first visible row of each column
+    for (int m = 0; m < 4; ++m) first[m] = max(0, j0 + cg + 8 * m - i0);
+    for (int r = first[0]; r < rows; ++r) {  // dV += Pᵀ dO, dK += dSᵀ Q, rows in order
+      float o[4], qq[4];
+      for (int kk = 0; kk < 4; ++kk) {
+        o[kk] = dos[r * ld + dd[kk]];
+        qq[kk] = qs[r * ld + dd[kk]];
+      }
+      for (int m = 0; m < 4; ++m) {
+        if (r < first[m]) continue;
+        const float p = ps[r * kLdS + cg + 8 * m];
+        const float ds = dss[r * kLdS + cg + 8 * m];
+        for (int kk = 0; kk < 4; ++kk) {
+          acc_v[m][kk] += p * o[kk];
+          acc_k[m][kk] += ds * qq[kk];
+        }
+      }
+    }
+  }
+  for (int m = 0; m < 4; ++m) {
+    const int c = cg + 8 * m;
+    if (c >= cols) continue;
+    for (int kk = 0; kk < 4; ++kk) {
+      const int d = dg + 16 * kk;
+      if (d >= D) continue;
+      dk.row(b, h, j0 + c)[d] = acc_k[m][kk];
+      dv.row(b, h, j0 + c)[d] = acc_v[m][kk];
+    }
+  }
+}
+
+/// Shared floats of the fast dQ kernel: Q, dO, K, V (32·(D+1)), dS (32·33), lse, delta.
+std::int64_t fast_dq_floats(int D) {
+  return std::int64_t{4} * kFastTile * (D + 1) + std::int64_t{kFastTile} * kLdS + 2 * kFastTile;
+}
+
+__global__ void flash_dq_fast_kernel(int H, int T, int D, View q, View k, View v, View d_out, const float* lse,
+                                     const float* delta, OutView dq, float scale) {
+  extern __shared__ float smem[];
+  constexpr int tile = kFastTile;
+  const int tiles = (T + tile - 1) / tile;
+  const std::int64_t bh = blockIdx.x / tiles;
+  const std::int64_t b = bh / H;
+  const std::int64_t h = bh % H;
+  const int i0 = static_cast<int>(blockIdx.x % tiles) * tile;
+  const int rows = min(tile, T - i0);
+  const int ld = D + 1;
+  float* qs = smem;               // (tile, D + 1)
+  float* dos = qs + tile * ld;    // (tile, D + 1)
+  float* ks = dos + tile * ld;    // (tile, D + 1)
+  float* vs = ks + tile * ld;     // (tile, D + 1)
+  float* dss = vs + tile * ld;    // (tile, 33)
+  float* lses = dss + tile * kLdS;
+  float* deltas = lses + tile;
+  // Outputs of this thread: rows rg + 8n, head dims dg + 16k (n, k < 4).
+  const int rg = threadIdx.x % 8;
+  const int dg = threadIdx.x / 8;
+  int dd[4];
+  for (int kk = 0; kk < 4; ++kk) dd[kk] = min(dg + 16 * kk, D - 1);
+  float acc[4][4] = {};
+
+  load_rows(q, b, h, i0, rows, D, qs, ld);
+  load_rows(d_out, b, h, i0, rows, D, dos, ld);
+  for (int r = threadIdx.x; r < rows; r += blockDim.x) {
+    lses[r] = lse[bh * T + i0 + r];
+    deltas[r] = delta[bh * T + i0 + r];
+  }
+  const int key_end = i0 + rows;
+  for (int j0 = 0; j0 < key_end; j0 += tile) {
+    const int cols = min(tile, key_end - j0);
+    __syncthreads();  // the previous key tile is done with ks, vs, dss
+    load_rows(k, b, h, j0, cols, D, ks, ld);
+    load_rows(v, b, h, j0, cols, D, vs, ld);
+    __syncthreads();
+    fast_grad_tile(qs, dos, ks, vs, ld, D, lses, deltas, i0, j0, rows, cols, scale, nullptr, dss);
+    __syncthreads();
+    int valid[4];  // visible keys of each row in this tile
+    for (int n = 0; n < 4; ++n) valid[n] = min(cols, i0 + rg + 8 * n - j0 + 1);
+    for (int c = 0; c < cols; ++c) {  // dQ += dS K, keys in order
+      float kv[4];
+      for (int kk = 0; kk < 4; ++kk) kv[kk] = ks[c * ld + dd[kk]];
+      for (int n = 0; n < 4; ++n) {
+        if (c >= valid[n]) continue;
+        const float ds = dss[(rg + 8 * n) * kLdS + c];
+        for (int kk = 0; kk < 4; ++kk) acc[n][kk] += ds * kv[kk];
+      }
+    }
+  }
+  for (int n = 0; n < 4; ++n) {
+    const int r = rg + 8 * n;
+    if (r >= rows) continue;
+    for (int kk = 0; kk < 4; ++kk) {
+      const int d = dg + 16 * kk;
+      if (d < D) dq.row(b, h, i0 + r)[d] = acc[n][kk];
+    }
+  }
+}
+
+/// Shared floats of the fast forward: Q, K, V (32·(D+1)), S (32·33), m, l, alpha.
+std::int64_t fast_forward_floats(int D) {
+  return std::int64_t{3} * kFastTile * (D + 1) + std::int64_t{kFastTile} * kLdS + 3 * kFastTile;
+}
+
+/// The forward of flash_forward_kernel with register tiles: S by 2x4 blocks per thread (dot products over d in
+/// order), the online softmax one thread per row as there, O by 4x4 blocks kept in registers (keys in order).
+__global__ void flash_forward_fast_kernel(int H, int T, int D, View q, View k, View v, OutView out, float* lse,
+                                          float scale) {
+  extern __shared__ float smem[];
+  constexpr int tile = kFastTile;
+  const int tiles = (T + tile - 1) / tile;
+  const std::int64_t bh = blockIdx.x / tiles;
+  const std::int64_t b = bh / H;
+  const std::int64_t h = bh % H;
+  const int i0 = static_cast<int>(blockIdx.x % tiles) * tile;
+  const int rows = min(tile, T - i0);
+  const int ld = D + 1;
+  float* qs = smem;              // (tile, D + 1)
+  float* ks = qs + tile * ld;    // (tile, D + 1)
+  float* vs = ks + tile * ld;    // (tile, D + 1)
+  float* ss = vs + tile * ld;    // (tile, 33): scores, then probabilities
+  float* ms = ss + tile * kLdS;  // (tile): running max
+  float* ls = ms + tile;         // (tile): running sum
+  float* as = ls + tile;         // (tile): this key tile's rescale factor
+  const int cg = threadIdx.x % 8;  // S: rows threadIdx.x/8 + 16n, columns cg + 8m
+  const int sg = threadIdx.x / 8;
+  const int rg = threadIdx.x % 8;  // O: rows rg + 8n, head dims dg + 16k
+  const int dg = threadIdx.x / 8;
+  int dd[4];
+  for (int kk = 0; kk < 4; ++kk) dd[kk] = min(dg + 16 * kk, D - 1);
+  float acc[4][4] = {};
+
+  load_rows(q, b, h, i0, rows, D, qs, ld);
+  for (int r = threadIdx.x; r < rows; r += blockDim.x) {
+    ms[r] = -INFINITY;
+    ls[r] = 0.0F;
+  }
+  const int key_end = i0 + rows;  // keys >= key_end are masked for every row of the tile
+  for (int j0 = 0; j0 < key_end; j0 += tile) {
+    const int cols = min(tile, key_end - j0);
+    __syncthreads();  // the previous key tile is done with ks, vs, ss
+    load_rows(k, b, h, j0, cols, D, ks, ld);
+    load_rows(v, b, h, j0, cols, D, vs, ld);
+    __syncthreads();
+    {  // S = Q Kᵀ·scale on visible entries
+      int ri[2];
+      int ci[4];
+      for (int n = 0; n < 2; ++n) ri[n] = min(sg + 16 * n, rows - 1) * ld;
+      for (int m = 0; m < 4; ++m) ci[m] = min(cg + 8 * m, cols - 1) * ld;
+      float sqk[2][4] = {};
+      for (int d = 0; d < D; ++d) {
+        float qv[2], kv[4];
+        for (int n = 0; n < 2; ++n) qv[n] = qs[ri[n] + d];
+        for (int m = 0; m < 4; ++m) kv[m] = ks[ci[m] + d];
+        for (int n = 0; n < 2; ++n) {
+          for (int m = 0; m < 4; ++m) sqk[n][m] += qv[n] * kv[m];
+        }
+      }
+      for (int n = 0; n < 2; ++n) {
+        const int r = sg + 16 * n;
+        for (int m = 0; m < 4; ++m) {
+          const int c = cg + 8 * m;
+          if (r < rows && c < cols) ss[r * kLdS + c] = j0 + c <= i0 + r ? sqk[n][m] * scale : -INFINITY;
+        }
+      }
+    }
+    __syncthreads();
+    for (int r = threadIdx.x; r < rows; r += blockDim.x) {  // online softmax, one thread per row
+      float* sr = ss + r * kLdS;
+      const int valid = min(cols, i0 + r - j0 + 1);  // keys j <= i
+      if (valid <= 0) {
+        as[r] = 1.0F;
+        continue;
+      }
+      float mx = ms[r];
+      for (int c = 0; c < valid; ++c) mx = mx < sr[c] ? sr[c] : mx;
+      const float alpha = expf(ms[r] - mx);  // 0 on the first tile (m = -inf)
+      float total = 0.0F;
+      for (int c = 0; c < valid; ++c) {
+        sr[c] = expf(sr[c] - mx);
+        total += sr[c];
+      }
+      ls[r] = ls[r] * alpha + total;
+      ms[r] = mx;
+      as[r] = alpha;
+    }
+    __syncthreads();
+    int valid[4];
+    for (int n = 0; n < 4; ++n) {  // O = O·alpha + P V
+      const int r = min(rg + 8 * n, rows - 1);
+      valid[n] = min(cols, i0 + r - j0 + 1);
+      const float alpha = as[r];
+      for (int kk = 0; kk < 4; ++kk) acc[n][kk] = acc[n][kk] * alpha;
+    }
+    for (int c = 0; c < cols; ++c) {
+      float vv[4];
+      for (int kk = 0; kk < 4; ++kk) vv[kk] = vs[c * ld + dd[kk]];
+      for (int n = 0; n < 4; ++n) {
+        if (c >= valid[n]) continue;
+        const float p = ss[min(rg + 8 * n, rows - 1) * kLdS + c];
+        for (int kk = 0; kk < 4; ++kk) acc[n][kk] += p * vv[kk];
+      }
+    }
+  }
+  __syncthreads();
+  for (int n = 0; n < 4; ++n) {
+    const int r = rg + 8 * n;
+    if (r >= rows) continue;
+    for (int kk = 0; kk < 4; ++kk) {
+      const int d = dg + 16 * kk;
+      if (d < D) out.row(b, h, i0 + r)[d] = acc[n][kk] * (1.0F / ls[r]);
+    }
+  }
+  for (int r = threadIdx.x; r < rows; r += blockDim.x) lse[bh * T + i0 + r] = ms[r] + logf(ls[r]);
+}
+
 // ---- launch helpers -------------------------------------------------------------
 
 /// The largest tile (32, 16 or 8 rows) whose shared memory fits the device;
@@ -341,6 +665,17 @@ void flash_attention_forward(std::int64_t B, std::int64_t H, std::int64_t T, std
   constexpr const char* op = "flash_attention_forward";
   if (B * H * T == 0) return;
   check_sizes(B, H, T, D, op);
+  if (D >= 1 && D <= kFastMaxD && kFlashThreads == 128) {
+    const auto bytes = static_cast<std::size_t>(fast_forward_floats(static_cast<int>(D))) * sizeof(float);
+    detail::check(cudaFuncSetAttribute(flash_forward_fast_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       static_cast<int>(bytes)),
+                  op, "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
+    flash_forward_fast_kernel<<<static_cast<unsigned>(B * H * ((T + kFastTile - 1) / kFastTile)), kFlashThreads,
+                                bytes>>>(static_cast<int>(H), static_cast<int>(T), static_cast<int>(D), view_of(q),
+                                         view_of(k), view_of(v), view_of(out), lse, scale);
+    detail::check_launch(op, "flash_forward_fast_kernel");
+    return;
+  }
   std::size_t bytes = 0;
   const int tile = pick_tile(flash_forward_kernel, forward_floats, static_cast<int>(D), op, bytes);
   const std::int64_t blocks = B * H * ((T + tile - 1) / tile);
@@ -361,6 +696,25 @@ void flash_attention_backward(std::int64_t B, std::int64_t H, std::int64_t T, st
   flash_delta_kernel<<<detail::grid_for(B * H * T), detail::kThreads>>>(h, t, d, view_of(out), view_of(d_out),
                                                                         delta.get(), B * H * T);
   detail::check_launch(op, "flash_delta_kernel");
+  if (d >= 1 && d <= kFastMaxD && kFlashThreads == 128) {
+    const unsigned blocks = static_cast<unsigned>(B * H * ((T + kFastTile - 1) / kFastTile));
+    std::size_t bytes = static_cast<std::size_t>(fast_dkdv_floats(d)) * sizeof(float);
+    detail::check(cudaFuncSetAttribute(flash_dkdv_fast_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       static_cast<int>(bytes)),
+                  op, "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
+    flash_dkdv_fast_kernel<<<blocks, kFlashThreads, bytes>>>(h, t, d, view_of(q), view_of(k), view_of(v),
+                                                             view_of(d_out), lse, delta.get(), view_of(dk),
+                                                             view_of(dv), scale);
+    detail::check_launch(op, "flash_dkdv_fast_kernel");
+    bytes = static_cast<std::size_t>(fast_dq_floats(d)) * sizeof(float);
+    detail::check(cudaFuncSetAttribute(flash_dq_fast_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       static_cast<int>(bytes)),
+                  op, "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
+    flash_dq_fast_kernel<<<blocks, kFlashThreads, bytes>>>(h, t, d, view_of(q), view_of(k), view_of(v),
+                                                           view_of(d_out), lse, delta.get(), view_of(dq), scale);
+    detail::check_launch(op, "flash_dq_fast_kernel");
+    return;
+  }
   std::size_t bytes = 0;
   int tile = pick_tile(flash_dkdv_kernel, dkdv_floats, d, op, bytes);
   flash_dkdv_kernel<<<static_cast<unsigned>(B * H * ((T + tile - 1) / tile)), kFlashThreads, bytes>>>(

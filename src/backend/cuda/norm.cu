@@ -1,6 +1,9 @@
 // RMSNorm forward/backward. One block per row for y, rstd and dx (row sums
-// by a fixed tree, device_util.cuh); dw by one thread per column summing the
-// rows in row order (the CPU kernel's order). No atomics.
+// by a fixed tree, device_util.cuh); dw in two fixed-order stages: each
+// chunk of kDwChunkRows rows gives one partial sum per column (rows in
+// order), then each column adds its chunks' partials in chunk order. The
+// chunking depends only on the shape, so the bits are the same every run.
+// No atomics.
 #include "cuda_common.hpp"
 #include "device_util.cuh"
 #include "kernels.hpp"
@@ -40,13 +43,29 @@ __global__ void rms_backward_dx_kernel(const float* x, const float* w, const flo
   for (std::int64_t j = threadIdx.x; j < c; j += blockDim.x) dr[j] = s * gr[j] * w[j] - xr[j] * k;
 }
 
-/// dw_j = Σ_rows g_j·x_j·s, rows in order.
-__global__ void rms_backward_dw_kernel(const float* x, const float* rstd, const float* g, float* dw, std::int64_t rows,
-                                       std::int64_t c) {
+/// Rows per dw partial: enough chunks to fill the device (16384 rows -> 256 chunks), few enough to add cheaply;
+/// more rows per chunk where the chunks would pass the grid's 65535 limit in y.
+constexpr std::int64_t kDwChunkRows = 64;
+constexpr std::int64_t kMaxChunks = 65535;
+
+/// partial[k·c + j] = Σ over rows r of chunk k (in order) of g_rj·x_rj·s_r. Grid x: column tiles, y: chunks.
+__global__ void rms_dw_partial_kernel(const float* x, const float* rstd, const float* g, float* partial,
+                                      std::int64_t rows, std::int64_t c, std::int64_t chunk_rows) {
+  const std::int64_t j = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
+  if (j >= c) return;
+  const std::int64_t begin = blockIdx.y * chunk_rows;
+  const std::int64_t end = begin + chunk_rows < rows ? begin + chunk_rows : rows;
+  float acc = 0.0F;
+  for (std::int64_t r = begin; r < end; ++r) acc += g[r * c + j] * x[r * c + j] * rstd[r];
+  partial[blockIdx.y * c + j] = acc;
+}
+
+/// dw_j = Σ_k partial[k·c + j], chunks in order.
+__global__ void rms_dw_sum_kernel(const float* partial, float* dw, std::int64_t chunks, std::int64_t c) {
   const std::int64_t j = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
   if (j >= c) return;
   float acc = 0.0F;
-  for (std::int64_t r = 0; r < rows; ++r) acc += g[r * c + j] * x[r * c + j] * rstd[r];
+  for (std::int64_t k = 0; k < chunks; ++k) acc += partial[k * c + j];
   dw[j] = acc;
 }
 
@@ -87,10 +106,18 @@ void rms_norm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, con
   }
   if (need_dw) {
     dw = detail::empty(w.shape());
-    if (c > 0) {
-      rms_backward_dw_kernel<<<detail::grid_for(c), detail::kThreads>>>(x.device_data(), rstd.device_data(),
-                                                                        g.device_data(), dw.device_data(), rows, c);
-      detail::check_launch(op, "rms_backward_dw_kernel");
+    if (c > 0 && rows == 0) dw = Tensor::zeros(w.shape(), Backend::Cuda);
+    if (c > 0 && rows > 0) {
+      std::int64_t chunk_rows = kDwChunkRows;
+      if ((rows + chunk_rows - 1) / chunk_rows > kMaxChunks) chunk_rows = (rows + kMaxChunks - 1) / kMaxChunks;
+      const std::int64_t chunks = (rows + chunk_rows - 1) / chunk_rows;
+      const detail::DeviceArray<float> partial(static_cast<std::size_t>(chunks * c), op);  // (chunks, c)
+      const dim3 grid(detail::grid_for(c), static_cast<unsigned>(detail::checked_int(chunks, op, "row chunks")));
+      rms_dw_partial_kernel<<<grid, detail::kThreads>>>(x.device_data(), rstd.device_data(), g.device_data(),
+                                                        partial.get(), rows, c, chunk_rows);
+      detail::check_launch(op, "rms_dw_partial_kernel");
+      rms_dw_sum_kernel<<<detail::grid_for(c), detail::kThreads>>>(partial.get(), dw.device_data(), chunks, c);
+      detail::check_launch(op, "rms_dw_sum_kernel");
     }
   }
 }
