@@ -219,47 +219,88 @@ double plan_recompute_flops(const ActivationMemoryProfile& profile, const Activa
   return flops;
 }
 
+namespace {
+
+/// `count` equal groups side by side: a candidate plan is at most five runs
+/// (segments of k, one shorter segment, mlp, attention, keep).
+struct Run {
+  std::int64_t count;
+  CheckpointGroup group;
+};
+
+/// The runs in the order that gives the lowest peak: the group replayed last
+/// holds only its own gradients beside its working set, so the largest
+/// working sets go last (nearest the head). Stable: equal bases keep the
+/// candidate's order.
+void order_runs(const ActivationMemoryProfile& p, std::vector<Run>& runs) {
+  std::stable_sort(runs.begin(), runs.end(),
+                   [&](const Run& x, const Run& y) { return group_base(p, x.group) < group_base(p, y.group); });
+}
+
+/// predicted_activation_peak of the expanded runs, in O(runs): within a run
+/// the first group has the largest suffix of gradients, so it sets the run's term.
+std::int64_t runs_peak(const ActivationMemoryProfile& p, const std::vector<Run>& runs) {
+  std::int64_t kept = 0, gradients = 0, top = 0;
+  for (const Run& r : runs) kept += r.count * (group_bytes(p, r.group) - r.group.blocks * p.block_gradient_bytes);
+  for (auto r = runs.rbegin(); r != runs.rend(); ++r) {
+    gradients += r->count * r->group.blocks * p.block_gradient_bytes;
+    top = std::max(top, gradients + group_base(p, r->group));
+  }
+  return kept + top;
+}
+
+ActivationCheckpointingPlan expand(const std::vector<Run>& runs) {
+  ActivationCheckpointingPlan plan;
+  for (const Run& r : runs) plan.insert(plan.end(), static_cast<std::size_t>(r.count), r.group);
+  return plan;
+}
+
+}  // namespace
+
 ActivationMemoryPlan plan_activation_memory(const ActivationMemoryProfile& profile, std::int64_t budget_bytes) {
   const std::int64_t layers = profile.layers;
   ActivationMemoryPlan best;
   best.budget_bytes = budget_bytes;
   best.disabled_peak_bytes = predicted_activation_peak(profile, uniform(layers, BlockRecompute::Nothing));
   std::int64_t smallest = std::numeric_limits<std::int64_t>::max();
-  ActivationCheckpointingPlan smallest_plan;
+  std::vector<Run> smallest_runs, best_runs, runs;
+  std::int64_t best_groups = 0;
   bool found = false;
-  ActivationCheckpointingPlan plan;
+  const auto flops_of = [&](BlockRecompute r) { return profile.recompute_flops[index_of(r)]; };
   // Blocks are alike, so a plan is a count per option plus how the rest is
   // cut into segments (all of size k, the last one shorter), in the order
-  // that gives the lowest peak.
+  // that gives the lowest peak: O(L⁴/24) candidates of at most five runs.
   for (std::int64_t keep = 0; keep <= layers; ++keep) {
     for (std::int64_t att = 0; keep + att <= layers; ++att) {
       for (std::int64_t mlp = 0; keep + att + mlp <= layers; ++mlp) {
         const std::int64_t rest = layers - keep - att - mlp;
         for (std::int64_t k = rest == 0 ? 0 : 1; k <= rest; ++k) {
-          plan.clear();
-          for (std::int64_t i = 0; k > 0 && i < rest; i += k) plan.push_back({std::min(k, rest - i), BlockRecompute::Whole});
-          plan.insert(plan.end(), static_cast<std::size_t>(mlp), CheckpointGroup{1, BlockRecompute::Mlp});
-          plan.insert(plan.end(), static_cast<std::size_t>(att), CheckpointGroup{1, BlockRecompute::Attention});
-          plan.insert(plan.end(), static_cast<std::size_t>(keep), CheckpointGroup{1, BlockRecompute::Nothing});
-          // The group replayed last holds only its own gradients beside its
-          // working set: the largest working sets go last (nearest the head).
-          std::stable_sort(plan.begin(), plan.end(), [&](const CheckpointGroup& x, const CheckpointGroup& y) {
-            return group_base(profile, x) < group_base(profile, y);
-          });
-          const std::int64_t peak = predicted_activation_peak(profile, plan);
+          runs.clear();
+          if (k > 0 && rest / k > 0) runs.push_back({rest / k, {k, BlockRecompute::Whole}});
+          if (k > 0 && rest % k > 0) runs.push_back({1, {rest % k, BlockRecompute::Whole}});
+          if (mlp > 0) runs.push_back({mlp, {1, BlockRecompute::Mlp}});
+          if (att > 0) runs.push_back({att, {1, BlockRecompute::Attention}});
+          if (keep > 0) runs.push_back({keep, {1, BlockRecompute::Nothing}});
+          order_runs(profile, runs);
+          const std::int64_t peak = runs_peak(profile, runs);
           if (peak < smallest) {
             smallest = peak;
-            smallest_plan = plan;
+            smallest_runs = runs;
           }
           if (peak > budget_bytes) continue;
-          const double flops = plan_recompute_flops(profile, plan);
+          const double flops = static_cast<double>(att) * flops_of(BlockRecompute::Attention) +
+                               static_cast<double>(mlp) * flops_of(BlockRecompute::Mlp) +
+                               static_cast<double>(rest) * flops_of(BlockRecompute::Whole);
+          std::int64_t groups = 0;
+          for (const Run& r : runs) groups += r.count;
           const bool better = !found || flops < best.recompute_flops ||
                               (flops == best.recompute_flops &&
                                (peak < best.predicted_peak_bytes ||
-                                (peak == best.predicted_peak_bytes && plan.size() < best.plan.size())));
+                                (peak == best.predicted_peak_bytes && groups < best_groups)));
           if (better) {
             found = true;
-            best.plan = plan;
+            best_runs = runs;
+            best_groups = groups;
             best.predicted_peak_bytes = peak;
             best.recompute_flops = flops;
           }
@@ -269,6 +310,7 @@ ActivationMemoryPlan plan_activation_memory(const ActivationMemoryProfile& profi
   }
   best.smallest_feasible_bytes = smallest;
   if (!found) {
+    const ActivationCheckpointingPlan smallest_plan = expand(smallest_runs);
     throw ValueError("[plan_activation_memory] no plan fits an activation memory budget of " +
                      format_bytes(static_cast<double>(budget_bytes)) + " (" + std::to_string(budget_bytes) +
                      " bytes): the smallest plan (" + describe_plan(smallest_plan) + ") needs " +
@@ -276,6 +318,7 @@ ActivationMemoryPlan plan_activation_memory(const ActivationMemoryProfile& profi
                      " bytes) at batch " + std::to_string(profile.batch) + ", sequence length " +
                      std::to_string(profile.sequence_length) + "; ask for at least that, or a smaller batch");
   }
+  best.plan = expand(best_runs);
   return best;
 }
 

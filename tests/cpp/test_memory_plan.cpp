@@ -236,6 +236,31 @@ TEST(MemoryPlan, SearchFindsTheCheapestFeasiblePlanOfAll) {
   }
 }
 
+TEST(MemoryPlan, DeepModelsArePlannedQuicklyAndConsistently) {
+  // A 96-block profile (numbers of the shape real probes give): the search
+  // is O(L^4/24) cheap candidates, and its peak is the general formula's.
+  ActivationMemoryProfile p;
+  p.layers = 96;
+  p.batch = 8;
+  p.sequence_length = 1024;
+  p.per_block = {52'000'000, 30'000'000, 38'000'000, 6'000'000};
+  p.base = {90'000'000, 120'000'000, 95'000'000, 140'000'000};
+  p.block_gradient_bytes = 2'000'000;
+  p.block_input_bytes = 4'000'000;
+  p.segment_extra_per_block = 45'000'000;
+  p.recompute_flops = {0.0, 3e9, 5e9, 8e9};
+  p.forward_flops = 96 * 8e9;
+  const ActivationMemoryPlan loosest = plan_activation_memory(p, std::int64_t{1} << 40);
+  for (int i = 0; i <= 8; ++i) {
+    const std::int64_t budget =
+        loosest.smallest_feasible_bytes + (loosest.disabled_peak_bytes - loosest.smallest_feasible_bytes) * i / 8;
+    const ActivationMemoryPlan plan = plan_activation_memory(p, budget);
+    EXPECT_EQ(plan.predicted_peak_bytes, predicted_activation_peak(p, plan.plan)) << describe_plan(plan.plan);
+    EXPECT_EQ(plan.recompute_flops, plan_recompute_flops(p, plan.plan));
+    EXPECT_LE(plan.predicted_peak_bytes, budget);
+  }
+}
+
 namespace {
 
 fs::path corpus(const fs::path& dir) {
