@@ -20,6 +20,14 @@ inline std::filesystem::path fresh_dir(const std::string& prefix, const std::str
   return dir;
 }
 
+/// dir/corpus.txt: 200 short lines of text for tiny pretraining runs.
+inline std::filesystem::path write_corpus(const std::filesystem::path& dir) {
+  std::string text;
+  for (int i = 0; i < 200; ++i) text += "the quick brown fox " + std::to_string(i % 7) + " jumps over the lazy dog.\n";
+  std::ofstream(dir / "corpus.txt") << text;
+  return dir / "corpus.txt";
+}
+
 inline std::string read_file(const std::filesystem::path& path) {
   std::ifstream in(path, std::ios::binary);
   std::stringstream s;

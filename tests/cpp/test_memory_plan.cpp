@@ -263,17 +263,10 @@ TEST(MemoryPlan, DeepModelsArePlannedQuicklyAndConsistently) {
 
 namespace {
 
-fs::path corpus(const fs::path& dir) {
-  std::string text;
-  for (int i = 0; i < 200; ++i) text += "the quick brown fox " + std::to_string(i % 7) + " jumps over the lazy dog.\n";
-  std::ofstream(dir / "corpus.txt") << text;
-  return dir / "corpus.txt";
-}
-
 PretrainingConfig small_run(const fs::path& dir) {
   PretrainingConfig c;
   c.dimensions = {256, 96, 32, 4, 4, 64};
-  c.data = corpus(dir);
+  c.data = rt_test::write_corpus(dir);
   c.steps = 3;
   c.batch = 3;
   c.sequence_length = 48;

@@ -22,12 +22,7 @@ namespace {
 fs::path fresh_dir(const std::string& name) { return rt_test::fresh_dir("pipeline", name); }
 using rt_test::read_file;
 
-fs::path write_corpus(const fs::path& dir) {
-  std::string text;
-  for (int i = 0; i < 200; ++i) text += "the quick brown fox " + std::to_string(i % 7) + " jumps over the lazy dog.\n";
-  std::ofstream(dir / "corpus.txt") << text;
-  return dir / "corpus.txt";
-}
+using rt_test::write_corpus;
 
 PretrainingConfig tiny_pretraining(const fs::path& dir) {
   PretrainingConfig c;

@@ -7,6 +7,8 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include "cuda_skip.hpp"
+
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -27,21 +29,6 @@
 using namespace riftco_transformer;
 
 namespace {
-
-/// "" when a CUDA device can be used, else why not.
-std::string no_device_reason() {
-  int count = 0;
-  const cudaError_t status = cudaGetDeviceCount(&count);
-  if (status != cudaSuccess) return std::string("cudaGetDeviceCount failed: ") + cudaGetErrorString(status);
-  if (count == 0) return "cudaGetDeviceCount found 0 devices";
-  return "";
-}
-
-#define SKIP_WITHOUT_CUDA()                                                \
-  do {                                                                     \
-    static const std::string why = no_device_reason();                     \
-    if (!why.empty()) GTEST_SKIP() << "no CUDA device: " << why;           \
-  } while (0)
 
 Tensor uniform(const Shape& shape, std::uint64_t seed, float low = -1.0F, float high = 1.0F) {
   Random r(seed);
