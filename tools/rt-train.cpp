@@ -366,6 +366,9 @@ int train_tokenizer_command(const CLI::App& sub, TokenizerCommand& c, bool& runn
     throw rt_cli::UsageError("option '--data' must name a file (leave it out for the default corpus)");
   }
   if (c.output.empty()) throw rt_cli::UsageError("option '--output' must name a file");
+  if (Communicator::world().world_size() > 1) {
+    throw rt_cli::UsageError("tokenizer training runs in one process: start it without mpirun");
+  }
   c.options.model_type = parse_tokenizer_model_type(c.model_type, "--model-type");
   if (!(c.validation_fraction >= 0.0 && c.validation_fraction < 1.0)) {
     throw rt_cli::UsageError("option '--validation-fraction' must be in [0, 1)");

@@ -80,6 +80,19 @@ std::vector<Random::State> gather_random_states(Communicator& comm, const Random
   return states;
 }
 
+std::vector<std::uint64_t> gather_counts(Communicator& comm, std::uint64_t mine) {
+  float pieces[4];  // 16 bits each: exact as floats
+  for (std::size_t i = 0; i < 4; ++i) pieces[i] = static_cast<float>((mine >> (16 * i)) & 0xFFFFU);
+  const auto world = static_cast<std::size_t>(comm.world_size());
+  std::vector<float> all(4 * world);
+  comm.all_gather(std::span<const float>(pieces, 4), std::span<float>(all));
+  std::vector<std::uint64_t> counts(world, 0);
+  for (std::size_t r = 0; r < world; ++r) {
+    for (std::size_t i = 0; i < 4; ++i) counts[r] |= static_cast<std::uint64_t>(all[4 * r + i]) << (16 * i);
+  }
+  return counts;
+}
+
 void agree(Communicator& comm, const std::exception_ptr& error, const std::string& op, const std::string& phase) {
   if (comm.world_size() == 1) {
     if (error) std::rethrow_exception(error);

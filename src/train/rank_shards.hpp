@@ -34,6 +34,9 @@ std::uint64_t rank_dropout_seed(std::uint64_t seed, int rank);
 /// Every rank's `mine`, in rank order (one all-gather).
 std::vector<Random::State> gather_random_states(Communicator& comm, const Random::State& mine);
 
+/// Every rank's `mine` (a count, < 2^64), in rank order (one all-gather).
+std::vector<std::uint64_t> gather_counts(Communicator& comm, std::uint64_t mine);
+
 /// The end of a phase in which a rank may fail alone (rank 0 writing files):
 /// every rank says whether it failed (one all-reduce). A rank that failed
 /// rethrows its own error; the others throw a CommunicationError naming

@@ -340,6 +340,19 @@ RunResult run(StageRun& r, const ProgressCallback& progress, const NoticeCallbac
     setup_error = std::current_exception();
   }
   agree(comm, setup_error, r.stage, "preparing the run (output directory or training checkpoint)");
+  if (world > 1) {
+    // Every rank must start from the same step and the same parameters (a
+    // checkpoint only some ranks can see would otherwise drift silently).
+    const std::vector<std::uint64_t> steps = gather_counts(comm, static_cast<std::uint64_t>(state.step));
+    for (std::size_t q = 1; q < steps.size(); ++q) {
+      if (steps[q] == steps[0]) continue;
+      throw CommunicationError("[" + r.stage + "] rank 0 starts at step " + std::to_string(steps[0]) + ", rank " +
+                               std::to_string(q) + " at step " + std::to_string(steps[q]) + ": every rank must see " +
+                               checkpoint_path.string() +
+                               " to resume (the output directory must be on a file system all ranks share)");
+    }
+    check_parameters_identical(comm, adam.parameters(), state.step, r.stage);
+  }
 
   reset_peak_memory();
   // Each micro-batch's forward + backward is measured on its own (the

@@ -315,3 +315,19 @@ TEST(DataParallel, ParameterChecksumMismatchNamesRanksAndStep) {
   }
   EXPECT_EQ(parameter_checksum(params), parameter_checksum(params));
 }
+
+TEST(DataParallel, ACheckpointOnlyOneRankResumesFromIsRefused) {
+  PretrainingConfig c = tiny("resume_one_rank");
+  c.steps = 6;
+  c.checkpoint_interval = 2;
+  ASSERT_FALSE(run_pretraining(c, world(), [](const StepReport& r) { return r.step < 3; }).completed);
+  // As if rank 1 could not see the checkpoint (no shared file system).
+  c.resume = world().rank() == 0;
+  try {
+    run_pretraining(c, world());
+    ADD_FAILURE() << "ranks starting at different steps were accepted";
+  } catch (const CommunicationError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("rank 0 starts at step 2, rank 1 at step 0"), std::string::npos) << what;
+  }
+}
