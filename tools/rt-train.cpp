@@ -263,13 +263,14 @@ int pretrain(const CLI::App& sub, Commands& c, bool& running) {
   p.validate();
   const TransformerDimensions& d = p.dimensions;
   const bool print = printing_rank();
-  if (print) std::cerr << "[pretrain] " << d.layers << " layers, width " << d.model_width << ", " << d.heads << " heads ("
-            << d.kv_heads() << " key/value), context "
-            << d.context_length << "; attention " << attention_kind_name(p.attention) << ", " << policy_text(p)
-            << "; data "
-            << (p.data.empty() ? "default corpus" : p.data.string()) << "; tokenizer "
-            << (p.tokenizer.empty() ? std::string("bytes") : p.tokenizer.string()) << ranks_text(p) << " -> "
-            << p.output_dir.string() << "\n";
+  if (print) {
+    std::cerr << "[pretrain] " << d.layers << " layers, width " << d.model_width << ", " << d.heads << " heads ("
+              << d.kv_heads() << " key/value), context " << d.context_length << "; attention "
+              << attention_kind_name(p.attention) << ", " << policy_text(p) << "; data "
+              << (p.data.empty() ? "default corpus" : p.data.string()) << "; tokenizer "
+              << (p.tokenizer.empty() ? std::string("bytes") : p.tokenizer.string()) << ranks_text(p) << " -> "
+              << p.output_dir.string() << "\n";
+  }
   running = true;
   const RunResult r = run_pretraining(p, progress_printer("pretrain", c.pretrain_text.quiet || !print), print_notice);
   if (print) print_result(r);

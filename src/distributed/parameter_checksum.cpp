@@ -56,7 +56,7 @@ void check_parameters_identical(Communicator& comm, std::span<const Variable> pa
   comm.all_gather(std::span<const float>(pieces, 4), std::span<float>(all));
   std::vector<std::uint64_t> sums(world, 0);
   for (std::size_t r = 0; r < world; ++r) {
-    for (int i = 0; i < 4; ++i) sums[r] |= static_cast<std::uint64_t>(all[4 * r + static_cast<std::size_t>(i)]) << (16 * i);
+    for (std::size_t i = 0; i < 4; ++i) sums[r] |= static_cast<std::uint64_t>(all[4 * r + i]) << (16 * i);
   }
   std::string differ;
   for (std::size_t r = 1; r < world; ++r) {

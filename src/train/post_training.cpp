@@ -39,12 +39,12 @@ void PostTrainingConfig::validate_for(const TransformerDimensions& base) const {
 }
 
 RunResult run_post_training(const PostTrainingConfig& config, const ProgressCallback& progress,
-                          const NoticeCallback& notice) {
+                            const NoticeCallback& notice) {
   return run_post_training(config, Communicator::world(), progress, notice);
 }
 
-RunResult run_post_training(const PostTrainingConfig& config, Communicator& communicator, const ProgressCallback& progress,
-                            const NoticeCallback& notice) {
+RunResult run_post_training(const PostTrainingConfig& config, Communicator& communicator,
+                            const ProgressCallback& progress, const NoticeCallback& notice) {
   config.validate();
   stage::check_world(config, communicator, "post_training");
   // The base model's recorded tokenizer must be the one given (or none).

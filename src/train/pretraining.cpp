@@ -41,8 +41,8 @@ RunResult run_pretraining(const PretrainingConfig& config, const ProgressCallbac
   return run_pretraining(config, Communicator::world(), progress, notice);
 }
 
-RunResult run_pretraining(const PretrainingConfig& config, Communicator& communicator, const ProgressCallback& progress,
-                          const NoticeCallback& notice) {
+RunResult run_pretraining(const PretrainingConfig& config, Communicator& communicator,
+                          const ProgressCallback& progress, const NoticeCallback& notice) {
   config.validate();
   stage::check_world(config, communicator, "pretraining");
   // Everything that can fail on bad input happens before the output

@@ -144,7 +144,8 @@ void load_training_checkpoint(const std::filesystem::path& path, const std::vect
       throw ModelStateError(where + "made by a job of " + std::to_string(saved_world) + " rank(s) (world_size " +
                             std::to_string(saved_world) + "), this job has " + std::to_string(world_size) +
                             ": every rank's rows and dropout stream depend on it; resume with " +
-                            (saved_world > 1 ? "mpirun -np " + std::to_string(saved_world) : std::string("one process")) +
+                            (saved_world > 1 ? "mpirun -np " + std::to_string(saved_world)
+                                             : std::string("one process")) +
                             " or use a new output directory");
     }
   }

@@ -45,7 +45,9 @@ fs::path job_dir() {
       fs::remove_all(d);
       fs::create_directories(d);
       std::string text;
-      for (int i = 0; i < 200; ++i) text += "the quick brown fox " + std::to_string(i % 7) + " jumps over the lazy dog.\n";
+      for (int i = 0; i < 200; ++i) {
+        text += "the quick brown fox " + std::to_string(i % 7) + " jumps over the lazy dog.\n";
+      }
       std::ofstream(d / "corpus.txt") << text;
     }
     world().barrier();
