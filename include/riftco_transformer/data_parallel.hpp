@@ -16,15 +16,17 @@ namespace riftco_transformer {
 /// Averages gradients over the ranks of `comm`: afterwards gradients[i] is
 /// (sum over ranks r, in rank order, of rank r's gradients[i]) / world_size,
 /// the same bits on every rank. One gradient per parameter, in the same
-/// order on every rank; an undefined gradient counts as zeros of its
-/// parameter's shape (a rank whose rows had no real targets), and comes back
-/// defined. Outputs are new CPU tensors: the inputs' storage is not written.
+/// order on every rank. An undefined gradient counts as zeros of its
+/// parameter's shape (a rank whose rows had no real targets) and comes back
+/// defined when any rank had one; undefined on every rank, it stays
+/// undefined (Adam skips the parameter, as one process would). Outputs are
+/// new CPU tensors: the inputs' storage is not written.
 /// Checks (before any communication) that there is one gradient per
 /// parameter and that each defined one is a CPU tensor of its parameter's
 /// shape (ShapeError / BackendError naming the parameter). Every rank must
 /// call it with the same parameters; a failing MPI call is a
-/// CommunicationError. With one rank it only materializes undefined entries.
-/// Today: one all-reduce over the flattened gradients.
+/// CommunicationError. Today: one all-reduce over the flattened gradients
+/// (and one flag per parameter).
 void synchronize_gradients(Communicator& comm, std::span<const Variable> parameters, std::vector<Tensor>& gradients);
 
 /// FNV-1a 64 over every parameter's shape and value bytes, in order: equal

@@ -29,12 +29,14 @@ void synchronize_gradients(Communicator& comm, std::span<const Variable> paramet
     }
     total += static_cast<std::size_t>(parameters[i].value().numel());
   }
-  std::vector<float> flat(total, 0.0F);
+  // The gradients, then one flag per parameter: 1 where this rank has a gradient.
+  std::vector<float> flat(total + parameters.size(), 0.0F);
   std::size_t offset = 0;
   for (std::size_t i = 0; i < parameters.size(); ++i) {
     const auto n = static_cast<std::size_t>(parameters[i].value().numel());
     if (gradients[i].defined()) {
       std::ranges::copy(gradients[i].values(), flat.begin() + static_cast<std::ptrdiff_t>(offset));
+      flat[total + i] = 1.0F;
     }
     offset += n;
   }
@@ -42,7 +44,9 @@ void synchronize_gradients(Communicator& comm, std::span<const Variable> paramet
   offset = 0;
   for (std::size_t i = 0; i < parameters.size(); ++i) {
     const auto n = static_cast<std::size_t>(parameters[i].value().numel());
-    gradients[i] = Tensor::from_data(parameters[i].shape(), std::span<const float>(flat).subspan(offset, n));
+    if (flat[total + i] > 0.0F) {
+      gradients[i] = Tensor::from_data(parameters[i].shape(), std::span<const float>(flat).subspan(offset, n));
+    }
     offset += n;
   }
 }

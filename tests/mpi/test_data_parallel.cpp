@@ -290,17 +290,19 @@ TEST(DataParallel, BatchNotDivisibleByTheRanksIsAValueErrorBeforeAnyFile) {
   EXPECT_FALSE(fs::exists(c.output_dir));
 }
 
-TEST(DataParallel, SynchronizeGradientsAveragesAndFillsMissingOnes) {
+TEST(DataParallel, SynchronizeGradientsAveragesAndKeepsMissingOnesConsistent) {
   const auto rank = static_cast<float>(world().rank());
-  std::vector<Variable> params = {Variable(Tensor::zeros({2, 3}), true, "w"), Variable(Tensor::zeros({4}), true, "b")};
-  std::vector<Tensor> grads = {Tensor::full({2, 3}, 1.0F + rank), Tensor()};
+  std::vector<Variable> params = {Variable(Tensor::zeros({2, 3}), true, "w"), Variable(Tensor::zeros({4}), true, "b"),
+                                  Variable(Tensor::zeros({2}), true, "unused")};
+  std::vector<Tensor> grads = {Tensor::full({2, 3}, 1.0F + rank), Tensor(), Tensor()};
   if (world().rank() == 1) grads[1] = Tensor::full({4}, 8.0F);
   synchronize_gradients(world(), params, grads);
   for (const float v : grads[0].values()) EXPECT_EQ(v, 1.5F);
-  ASSERT_TRUE(grads[1].defined());
+  ASSERT_TRUE(grads[1].defined()) << "rank 0 had none: zeros there";
   for (const float v : grads[1].values()) EXPECT_EQ(v, 4.0F);
+  EXPECT_FALSE(grads[2].defined()) << "no rank had one: Adam skips it, as one process would";
   // Checked before any communication, alike on every rank.
-  std::vector<Tensor> wrong = {Tensor::zeros({3, 2}), Tensor()};
+  std::vector<Tensor> wrong = {Tensor::zeros({3, 2}), Tensor(), Tensor()};
   EXPECT_THROW(synchronize_gradients(world(), params, wrong), ShapeError);
   std::vector<Tensor> short_list = {Tensor::zeros({2, 3})};
   EXPECT_THROW(synchronize_gradients(world(), params, short_list), ShapeError);
