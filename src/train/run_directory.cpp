@@ -153,8 +153,12 @@ std::filesystem::path write_final_files(StageRun& r, const RunResult& result, co
       {"files",
        {{"weights", weights.filename().string()}, {"metrics", "metrics.jsonl"}, {"loss_curve", "loss_curve.svg"}}}};
   write_file_atomically(metadata_path, metadata.dump(2) + "\n");
-  remove_file(dir / kTrainingCheckpointFile);  // the run is complete
+  // The partial log before the checkpoint: a kill between the two leaves a
+  // checkpoint beside complete files, which resume finishes again from the
+  // checkpoint with metrics.jsonl's rows (never a "complete" directory that
+  // still holds a partial log).
   remove_file(dir / kPartialMetricsFile);
+  remove_file(dir / kTrainingCheckpointFile);  // the run is complete
   remove_stale_temporaries(dir);
   return weights;
 }

@@ -182,12 +182,13 @@ RunResult run(StageRun& r, const ProgressCallback& progress, const NoticeCallbac
       data_random.set_state(state.data_random);
       model.dropout_random().set_state(state.dropout_random);
       result.resumed_from_step = state.step;
-      // The in-progress log; a directory written by an older build kept it in
-      // metrics.jsonl (and had no metadata.json while in progress).
+      // The in-progress log. Without one, metrics.jsonl: a directory written
+      // by an older build kept the log there while in progress, and a kill
+      // between completion's last two removals leaves it complete there.
       if (!writer) {
       } else if (file_exists(partial_path)) {
         rows = read_metrics(partial_path, state.step);
-      } else if (!file_exists(metadata_path)) {
+      } else {
         rows = read_metrics(metrics_path, state.step);
       }
     } else if (writer) {
