@@ -56,6 +56,16 @@ fs::path job_dir() {
   return dir;
 }
 
+/// Removes the job's scratch folder when every rank is done.
+class RemoveJobDir : public ::testing::Environment {
+ public:
+  void TearDown() override {
+    world().barrier();
+    if (world().rank() == 0) fs::remove_all(job_dir());
+  }
+};
+[[maybe_unused]] const auto* const kRemoveJobDir = ::testing::AddGlobalTestEnvironment(new RemoveJobDir);
+
 /// A folder only this rank uses (for one-process reference runs).
 fs::path own_dir(const std::string& name) {
   return job_dir() / ("rank" + std::to_string(world().rank()) + "_" + name);
