@@ -1,0 +1,472 @@
+#!/usr/bin/python3
+"""Data-parallel scaling over MPI on the S1 shape, and the S3 communication projection (one command).
+
+    /usr/bin/python3 bench/run_data_parallel.py            # full run: docs/benchmarks.md + docs/distributed.md
+    /usr/bin/python3 bench/run_data_parallel.py --quick    # tiny shape, checks only (< 60 s; CTest bench_data_parallel_quick)
+
+Builds nothing: expects a build tree (default ./build, configured with MPI)
+holding rt-bench-dp-step (bench/data_parallel_step.cpp), which times the
+pipelines' own training step: stage::data_parallel_step under `mpirun -np 2`,
+the single-process step otherwise; no setup, data loading or file writing
+inside the timed region.
+
+Configurations, at equal total cores (2 here):
+  1 rank  x 1 thread   the per-core baseline
+  1 rank  x 2 threads  one process on both cores
+  2 ranks x 1 thread   mpirun -np 2 (--bind-to none, like the single process)
+  2 ranks x 1 thread, ZeRO-1 (ShardedAdam) when the build has it
+for the checkpointing policies disabled and block, each in a fresh process,
+alternating round by round (order reversed in odd rounds) so every
+configuration sees the same machine load. A job's step time is the slowest
+rank's; a row reports its fastest round (the JSON keeps every round).
+Scaling efficiency: tokens/s(2 x 1) / tokens/s(1 x 2), and / (2 x tokens/s(1 x 1)).
+
+The S3 part measures one rank's step (1 and 2 threads, phases split) and the
+all-reduce over S3's gradient volume between 2 ranks here, then projects 8
+hosts at 10/25/100 Gb/s (written between markers in docs/distributed.md).
+Every job is checked: all ranks end with the same parameter checksum, and the
+first step's loss agrees with one process's (a failure exits non-zero).
+"""
+import argparse
+import json
+import math
+import os
+import pathlib
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+from run_benchmarks import SHAPES, QUICK_SHAPES, base_env, blas_dir, load_average, shape_args  # noqa: E402
+
+POLICIES = ["disabled", "block"]
+# name, ranks, threads per rank, ZeRO stage
+CONFIGS = [("1x1", 1, 1, 0), ("1x2", 1, 2, 0), ("2x1", 2, 1, 0), ("2x1-zero1", 2, 1, 1)]
+BANDWIDTHS_GBIT = [10, 25, 100]
+HOSTS = 8
+NETWORK_LATENCY_S = 25e-6  # assumed per message over TCP on a LAN (stated in the output)
+MPI_CHUNK = 2 ** 24  # floats per chunk of our all-reduce (docs/distributed.md, Determinism)
+TARGET_EFFICIENCY = 0.9
+TARGET_ZERO_STATE = 0.55
+DP_BEGIN = "<!-- BEGIN DATA PARALLEL RESULTS (bench/run_data_parallel.py writes this part) -->"
+DP_END = "<!-- END DATA PARALLEL RESULTS -->"
+PROJ_BEGIN = "<!-- BEGIN S3 PROJECTION (bench/run_data_parallel.py writes this part) -->"
+PROJ_END = "<!-- END S3 PROJECTION -->"
+MPI_ROOT_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+                "OMPI_MCA_rmaps_base_oversubscribe": "1"}
+
+
+def log(*args):
+    print("[run_data_parallel]", *args, file=sys.stderr, flush=True)
+
+
+class NotBuilt(Exception):
+    pass
+
+
+def run_job(args, shape, policy, ranks, threads, zero, steps, warmup, reps, blas, scratch):
+    """One fresh job; returns every rank's JSON, rank order."""
+    out = scratch / f"job{time.monotonic_ns()}"
+    env = base_env(threads, blas, args.wait_policy)
+    env.setdefault("OMPI_MCA_btl_vader_single_copy_mechanism", "none")
+    if os.geteuid() == 0:
+        env.update({k: v for k, v in MPI_ROOT_ENV.items() if k not in env})
+    cmd = [str(args.build_dir / "rt-bench-dp-step"), "--out", str(out), "--policy", policy, "--steps", str(steps),
+           "--warmup", str(warmup), "--zero", str(zero), "--allreduce-reps", str(reps)] + [
+        a for a in shape_args(shape)]
+    if ranks > 1:
+        exported = [x for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OMP_WAIT_POLICY", "LD_LIBRARY_PATH")
+                    if k in env for x in ("-x", k)]
+        cmd = [args.mpirun, "-np", str(ranks), "--oversubscribe", "--bind-to", "none"] + exported + cmd
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
+    if proc.returncode != 0:
+        if "ZeRO-1 is not on main yet" in proc.stderr:
+            raise NotBuilt()
+        raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    rows = [json.loads((out / f"rank{r}.json").read_text()) for r in range(ranks)]
+    shutil.rmtree(out, ignore_errors=True)
+    for r in rows:
+        if r["world_size"] != ranks or r["threads"] != threads:
+            sys.exit(f"[run_data_parallel] rank {r['rank']} ran as {r['world_size']} rank(s) x {r['threads']} "
+                     f"thread(s), not {ranks} x {threads}: {' '.join(cmd)}")
+    sums = {r["parameter_checksum"] for r in rows}
+    if len(sums) != 1:
+        sys.exit(f"[run_data_parallel] ranks end with different parameters ({sorted(sums)}): {' '.join(cmd)}")
+    # The job's step i takes as long as its slowest rank.
+    job_steps = [max(r["step_times"][i] for r in rows) for i in range(len(rows[0]["step_times"]))]
+    return {"ranks": rows, "step_seconds": statistics.median(job_steps), "step_times": job_steps,
+            "first_loss": rows[0]["losses"][0]}
+
+
+def summarize(jobs, shape):
+    best = min(jobs, key=lambda j: j["step_seconds"])
+    tokens = shape["batch"] * shape["seq"]
+    per_rank = best["ranks"]
+    return {
+        "step_seconds": best["step_seconds"],
+        "median_round_step_seconds": statistics.median(j["step_seconds"] for j in jobs),
+        "round_step_seconds": [j["step_seconds"] for j in jobs],
+        "tokens_per_second": tokens / best["step_seconds"],
+        "adam_state_bytes": max(r["adam_state_bytes"] for r in per_rank),
+        "peak_bytes": max(r["peak_bytes"] for j in jobs for r in j["ranks"]),
+        "peak_total_bytes": max(r["peak_total_bytes"] for j in jobs for r in j["ranks"]),
+        "rss_peak_bytes": max(r["rss_peak_bytes"] for j in jobs for r in j["ranks"]),
+        "rss_growth_bytes": max(r["rss_growth_bytes"] for j in jobs for r in j["ranks"]),
+        "allreduce_seconds": statistics.median(r["allreduce_seconds"] for j in jobs for r in j["ranks"]),
+        "allreduce_latency_seconds": statistics.median(r["allreduce_latency_seconds"] for j in jobs
+                                                       for r in j["ranks"]),
+        "gradient_bytes": per_rank[0]["gradient_bytes"],
+        "parameters": per_rank[0]["parameters"],
+        "first_loss": best["first_loss"],
+        "forward_seconds": best["ranks"][0]["forward_seconds"],
+        "backward_seconds": best["ranks"][0]["backward_seconds"],
+        "optimizer_seconds": best["ranks"][0]["optimizer_seconds"],
+        "rounds": len(jobs),
+    }
+
+
+def bench_scaling(args, shape, blas, scratch):
+    jobs = {(p, c[0]): [] for p in POLICIES for c in CONFIGS}
+    not_built = set()
+    order = [(p, c) for p in POLICIES for c in CONFIGS]
+    for rnd in range(args.rounds):
+        for policy, (name, ranks, threads, zero) in (order if rnd % 2 == 0 else list(reversed(order))):
+            if name in not_built:
+                continue
+            try:
+                j = run_job(args, shape, policy, ranks, threads, zero, args.steps, args.warmup, 3, blas, scratch)
+            except NotBuilt:
+                log(f"{name}: this build has no ShardedAdam (ZeRO-1 not on main yet): rows marked so")
+                not_built.add(name)
+                continue
+            jobs[(policy, name)].append(j)
+            r0 = j["ranks"][0]
+            log(f"{policy} {name} round {rnd + 1}: {j['step_seconds']:.3f} s/step, allocator peak "
+                f"{r0['peak_total_bytes'] / 2**20:.0f} MiB, Adam state {r0['adam_state_bytes'] / 2**20:.1f} MiB, "
+                f"RSS {r0['rss_peak_bytes'] / 2**20:.0f} MiB (rank 0)")
+    rows = []
+    for policy in POLICIES:
+        for name, ranks, threads, zero in CONFIGS:
+            s = summarize(jobs[(policy, name)], shape) if jobs[(policy, name)] else None
+            rows.append({"policy": policy, "config": name, "ranks": ranks, "threads": threads, "zero": zero,
+                         "result": s})
+    # One process and two ranks must train the same model: the first step's
+    # loss (before any update) agrees to float tolerance.
+    for policy in POLICIES:
+        losses = [r["result"]["first_loss"] for r in rows if r["policy"] == policy and r["result"]]
+        if max(losses) - min(losses) > 1e-4 * max(1.0, abs(losses[0])):
+            sys.exit(f"[run_data_parallel] {policy}: first-step losses differ across configurations: {losses}")
+    return rows
+
+
+def efficiencies(rows):
+    by = {(r["policy"], r["config"]): r["result"] for r in rows}
+    out = []
+    for policy in POLICIES:
+        one, two_threads = by.get((policy, "1x1")), by.get((policy, "1x2"))
+        for name in ("2x1", "2x1-zero1"):
+            dp = by.get((policy, name))
+            if not (dp and one and two_threads):
+                out.append({"policy": policy, "config": name, "equal_cores": None, "per_core": None})
+                continue
+            out.append({"policy": policy, "config": name,
+                        "equal_cores": dp["tokens_per_second"] / two_threads["tokens_per_second"],
+                        "per_core": dp["tokens_per_second"] / (2 * one["tokens_per_second"]),
+                        "threads_speedup": two_threads["tokens_per_second"] / one["tokens_per_second"]})
+    zero = []
+    for policy in POLICIES:
+        plain, sharded = by.get((policy, "2x1")), by.get((policy, "2x1-zero1"))
+        zero.append({"policy": policy, "ratio": (sharded["adam_state_bytes"] / plain["adam_state_bytes"]
+                                                  if plain and sharded else None)})
+    return out, zero
+
+
+def bench_projection_inputs(args, name, shape, blas, scratch):
+    """S3 on one rank (1 and 2 threads, phases timed) and S3's all-reduce between 2 ranks."""
+    out = {}
+    for threads in (1, 2):
+        jobs = [run_job(args, shape, "disabled", 1, threads, 0, args.proj_steps, 1, 0, blas, scratch)
+                for _ in range(args.proj_rounds)]
+        out[f"1x{threads}"] = summarize(jobs, shape)
+        log(f"{name} 1x{threads}: {out[f'1x{threads}']['step_seconds']:.3f} s/step")
+    # The all-reduce alone over S3's gradient bytes (the steps are skipped: one of 1 row).
+    tiny = dict(shape, batch=2, layers=shape["layers"])
+    j = run_job(args, tiny, "disabled", 2, 1, 0, 1, 0, 5, blas, scratch)
+    out["allreduce_seconds"] = max(r["allreduce_seconds"] for r in j["ranks"])
+    out["allreduce_latency_seconds"] = max(r["allreduce_latency_seconds"] for r in j["ranks"])
+    out["gradient_bytes"] = j["ranks"][0]["gradient_bytes"]
+    out["parameters"] = j["ranks"][0]["parameters"]
+    log(f"{name} all-reduce of {out['gradient_bytes'] / 2**20:.0f} MiB between 2 ranks here: "
+        f"{out['allreduce_seconds']:.3f} s")
+    return out
+
+
+def projection(inputs, shape_name, shape):
+    """Per-host compute from the measurement, communication from volume and bandwidth."""
+    m = inputs["1x2"]
+    rows_measured = shape["batch"]
+    fb_per_row = (m["forward_seconds"] + m["backward_seconds"]) / rows_measured
+    bwd_per_row = m["backward_seconds"] / rows_measured
+    adam = m["optimizer_seconds"]
+    grad = inputs["gradient_bytes"]
+    n = HOSTS
+    volume = 2 * (n - 1) / n * grad
+    chunks = math.ceil(inputs["parameters"] / MPI_CHUNK)
+    # Per step: the loss summary all-reduce + the gradient all-reduce; each
+    # all-reduce chunk is an Alltoallv and an Allgatherv, each (N-1) messages per rank.
+    messages = (1 + chunks) * 2 * (n - 1)
+    latency = messages * NETWORK_LATENCY_S
+    out = {"shape": shape_name, "seq": shape["seq"], "hosts": n, "threads_per_host": 2, "rows_measured": rows_measured,
+           "step_seconds_measured": m["step_seconds"], "forward_seconds": m["forward_seconds"],
+           "backward_seconds": m["backward_seconds"], "optimizer_seconds": adam,
+           "step_seconds_1_thread": inputs["1x1"]["step_seconds"],
+           "fb_per_row": fb_per_row, "bwd_per_row": bwd_per_row, "gradient_bytes": grad,
+           "parameters": inputs["parameters"], "volume_bytes": volume, "chunks": chunks, "messages": messages,
+           "latency_seconds": latency, "allreduce_here_seconds": inputs["allreduce_seconds"],
+           "allreduce_here_latency_seconds": inputs["allreduce_latency_seconds"], "links": []}
+    for gbit in BANDWIDTHS_GBIT:
+        bw = gbit * 1e9 / 8
+        comm = volume / bw + latency
+        compute = rows_measured * fb_per_row + adam  # a host training `rows_measured` rows
+        exposed_overlap = max(0.0, comm - rows_measured * bwd_per_row)
+        out["links"].append({
+            "gbit": gbit, "comm_seconds": comm, "compute_seconds": compute,
+            "efficiency_no_overlap": compute / (compute + comm),
+            "efficiency_overlap": compute / (compute + exposed_overlap),
+            # comm > compute when rows·fb + adam < comm; with overlap comm > backward when rows·bwd < comm
+            "crossover_rows_no_overlap": max(0.0, (comm - adam) / fb_per_row),
+            "crossover_rows_overlap": comm / bwd_per_row,
+        })
+    return out
+
+
+def fmt(x, digits=2):
+    return "—" if x is None else f"{x:.{digits}f}"
+
+
+def mib(b):
+    return f"{b / 2**20:.0f}"
+
+
+def scaling_markdown(res):
+    shape = res["shape"]
+    lines = [f"Command: `{res['command']}`  ",
+             f"Date: {res['date']}; shape {res['shape_name']} (C {shape['width']}, H {shape['heads']}, "
+             f"L {shape['layers']}, T {shape['seq']}, global batch {shape['batch']}); {res['steps']} measured "
+             f"step(s) after {res['warmup']} warm-up per process; {res['rounds']} rounds, processes alternating; "
+             f"OMP_WAIT_POLICY {res['wait_policy']}; `mpirun --bind-to none`; a row is its fastest round "
+             f"(every round in `{res['json']}`). Machine: {res['cores']} cores shared with "
+             f"other jobs; `uptime` load average at start {res['load_start']}, at end {res['load_end']}.  ",
+             "Timed: the pipelines' step (`stage::data_parallel_step` on 2 ranks: forward and backward on the "
+             "rank's rows, accumulation, the gradient all-reduce, Adam; the single-process step on 1), slowest "
+             "rank per step. Memory per rank: Adam state = the allocator's bytes made by building the optimizer; "
+             "allocator peak = the largest live bytes during a step (parameters, gradients, Adam state and "
+             "activations); RSS = the process's peak resident set (VmHWM).",
+             "",
+             "| policy | ranks × threads | ZeRO | s/step | tokens/s | Adam state MiB/rank | allocator peak MiB/rank "
+             "| peak RSS MiB/rank |",
+             "|---|---|---|---:|---:|---:|---:|---:|"]
+    for r in res["rows"]:
+        s = r["result"]
+        label = f"{r['ranks']} × {r['threads']}"
+        zero = "ZeRO-1" if r["zero"] else "off"
+        if s is None:
+            lines.append(f"| {r['policy']} | {label} | {zero} | not on main yet | — | — | — | — |")
+        else:
+            lines.append(f"| {r['policy']} | {label} | {zero} | {s['step_seconds']:.3f} | "
+                         f"{s['tokens_per_second']:.0f} | {s['adam_state_bytes'] / 2**20:.1f} | "
+                         f"{mib(s['peak_total_bytes'])} | {mib(s['rss_peak_bytes'])} |")
+    lines += ["", "Scaling efficiency (2 ranks × 1 thread):", "",
+              "| policy | ZeRO | vs 1 rank × 2 threads (equal cores) | vs 2 × (1 rank × 1 thread) | "
+              "1 → 2 threads speedup of one rank |",
+              "|---|---|---:|---:|---:|"]
+    for e in res["efficiency"]:
+        zero = "ZeRO-1" if e["config"].endswith("zero1") else "off"
+        if e["equal_cores"] is None:
+            lines.append(f"| {e['policy']} | {zero} | not on main yet | — | — |")
+        else:
+            lines.append(f"| {e['policy']} | {zero} | **{e['equal_cores']:.2f}** | {e['per_core']:.2f} | "
+                         f"{e['threads_speedup']:.2f} |")
+    lines += ["", "Targets (issue 17, reported):", "", "| target | measured | met |", "|---|---:|---|"]
+    for t in res["targets"]:
+        met = "—" if t["met"] is None else ("yes" if t["met"] else "**no**")
+        lines.append(f"| {t['target']} | {t['measured']} | {met} |")
+    lines.append("")
+    if res.get("chart"):
+        lines += [f"![tokens/s and memory per rank]({res['chart_relative']})", ""]
+    return "\n".join(lines)
+
+
+def projection_markdown(p, load):
+    gib = 2 ** 30
+    lines = [f"Generated by `{p['command']}` on {p['date']} (load average {load}). Inputs measured here, "
+             f"one rank × {p['threads_per_host']} threads, {p['shape']} (global batch of the measurement "
+             f"{p['rows_measured']} rows × {p['seq']} tokens), fastest of the rounds:",
+             "",
+             f"- step {p['step_seconds_measured']:.3f} s = forward {p['forward_seconds']:.3f} + backward "
+             f"{p['backward_seconds']:.3f} + Adam {p['optimizer_seconds']:.3f} s (1 thread: "
+             f"{p['step_seconds_1_thread']:.3f} s/step); per row of {p['seq']} tokens forward + backward "
+             f"t_row = {p['fb_per_row']:.3f} s, of which backward t_bwd = {p['bwd_per_row']:.3f} s; Adam "
+             f"t_adam = {p['optimizer_seconds']:.3f} s per step whatever the rows.",
+             f"- gradient G = {p['parameters']:,} parameters × 4 B = {p['gradient_bytes'] / 2**20:.1f} MiB; "
+             f"sent and received per rank per step by our all-reduce (reduce-scatter + all-gather): "
+             f"2(N−1)/N × G = 2·7/8 × {p['gradient_bytes'] / 1e6:.1f} MB = {p['volume_bytes'] / 1e6:.1f} MB.",
+             f"- latency: {p['chunks']} chunk(s) of 2^24 floats + the loss summary = {1 + p['chunks']} "
+             f"all-reduces, each an Alltoallv and an Allgatherv of N−1 = 7 messages per rank: "
+             f"{p['messages']} messages × {NETWORK_LATENCY_S * 1e6:.0f} µs (assumed TCP latency) = "
+             f"{p['latency_seconds'] * 1e3:.1f} ms per step — small against the volume term.",
+             f"- for scale, here (2 ranks, shared memory) {p['shape']}'s all-reduce takes "
+             f"{p['allreduce_here_seconds']:.3f} s (effective "
+             f"{(p['gradient_bytes'] / p['allreduce_here_seconds']) / gib:.2f} GiB/s of buffer) and a 1-float "
+             f"all-reduce {p['allreduce_here_latency_seconds'] * 1e6:.0f} µs.",
+             "",
+             f"Per step on 8 hosts, each like this machine, each training {p['rows_measured']} rows (global "
+             f"batch {p['rows_measured'] * 8}): compute = rows × t_row + t_adam; comm = 2(N−1)/N·G / bandwidth + "
+             "latency; without overlap the step is compute + comm; with the bucketed reduction overlapped "
+             "with backward, only comm − rows × t_bwd (when positive) is exposed. Communication dominates "
+             "(comm > compute) below rows = (comm − t_adam) / t_row per host without overlap, and is no "
+             "longer hidden below rows = comm / t_bwd with overlap:",
+             "",
+             "| link | comm s/step | compute s/step | efficiency, no overlap | efficiency, overlapped | "
+             "comm > compute below (rows/host; global tokens/step) | comm exposed despite overlap below "
+             "(rows/host; global tokens/step) |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    for link in p["links"]:
+        a, b = link["crossover_rows_no_overlap"], link["crossover_rows_overlap"]
+        lines.append(f"| {link['gbit']} Gb/s | {link['comm_seconds']:.3f} | {link['compute_seconds']:.3f} | "
+                     f"{link['efficiency_no_overlap']:.2f} | {link['efficiency_overlap']:.2f} | "
+                     f"{a:.2f}; {a * p['hosts'] * p['seq']:,.0f} | {b:.2f}; {b * p['hosts'] * p['seq']:,.0f} |")
+    lines.append("")
+    return "\n".join(lines)
+
+
+def chart(res, path):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        log("matplotlib not installed (Debian: python3-matplotlib): no chart")
+        return False
+    rows = [r for r in res["rows"] if r["result"]]
+    labels = [f"{r['policy']}\n{r['ranks']}×{r['threads']}" + ("\nZeRO-1" if r["zero"] else "") for r in rows]
+    x = list(range(len(rows)))
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.6))
+    colors = ["#2b6cb0" if r["ranks"] == 1 else ("#dd6b20" if not r["zero"] else "#38a169") for r in rows]
+    axes[0].bar(x, [r["result"]["tokens_per_second"] for r in rows], color=colors)
+    axes[0].set_title("tokens/s (higher is better)", fontsize=10)
+    w = 0.4
+    axes[1].bar([i - w / 2 for i in x], [r["result"]["peak_total_bytes"] / 2**20 for r in rows], w,
+                label="allocator peak", color="#2b6cb0")
+    axes[1].bar([i + w / 2 for i in x], [r["result"]["adam_state_bytes"] / 2**20 for r in rows], w,
+                label="Adam state", color="#38a169")
+    axes[1].set_title("memory per rank (MiB)", fontsize=10)
+    axes[1].legend(fontsize=8)
+    for ax in axes:
+        ax.set_xticks(x)
+        ax.set_xticklabels(labels, fontsize=7)
+        ax.grid(axis="y", alpha=0.3)
+    fig.suptitle(f"Data parallelism on {res['shape_name']}: 1 rank × 1 or 2 threads vs 2 ranks × 1 thread", fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def replace_between(path, begin, end, body, heading):
+    text = path.read_text()
+    if begin not in text:
+        text = text.rstrip("\n") + f"\n\n{heading}\n\n{begin}\n{end}\n"
+    head, rest = text.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    path.write_text(head + begin + "\n" + body + "\n" + end + tail)
+    log("wrote", path)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="tiny shape, checks only, no docs update (< 60 s)")
+    ap.add_argument("--build-dir", type=pathlib.Path, default=ROOT / "build")
+    ap.add_argument("--out-dir", type=pathlib.Path, default=None,
+                    help="JSON and PNG (default bench/results; --quick: BUILD/dp-quick)")
+    ap.add_argument("--rounds", type=int, default=None, help="alternating rounds (default 3, quick 2)")
+    ap.add_argument("--steps", type=int, default=None, help="measured steps per process (default 4, quick 2)")
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--proj-steps", type=int, default=2, help="measured S3 steps per process")
+    ap.add_argument("--proj-rounds", type=int, default=2)
+    ap.add_argument("--no-projection", action="store_true")
+    ap.add_argument("--mpirun", default=shutil.which("mpirun") or "mpirun")
+    ap.add_argument("--timeout", type=int, default=900, help="seconds per process")
+    ap.add_argument("--wait-policy", default="passive", help="OMP_WAIT_POLICY for every process")
+    ap.add_argument("--docs", action="store_true", default=None,
+                    help="write docs/benchmarks.md and docs/distributed.md (default: a full run into bench/results)")
+    args = ap.parse_args()
+    args.build_dir = args.build_dir.resolve()
+    if not (args.build_dir / "rt-bench-dp-step").exists():
+        sys.exit(f"[run_data_parallel] {args.build_dir / 'rt-bench-dp-step'} not found: build it "
+                 f"(cmake --build {args.build_dir} --target rt-bench-dp-step)")
+    if args.rounds is None:
+        args.rounds = 2 if args.quick else 3
+    if args.steps is None:
+        args.steps = 2 if args.quick else 4
+    if args.docs is None:
+        args.docs = not args.quick and args.out_dir is None
+    if args.out_dir is None:
+        args.out_dir = args.build_dir / "dp-quick" if args.quick else ROOT / "bench" / "results"
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    scratch = args.out_dir / "dp-scratch"
+    scratch.mkdir(exist_ok=True)
+    shape_name, shape = ("Q1", QUICK_SHAPES["Q1"]) if args.quick else ("S1", SHAPES["S1"])
+    if shape["batch"] % 2:
+        sys.exit(f"[run_data_parallel] {shape_name}'s batch {shape['batch']} is not divisible by 2 ranks")
+    blas = blas_dir()
+    command = "/usr/bin/python3 bench/run_data_parallel.py " + " ".join(sys.argv[1:])
+    res = {"command": command.strip(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+           "shape_name": shape_name, "shape": shape, "steps": args.steps, "warmup": args.warmup,
+           "rounds": args.rounds, "wait_policy": args.wait_policy, "cores": os.cpu_count(),
+           "load_start": load_average(), "blas_dir": blas,
+           "json": os.path.relpath(args.out_dir / "data_parallel.json", ROOT)}
+    res["rows"] = bench_scaling(args, shape, blas, scratch)
+    res["efficiency"], zero = efficiencies(res["rows"])
+    res["targets"] = []
+    for e in res["efficiency"]:
+        if e["config"] == "2x1":
+            res["targets"].append({"target": f"{e['policy']}: 2-rank efficiency at equal cores >= {TARGET_EFFICIENCY}",
+                                   "measured": fmt(e["equal_cores"]),
+                                   "met": None if e["equal_cores"] is None else e["equal_cores"] >= TARGET_EFFICIENCY})
+    for z in zero:
+        res["targets"].append({"target": f"{z['policy']}: ZeRO-1 Adam-state bytes per rank / plain DP at N = 2 "
+                                         f"<= {TARGET_ZERO_STATE}",
+                               "measured": "not on main yet" if z["ratio"] is None else f"{z['ratio']:.3f}",
+                               "met": None if z["ratio"] is None else z["ratio"] <= TARGET_ZERO_STATE})
+    if not args.no_projection:
+        pname, pshape = ("Q1", QUICK_SHAPES["Q1"]) if args.quick else ("S3", SHAPES["S3"])
+        res["projection"] = projection(bench_projection_inputs(args, pname, pshape, blas, scratch), pname, pshape)
+        res["projection"].update(command=command.strip(), date=res["date"])
+    res["load_end"] = load_average()
+    shutil.rmtree(scratch, ignore_errors=True)
+    png = args.out_dir / "data_parallel.png"
+    res["chart"] = str(png) if chart(res, png) else None
+    if res["chart"]:
+        res["chart_relative"] = os.path.relpath(png, ROOT / "docs")
+    (args.out_dir / "data_parallel.json").write_text(json.dumps(res, indent=2) + "\n")
+    md = scaling_markdown(res)
+    (args.out_dir / "data_parallel.md").write_text(md + "\n")
+    print(md)
+    if res.get("projection"):
+        pmd = projection_markdown(res["projection"], f"{res['load_start']} → {res['load_end']}")
+        (args.out_dir / "data_parallel_projection.md").write_text(pmd + "\n")
+        print(pmd)
+    if args.docs:
+        replace_between(ROOT / "docs" / "benchmarks.md", DP_BEGIN, DP_END, md, "## Data parallelism (MPI)")
+        if res.get("projection"):
+            replace_between(ROOT / "docs" / "distributed.md", PROJ_BEGIN, PROJ_END, pmd,
+                            "## Projection: S3 on 8 hosts")
+    log("wrote", args.out_dir / "data_parallel.json")
+
+
+if __name__ == "__main__":
+    main()
