@@ -19,6 +19,8 @@
 //
 // DIR/rank<R>.json, per rank:
 //   step_seconds, step_times    median and every measured step's wall time
+//   cpu_times                   user + system CPU seconds of this rank per
+//                               measured step (all its threads)
 //   tokens_per_second           global batch·T / step_seconds (all ranks' rows)
 //   adam_state_bytes            the allocator's live bytes made by building the
 //                               optimizer (both moments; this rank's shard
@@ -33,6 +35,7 @@
 //                               floats as the model has parameters (after the
 //                               steps); allreduce_latency_seconds: of 1 float
 #include <omp.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <chrono>
@@ -85,6 +88,14 @@ double median_of(std::vector<double> v) {
   if (v.empty()) return 0.0;
   std::sort(v.begin(), v.end());
   return v.size() % 2 == 1 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
+/// User + system CPU seconds of this process (every thread) so far.
+double cpu_seconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         1e-6 * static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
 }
 
 double seconds_since(std::chrono::steady_clock::time_point t) {
@@ -250,6 +261,7 @@ int run(int argc, char** argv) {
   const std::int64_t rss_setup = status_bytes("VmRSS");
   const bool hwm_reset = static_cast<bool>(std::ofstream("/proc/self/clear_refs") << "5");
   std::vector<double> times;
+  std::vector<double> cpu_times;
   std::vector<float> losses;
   std::int64_t peak = 0;
   std::int64_t peak_total = 0;
@@ -257,11 +269,13 @@ int run(int argc, char** argv) {
     comm.barrier();
     const std::int64_t before = memory_stats().live_bytes;
     reset_peak_memory();
+    const double cpu_start = cpu_seconds();
     const auto start = std::chrono::steady_clock::now();
     losses.push_back(step());
     const double t = seconds_since(start);
     if (i >= o.warmup) {
       times.push_back(t);
+      cpu_times.push_back(cpu_seconds() - cpu_start);
       forward_times.push_back(phase.forward);
       backward_times.push_back(phase.backward);
       optimizer_times.push_back(phase.optimizer);
@@ -315,6 +329,7 @@ int run(int argc, char** argv) {
       {"gradient_bytes", parameter_count * static_cast<std::int64_t>(sizeof(float))},
       {"step_seconds", median},
       {"step_times", times},
+      {"cpu_times", cpu_times},
       {"losses", losses},
       {"forward_seconds", median_of(forward_times)},  // N = 1 only (0 otherwise)
       {"backward_seconds", median_of(backward_times)},

@@ -99,7 +99,10 @@ def run_job(args, shape, policy, ranks, threads, zero, steps, warmup, reps, blas
         sys.exit(f"[run_data_parallel] ranks end with different parameters ({sorted(sums)}): {' '.join(cmd)}")
     # The job's step i takes as long as its slowest rank.
     job_steps = [max(r["step_times"][i] for r in rows) for i in range(len(rows[0]["step_times"]))]
+    # CPU seconds of the whole job per step (every rank, every thread).
+    job_cpu = [sum(r["cpu_times"][i] for r in rows) for i in range(len(rows[0]["cpu_times"]))]
     return {"ranks": rows, "step_seconds": statistics.median(job_steps), "step_times": job_steps,
+            "cpu_seconds": statistics.median(job_cpu),
             "first_loss": rows[0]["losses"][0]}
 
 
@@ -111,6 +114,9 @@ def summarize(jobs, shape):
         "step_seconds": best["step_seconds"],
         "median_round_step_seconds": statistics.median(j["step_seconds"] for j in jobs),
         "round_step_seconds": [j["step_seconds"] for j in jobs],
+        "cpu_seconds": min(j["cpu_seconds"] for j in jobs),
+        "round_cpu_seconds": [j["cpu_seconds"] for j in jobs],
+        "round_step_times_per_rank": [[r["step_times"] for r in j["ranks"]] for j in jobs],
         "tokens_per_second": tokens / best["step_seconds"],
         "adam_state_bytes": max(r["adam_state_bytes"] for r in per_rank),
         "peak_bytes": max(r["peak_bytes"] for j in jobs for r in j["ranks"]),
@@ -177,7 +183,9 @@ def efficiencies(rows):
             out.append({"policy": policy, "config": name,
                         "equal_cores": dp["tokens_per_second"] / two_threads["tokens_per_second"],
                         "per_core": dp["tokens_per_second"] / (2 * one["tokens_per_second"]),
-                        "threads_speedup": two_threads["tokens_per_second"] / one["tokens_per_second"]})
+                        "threads_speedup": two_threads["tokens_per_second"] / one["tokens_per_second"],
+                        # the work one core does alone / the work the 2 ranks do together
+                        "cpu_work": one["cpu_seconds"] / dp["cpu_seconds"]})
     zero = []
     for policy in POLICIES:
         plain, sharded = by.get((policy, "2x1")), by.get((policy, "2x1-zero1"))
@@ -267,33 +275,39 @@ def scaling_markdown(res):
              "rank's rows, accumulation, the gradient all-reduce, Adam; the single-process step on 1), slowest "
              "rank per step. Memory per rank: Adam state = the allocator's bytes made by building the optimizer; "
              "allocator peak = the largest live bytes during a step (parameters, gradients, Adam state and "
-             "activations); RSS = the process's peak resident set (VmHWM).",
+             "activations); RSS = the process's peak resident set (VmHWM). CPU s/step = user + system CPU "
+             "seconds of every rank's threads per step (getrusage; median of the job's steps, smallest round): "
+             "the work done, whatever share of the cores other jobs leave (a rank waiting in MPI's yielding "
+             "poll counts too).",
              "",
-             "| policy | ranks × threads | ZeRO | s/step | tokens/s | Adam state MiB/rank | allocator peak MiB/rank "
-             "| peak RSS MiB/rank |",
-             "|---|---|---|---:|---:|---:|---:|---:|"]
+             "| policy | ranks × threads | ZeRO | s/step | tokens/s | CPU s/step (all ranks) | Adam state MiB/rank "
+             "| allocator peak MiB/rank | peak RSS MiB/rank |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|"]
     for r in res["rows"]:
         s = r["result"]
         label = f"{r['ranks']} × {r['threads']}"
         zero = "ZeRO-1" if r["zero"] else "off"
         if s is None:
-            lines.append(f"| {r['policy']} | {label} | {zero} | not on main yet | — | — | — | — |")
+            lines.append(f"| {r['policy']} | {label} | {zero} | not on main yet | — | — | — | — | — |")
         else:
             lines.append(f"| {r['policy']} | {label} | {zero} | {s['step_seconds']:.3f} | "
-                         f"{s['tokens_per_second']:.0f} | {s['adam_state_bytes'] / 2**20:.1f} | "
+                         f"{s['tokens_per_second']:.0f} | {s['cpu_seconds']:.3f} | "
+                         f"{s['adam_state_bytes'] / 2**20:.1f} | "
                          f"{mib(s['peak_total_bytes'])} | {mib(s['rss_peak_bytes'])} |")
     lines += ["", "Scaling efficiency (2 ranks × 1 thread):", "",
               "| policy | ZeRO | vs 1 rank × 2 threads (equal cores) | vs 2 × (1 rank × 1 thread) | "
-              "1 → 2 threads speedup of one rank |",
-              "|---|---|---:|---:|---:|"]
+              "1 → 2 threads speedup of one rank | CPU s/step 1 × 1 / 2 × 1 |",
+              "|---|---|---:|---:|---:|---:|"]
     for e in res["efficiency"]:
         zero = "ZeRO-1" if e["config"].endswith("zero1") else "off"
         if e["equal_cores"] is None:
-            lines.append(f"| {e['policy']} | {zero} | not on main yet | — | — |")
+            lines.append(f"| {e['policy']} | {zero} | not on main yet | — | — | — |")
         else:
             lines.append(f"| {e['policy']} | {zero} | **{e['equal_cores']:.2f}** | {e['per_core']:.2f} | "
-                         f"{e['threads_speedup']:.2f} |")
-    lines += ["", "Targets (issue 17, reported):", "", "| target | measured | met |", "|---|---:|---|"]
+                         f"{e['threads_speedup']:.2f} | {e['cpu_work']:.2f} |")
+    lines += ["", "The last column is the work ratio: 1.00 when two ranks together spend no more CPU time on "
+              "a step than one single-threaded process does (no data-parallel overhead beyond the cores).",
+              "", "Targets (issue 17, reported):", "", "| target | measured | met |", "|---|---:|---|"]
     for t in res["targets"]:
         met = "—" if t["met"] is None else ("yes" if t["met"] else "**no**")
         lines.append(f"| {t['target']} | {t['measured']} | {met} |")
