@@ -55,6 +55,22 @@ class GradientBucketer final : public BackwardHooks {
   /// failed with collectives still in flight (the ranks are out of step).
   void backward(const Variable& output);
   void backward(const Variable& output, const Tensor& seed);
+  /// The last micro-batch of a gradient-accumulation step (PyTorch DDP
+  /// reduces only then): reduces base[i] + weight · g_i instead of the pass's
+  /// g_i, with GradientAccumulator::add(weight)'s arithmetic (weight · g_i
+  /// when base[i] is undefined, base[i] when the pass gave no g_i, zeros when
+  /// neither), so the result equals the accumulator's sums followed by a
+  /// plain all-reduce, bit for bit. `base`: one tensor per parameter (e.g.
+  /// GradientAccumulator::gradients() of the earlier micro-batches), each
+  /// undefined or of its parameter's shape on the CPU (ShapeError before
+  /// anything runs). output.backward() must take a scalar.
+  void backward(const Variable& output, std::span<const Tensor> base, float weight);
+  /// For a rank that runs no backward pass in this step (no rows of it, or a
+  /// loss it will report as diverged) while the others call backward(): the
+  /// same collectives in the same order, over `base` alone (undefined:
+  /// zeros). Returns the reduced gradients, one per parameter; commits
+  /// nothing.
+  std::vector<Tensor> reduce(std::span<const Tensor> base);
 
   const std::vector<Variable>& parameters() const { return params_; }
   const BucketOptions& options() const { return options_; }
@@ -96,6 +112,7 @@ class GradientBucketer final : public BackwardHooks {
     bool filled = false;      // final this pass
   };
   void fill(std::size_t index, const Tensor* gradient);
+  void set_base(std::span<const Tensor> base, float weight);
   void start_ready_buckets();
   void progress();
   std::size_t in_flight() const;
@@ -110,6 +127,8 @@ class GradientBucketer final : public BackwardHooks {
   /// still write into them): released, never freed, when one is pending.
   std::unique_ptr<std::vector<std::vector<float>>> buffers_;
   std::vector<std::unique_ptr<CollectiveRequest>> requests_;  // per bucket, this pass
+  std::vector<Tensor> base_;  // accumulation: the earlier micro-batches' sums (empty: none)
+  float weight_ = 1.0F;
   std::size_t next_start_ = 0;
   std::size_t final_count_ = 0;
   bool in_pass_ = false;

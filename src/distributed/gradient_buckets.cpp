@@ -8,6 +8,7 @@
 #include <unordered_set>
 #include <utility>
 
+#include "../backend/kernels.hpp"
 #include "riftco_transformer/errors.hpp"
 
 namespace riftco_transformer {
@@ -80,8 +81,61 @@ std::size_t GradientBucketer::in_flight() const {
   return count;
 }
 
-void GradientBucketer::backward(const Variable& output) { output.backward(*this); }
-void GradientBucketer::backward(const Variable& output, const Tensor& seed) { output.backward(seed, *this); }
+void GradientBucketer::backward(const Variable& output) {
+  base_.clear();
+  output.backward(*this);
+}
+
+void GradientBucketer::backward(const Variable& output, const Tensor& seed) {
+  base_.clear();
+  output.backward(seed, *this);
+}
+
+void GradientBucketer::set_base(std::span<const Tensor> base, float weight) {
+  if (base.size() != params_.size()) {
+    throw ShapeError("[GradientBucketer] " + std::to_string(base.size()) + " accumulated gradients for " +
+                     std::to_string(params_.size()) + " parameters");
+  }
+  if (!std::isfinite(weight)) throw ValueError("[GradientBucketer] weight must be finite, got " + std::to_string(weight));
+  for (std::size_t k = 0; k < base.size(); ++k) {
+    const Tensor& b = base[k];
+    if (b.defined() && (b.shape() != params_[k].shape() || b.backend() != Backend::Cpu)) {
+      throw ShapeError("[GradientBucketer] the accumulated gradient of '" + params_[k].name() + "' is " +
+                       shape_string(b.shape()) + " on " + backend_name(b.backend()) + ", the parameter " +
+                       shape_string(params_[k].shape()) + " on cpu");
+    }
+  }
+  base_.assign(base.begin(), base.end());
+  weight_ = weight;
+}
+
+void GradientBucketer::backward(const Variable& output, std::span<const Tensor> base, float weight) {
+  set_base(base, weight);
+  try {
+    output.backward(*this);
+  } catch (...) {
+    base_.clear();
+    throw;
+  }
+  base_.clear();
+}
+
+std::vector<Tensor> GradientBucketer::reduce(std::span<const Tensor> base) {
+  set_base(base, 1.0F);
+  std::vector<std::pair<Variable, Tensor>> reduced;
+  try {
+    begin_pass();
+    reduced = finish();  // every slot from `base`; the buckets start in order
+  } catch (...) {
+    base_.clear();
+    throw;
+  }
+  base_.clear();
+  std::vector<Tensor> out;
+  out.reserve(reduced.size());
+  for (auto& [param, g] : reduced) out.push_back(std::move(g));
+  return out;
+}
 
 void GradientBucketer::begin_pass() {
   // A request of a failed pass that has not completed means the ranks no
@@ -115,13 +169,30 @@ void GradientBucketer::fill(std::size_t index, const Tensor* gradient) {
                      ", not what its bucket was laid out for: build a new GradientBucketer");
   }
   float* out = buffer.data() + slot.offset;
-  if (gradient != nullptr && gradient->defined()) {
-    if (gradient->shape() != p.shape() || gradient->backend() != Backend::Cpu) {
-      throw ShapeError("[GradientBucketer] gradient " + shape_string(gradient->shape()) + " on " +
-                       backend_name(gradient->backend()) + " for parameter '" + p.name() + "' " +
-                       shape_string(p.shape()) + ": the buckets reduce CPU gradients of the parameter's shape");
+  const bool has_gradient = gradient != nullptr && gradient->defined();
+  if (has_gradient && (gradient->shape() != p.shape() || gradient->backend() != Backend::Cpu)) {
+    throw ShapeError("[GradientBucketer] gradient " + shape_string(gradient->shape()) + " on " +
+                     backend_name(gradient->backend()) + " for parameter '" + p.name() + "' " +
+                     shape_string(p.shape()) + ": the buckets reduce CPU gradients of the parameter's shape");
+  }
+  Tensor combined;  // accumulation: GradientAccumulator::add's kernels, so its bits
+  const Tensor* source = has_gradient ? gradient : nullptr;
+  if (!base_.empty()) {
+    const Tensor& base = base_[index];
+    const backend::Kernels& kernels = backend::kernels(Backend::Cpu, "GradientBucketer");
+    if (has_gradient && base.defined()) {
+      combined = base.clone();
+      kernels.axpy_inplace(combined, weight_, *gradient);  // base + weight · g
+      source = &combined;
+    } else if (has_gradient) {
+      combined = kernels.scale(*gradient, weight_);  // weight · g
+      source = &combined;
+    } else if (base.defined()) {
+      source = &base;
     }
-    const std::span<const float> g = gradient->values();
+  }
+  if (source != nullptr) {
+    const std::span<const float> g = source->values();
     std::copy(g.begin(), g.end(), out);
   } else {
     std::fill(out, out + n, 0.0F);  // no contribution on this rank: zeros, as the commit would publish

@@ -154,3 +154,38 @@ TEST(MpiBuckets, SumsWithoutAveragingAndRepeatPassesGiveTheSameBits) {
     EXPECT_TRUE(same_bits(first[k].values(), stack.params[k].grad().values()));
   }
 }
+
+TEST(MpiBuckets, AccumulationWithARankThatRunsNoPassIsTheAccumulatorPlusPlainAllReduce) {
+  // Two micro-batches; on the last one rank 1 has no rows (reduce() only),
+  // the others run the bucketed backward over their accumulated sums.
+  Stack stack(4, 24);
+  std::vector<Tensor> base;
+  stack.loss(false).backward();
+  for (const Variable& p : stack.params) base.push_back(p.grad().clone());  // micro-batch 1 with weight 1
+  std::vector<std::vector<float>> expected;
+  const bool runs_pass = comm().rank() != 1;
+  stack.x = Variable(stack.x.value().clone(), false, "x2");
+  stack.x.mutable_value().data()[0] += 1.0F;  // micro-batch 2 differs
+  if (runs_pass) stack.loss(false).backward();
+  for (std::size_t k = 0; k < stack.params.size(); ++k) {
+    std::vector<float> sum(base[k].values().begin(), base[k].values().end());
+    if (runs_pass) {
+      const Tensor& g = stack.params[k].grad();
+      for (std::size_t i = 0; i < sum.size(); ++i) sum[i] += 0.5F * g.values()[i];
+    }
+    comm().all_reduce_average(sum);
+    expected.push_back(sum);
+  }
+  GradientBucketer bucketer(comm(), stack.params, BucketOptions{3.0 / 1024.0, true});
+  ASSERT_GE(bucketer.bucket_count(), 3U);
+  std::vector<Tensor> reduced;
+  if (runs_pass) {
+    bucketer.backward(stack.loss(false), base, 0.5F);
+    for (const Variable& p : stack.params) reduced.push_back(p.grad());
+  } else {
+    reduced = bucketer.reduce(base);
+  }
+  for (std::size_t k = 0; k < stack.params.size(); ++k) {
+    EXPECT_TRUE(same_bits(reduced[k].values(), expected[k])) << stack.params[k].name();
+  }
+}
