@@ -23,6 +23,7 @@
 
 #include "riftco_transformer/adam.hpp"
 #include "riftco_transformer/distributed.hpp"
+#include "riftco_transformer/gradient_accumulator.hpp"
 
 namespace riftco_transformer {
 
@@ -53,6 +54,10 @@ class ShardedAdam {
   /// The same with explicit gradients, one per parameter in parameters()
   /// order (undefined: none).
   float step(std::span<const Tensor> gradients, Gradients kind = Gradients::Local);
+  /// step(accumulator.gradients(), kind) after checking that the accumulator
+  /// holds exactly these parameters in parameters() order (ValueError naming
+  /// the first that differs; nothing changes), as Adam::step(accumulator).
+  float step(const GradientAccumulator& accumulator, Gradients kind = Gradients::Local);
   void zero_grad();
 
   const AdamOptions& options() const { return options_; }

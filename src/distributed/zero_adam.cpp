@@ -161,6 +161,23 @@ float ShardedAdam::step(std::span<const Tensor> gradients, Gradients kind) {
   return update(pointers, kind);
 }
 
+float ShardedAdam::step(const GradientAccumulator& accumulator, Gradients kind) {
+  const std::vector<Variable>& theirs = accumulator.parameters();
+  if (theirs.size() != params_.size()) {
+    throw ValueError("[ShardedAdam] step: the GradientAccumulator holds " + std::to_string(theirs.size()) +
+                     " parameters, this ShardedAdam " + std::to_string(params_.size()) +
+                     " (build the accumulator from this optimizer's parameters)");
+  }
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    if (theirs[i].node() != params_[i].node()) {
+      throw ValueError("[ShardedAdam] step: the GradientAccumulator's parameter " + std::to_string(i) + " is '" +
+                       theirs[i].name() + "', this ShardedAdam's is '" + params_[i].name() +
+                       "' (build the accumulator from this optimizer's parameters, in their order)");
+    }
+  }
+  return step(accumulator.gradients(), kind);
+}
+
 float ShardedAdam::update(std::span<const Tensor* const> gradients, Gradients kind) {
   const std::size_t count = params_.size();
   // Local checks, before any communication.

@@ -8,6 +8,7 @@
 
 #include "model_fixtures.hpp"
 #include "riftco_transformer/distributed.hpp"
+#include "riftco_transformer/ops.hpp"
 #include "riftco_transformer/zero_adam.hpp"
 
 using namespace riftco_transformer;
@@ -79,4 +80,25 @@ TEST(ShardedAdamSingle, BadArgumentsAreTypedAndChangeNothing) {
   Adam::State wrong = zero.state();
   wrong.second_moment.pop_back();
   EXPECT_THROW(zero.set_state(wrong), ValueError);
+}
+
+TEST(ShardedAdamSingle, StepsWithAnAccumulatorOfItsOwnParametersOnly) {
+  const auto comm = make_single_process_communicator();
+  const auto a = params_from(3);
+  const auto b = params_from(3);
+  ShardedAdam zero(*comm, a, clipped());
+  Adam plain(b, clipped());
+  GradientAccumulator acc_a(a);
+  GradientAccumulator acc_b(b);
+  for (const auto* params : {&a, &b}) {
+    for (const Variable& p : *params) sum(mul(p, p)).backward();
+  }
+  acc_a.add(0.5F);
+  acc_b.add(0.5F);
+  const float zn = zero.step(acc_a);
+  const float pn = plain.step(acc_b);
+  EXPECT_EQ(std::memcmp(&zn, &pn, sizeof(float)), 0);
+  for (std::size_t k = 0; k < a.size(); ++k) EXPECT_TRUE(same_bits(a[k].value().values(), b[k].value().values()));
+  EXPECT_THROW(zero.step(acc_b), ValueError);  // another optimizer's parameters
+  EXPECT_EQ(zero.step_count(), 1);
 }
