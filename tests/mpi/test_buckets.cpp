@@ -15,6 +15,7 @@
 #include "riftco_transformer/gradient_buckets.hpp"
 #include "riftco_transformer/ops.hpp"
 #include "riftco_transformer/random.hpp"
+#include "riftco_transformer/transformer.hpp"
 
 using namespace riftco_transformer;
 
@@ -187,5 +188,49 @@ TEST(MpiBuckets, AccumulationWithARankThatRunsNoPassIsTheAccumulatorPlusPlainAll
   }
   for (std::size_t k = 0; k < stack.params.size(); ++k) {
     EXPECT_TRUE(same_bits(reduced[k].values(), expected[k])) << stack.params[k].name();
+  }
+}
+
+TEST(MpiBuckets, TransformerUnderEveryPolicyGivesThePlainAllReduceBits) {
+  // The model's own checkpointing (block, segments, sub-blocks): its
+  // parameters are final after their block's replay, and the reduced
+  // gradients are those of the plain all-reduce.
+  TransformerDimensions d;
+  d.vocab_size = 64;
+  d.context_length = 16;
+  d.model_width = 32;
+  d.heads = 4;
+  d.layers = 4;
+  d.feed_forward_width = 48;
+  Random init(11);
+  DecoderOnlyTransformer model(d, init);
+  std::vector<Variable> params;
+  for (const NamedParameter& p : model.parameters()) params.push_back(p.variable);
+  Random data(200 + static_cast<std::uint64_t>(comm().rank()));
+  std::vector<std::int32_t> tokens(2 * 16);
+  std::vector<std::int32_t> targets(2 * 16);
+  for (auto& t : tokens) t = static_cast<std::int32_t>(data.below(64));
+  for (auto& t : targets) t = static_cast<std::int32_t>(data.below(64));
+  GradientBucketer bucketer(comm(), params, BucketOptions{16.0 / 1024.0, true});
+  ASSERT_GE(bucketer.bucket_count(), 4U);
+  std::vector<std::vector<float>> reference;
+  for (const ActivationCheckpointingKind kind : activation_checkpointing_kinds()) {
+    SCOPED_TRACE(activation_checkpointing_name(kind));
+    model.set_activation_checkpointing_kind(kind);
+    model.loss(tokens, targets, 2).backward();
+    std::vector<std::vector<float>> plain;
+    for (const Variable& p : params) {
+      plain.emplace_back(p.grad().values().begin(), p.grad().values().end());
+      comm().all_reduce_average(plain.back());
+    }
+    bucketer.backward(model.loss(tokens, targets, 2));
+    for (std::size_t k = 0; k < params.size(); ++k) {
+      EXPECT_TRUE(same_bits(params[k].grad().values(), plain[k])) << model.parameters()[k].name;
+      if (!reference.empty()) {  // checkpointing changes no bit (no parameter shared between blocks)
+        EXPECT_TRUE(same_bits(params[k].grad().values(), reference[k])) << model.parameters()[k].name;
+      }
+    }
+    if (reference.empty()) reference = plain;
+    EXPECT_EQ(bucketer.last_pass().started_during_backward, bucketer.bucket_count());
   }
 }
