@@ -97,6 +97,7 @@ class GradientBucketer final : public BackwardHooks {
   // BackwardHooks (called by the engine during backward(output, *this)).
   void begin_pass() override;
   void gradient_final(const Variable& leaf, const Tensor& gradient) override;
+  void node_done() override;  // polls the requests in flight
   std::vector<std::pair<Variable, Tensor>> finish() override;
 
  private:

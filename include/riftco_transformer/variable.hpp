@@ -41,6 +41,9 @@ class BackwardHooks {
   /// write into it: its buffer may be shared with other gradients of the
   /// pass. Called in the order leaves become final, once per leaf.
   virtual void gradient_final(const Variable& leaf, const Tensor& gradient) = 0;
+  /// After each node's backward ran (and its leaves were reported): a place
+  /// to make progress on communication in flight. Default: nothing.
+  virtual void node_done() {}
   /// After every node ran and every leaf was reported, before anything is
   /// committed: gradients that replace the pass's own (e.g. the all-reduced
   /// ones), for any leaves, including leaves the pass did not reach; each

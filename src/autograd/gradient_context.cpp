@@ -199,6 +199,7 @@ PassResult run_backward_pass(const Variable& root_var, const Tensor& seed, const
       ctx.accumulate(parent, std::move(parent_grads[i]));
     }
     finality.consumed(node);
+    if (hooks != nullptr) hooks->node_done();
   }
   return result;
 }

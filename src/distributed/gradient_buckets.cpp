@@ -12,6 +12,10 @@
 #include "riftco_transformer/errors.hpp"
 
 namespace riftco_transformer {
+namespace {
+/// MPI_Test calls per poll (after each node of backward and each final gradient).
+constexpr int kPollsPerCall = 16;
+}  // namespace
 
 void BucketOptions::validate() const {
   if (!(bucket_mib > 0.0) || !std::isfinite(bucket_mib)) {
@@ -213,9 +217,14 @@ void GradientBucketer::start_ready_buckets() {
 }
 
 void GradientBucketer::progress() {
-  // MPI moves non-blocking collectives along only inside MPI calls: poll.
-  for (std::size_t b = 0; b < next_start_; ++b) {
-    if (requests_[b] != nullptr) requests_[b]->test();
+  // MPI moves non-blocking collectives along only inside MPI calls, about
+  // one message fragment per call (Open MPI has no progress thread): poll a
+  // few times. The requests run in start order, so testing the oldest
+  // unfinished one advances the queue.
+  for (int poll = 0; poll < kPollsPerCall; ++poll) {
+    std::size_t b = 0;
+    while (b < next_start_ && (requests_[b] == nullptr || requests_[b]->test())) ++b;
+    if (b == next_start_) return;  // nothing in flight
   }
 }
 
@@ -228,6 +237,10 @@ void GradientBucketer::gradient_final(const Variable& leaf, const Tensor& gradie
   fill(it->second, &gradient);
   start_ready_buckets();
   progress();
+}
+
+void GradientBucketer::node_done() {
+  if (in_pass_) progress();
 }
 
 std::vector<std::pair<Variable, Tensor>> GradientBucketer::finish() {

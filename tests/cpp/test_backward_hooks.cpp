@@ -38,7 +38,9 @@ struct Recorder : BackwardHooks {
   std::vector<std::pair<Variable, Tensor>> replacements;
   bool fail_in_finish = false;
   int begun = 0;
+  int nodes = 0;
   void begin_pass() override { ++begun; }
+  void node_done() override { ++nodes; }
   void gradient_final(const Variable& leaf, const Tensor& gradient) override {
     log->push_back("final " + leaf.name());
     gradients.push_back(gradient.defined() ? gradient.clone() : Tensor());
@@ -98,6 +100,7 @@ TEST(BackwardHooks, EachLeafIsFinalRightAfterItsLastConsumerRan) {
   const std::vector<std::string> expected{"p3", "final w3", "p2", "final w2", "p1", "final w1", "p0", "final w0"};
   EXPECT_EQ(log, expected);
   EXPECT_EQ(hooks.begun, 1);
+  EXPECT_EQ(hooks.nodes, 4 * 3 + 1);  // matmul, silu, probe per layer, and the sum
   // The reported gradients are the committed ones.
   for (int k = 0; k < 4; ++k) {
     EXPECT_TRUE(same_bits(hooks.gradients[static_cast<std::size_t>(3 - k)], chain.w[static_cast<std::size_t>(k)].grad()));
