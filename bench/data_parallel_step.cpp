@@ -9,13 +9,16 @@
 // --batch is the global batch (as rt-train's): each rank trains on its
 // batch/N rows. With N > 1 a step is the pipelines' own data-parallel step
 // (stage::data_parallel_step, src/train/data_parallel_step.cpp: forward and
-// backward on the rank's rows, the weighted gradient in the accumulator,
-// synchronize_gradients' all-reduce, Adam); with N = 1 it is the pipelines'
+// backward on the rank's rows, the gradients averaged in 25 MiB buckets
+// started during backward (GradientBucketer), Adam); with N = 1 it is the pipelines'
 // single-process step (forward, backward, Adam::step, zero_grad), as
 // src/train/stage_loop.cpp runs them. No data loading, logging or file
 // writing is inside the timed region; every step starts after a barrier.
-// --zero 1: Adam's moments sharded over the ranks (ShardedAdam; only in a
-// build that has it, an error otherwise).
+// --zero 1: ZeRO-1, Adam's moments sharded over the ranks (ShardedAdam, the
+// library class; the pipelines do not use it yet, so this step is the
+// data-parallel step with it: each rank's rows, forward, backward, then
+// ShardedAdam::step's reduce-scatter of the gradients, the update of the
+// rank's shard and the all-gather of the parameters).
 //
 // DIR/rank<R>.json, per rank:
 //   step_seconds, step_times    median and every measured step's wall time
@@ -44,6 +47,7 @@
 #include <fstream>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
@@ -54,16 +58,12 @@
 #include "riftco_transformer/checkpoint.hpp"
 #include "riftco_transformer/data_parallel.hpp"
 #include "riftco_transformer/distributed.hpp"
+#include "riftco_transformer/gradient_buckets.hpp"
 #include "riftco_transformer/gradient_accumulator.hpp"
 #include "riftco_transformer/memory.hpp"
 #include "riftco_transformer/pipelines.hpp"
 #include "riftco_transformer/transformer.hpp"
-#if __has_include("riftco_transformer/zero_adam.hpp")
 #include "riftco_transformer/zero_adam.hpp"
-#define RT_BENCH_HAVE_ZERO 1
-#else
-#define RT_BENCH_HAVE_ZERO 0
-#endif
 
 using namespace riftco_transformer;
 
@@ -148,9 +148,6 @@ Options parse(int argc, char** argv) {
   }
   if (o.out.empty()) throw ValueError("[rt-bench-dp-step] --out DIR is required");
   if (o.zero != 0 && o.zero != 1) throw ValueError("[rt-bench-dp-step] --zero must be 0 or 1, not " + std::to_string(o.zero));
-  if (o.zero == 1 && !RT_BENCH_HAVE_ZERO) {
-    throw ValueError("[rt-bench-dp-step] --zero 1: this build has no ShardedAdam (ZeRO-1 is not on main yet)");
-  }
   if (o.d.feed_forward_width == 0) o.d.feed_forward_width = o.d.model_width * 8 / 3 / 8 * 8;
   o.d.context_length = o.seq;
   return o;
@@ -159,9 +156,7 @@ Options parse(int argc, char** argv) {
 /// The optimizer a row uses: plain Adam (every rank all moments) or ZeRO-1.
 struct Optimizer {
   std::unique_ptr<Adam> adam;
-#if RT_BENCH_HAVE_ZERO
   std::unique_ptr<ShardedAdam> sharded;
-#endif
 };
 
 }  // namespace
@@ -189,23 +184,18 @@ int run(int argc, char** argv) {
   options.max_grad_norm = 1.0F;
   const std::int64_t live_before_optimizer = memory_stats().live_bytes;
   Optimizer opt;
-#if RT_BENCH_HAVE_ZERO
   if (o.zero == 1) {
     opt.sharded = std::make_unique<ShardedAdam>(comm, default_parameter_groups(named, 0.01F, false), options);
   }
-#endif
   if (o.zero == 0) opt.adam = std::make_unique<Adam>(default_parameter_groups(named, 0.01F, false), options);
   const std::int64_t adam_state_bytes = memory_stats().live_bytes - live_before_optimizer;
   std::int64_t reported_state_bytes = adam_state_bytes;
-#if RT_BENCH_HAVE_ZERO
   if (opt.sharded) reported_state_bytes = opt.sharded->state_bytes();
-#endif
-  const std::vector<Variable> ordered =
-#if RT_BENCH_HAVE_ZERO
-      opt.sharded ? opt.sharded->parameters() :
-#endif
-                  opt.adam->parameters();
+  const std::vector<Variable> ordered = opt.sharded ? opt.sharded->parameters() : opt.adam->parameters();
   GradientAccumulator accumulator(ordered);
+  // As the pipelines: with N > 1, gradients reduced in 25 MiB buckets during backward.
+  std::optional<GradientBucketer> buckets;
+  if (world > 1 && o.zero == 0) buckets.emplace(comm, ordered);
   Random data(2);
   TokenBatch global;  // the same global batch on every rank
   global.batch = o.batch;
@@ -227,21 +217,21 @@ int run(int argc, char** argv) {
   } phase;
   std::vector<double> forward_times, backward_times, optimizer_times;
   const auto step = [&]() -> float {
-#if RT_BENCH_HAVE_ZERO
     if (opt.sharded) {  // ZeRO-1: each rank its rows, then the sharded update (reduce-scatter, all-gather)
       const TokenBatch part = stage::rank_rows(global, rank, world);
       Variable loss = model.loss(part.tokens, part.targets, part.batch);
-      const float value = loss.value().item();
+      float share = loss.value().item() / static_cast<float>(world);  // this rank's share of the global loss
       loss.backward();
       loss = Variable();
+      comm.all_reduce_sum(std::span<float>(&share, 1));  // the global loss, as data_parallel_step reports it
       opt.sharded->step(ShardedAdam::Gradients::Local);
       opt.sharded->zero_grad();
-      return value;
+      return share;
     }
-#endif
     if (world > 1) {
       const stage::ShardedStep done =
-          stage::data_parallel_step(comm, model, *opt.adam, accumulator, batches, no_op, no_op, diverged);
+          stage::data_parallel_step(comm, model, *opt.adam, accumulator, buckets ? &*buckets : nullptr,
+                                    batches, no_op, no_op, diverged);
       opt.adam->zero_grad();
       return done.loss;
     }

@@ -6,7 +6,8 @@
 
 Builds nothing: expects a build tree (default ./build, configured with MPI)
 holding rt-bench-dp-step (bench/data_parallel_step.cpp), which times the
-pipelines' own training step: stage::data_parallel_step under `mpirun -np 2`,
+pipelines' own training step: stage::data_parallel_step (gradients averaged in
+25 MiB buckets during backward) under `mpirun -np 2`,
 the single-process step otherwise; no setup, data loading or file writing
 inside the timed region.
 
@@ -14,7 +15,8 @@ Configurations, at equal total cores (2 here):
   1 rank  x 1 thread   the per-core baseline
   1 rank  x 2 threads  one process on both cores
   2 ranks x 1 thread   mpirun -np 2 (--bind-to none, like the single process)
-  2 ranks x 1 thread, ZeRO-1 (ShardedAdam) when the build has it
+  2 ranks x 1 thread, ZeRO-1 (ShardedAdam: rt-train has no --zero yet, so the
+                       same step with ShardedAdam's reduce-scatter / all-gather)
 for the checkpointing policies disabled and block, each in a fresh process,
 alternating round by round (order reversed in odd rounds) so every
 configuration sees the same machine load. A job's step time is the slowest
@@ -24,8 +26,10 @@ Scaling efficiency: tokens/s(2 x 1) / tokens/s(1 x 2), and / (2 x tokens/s(1 x 1
 The S3 part measures one rank's step (1 and 2 threads, phases split) and the
 all-reduce over S3's gradient volume between 2 ranks here, then projects 8
 hosts at 10/25/100 Gb/s (written between markers in docs/distributed.md).
-Every job is checked: all ranks end with the same parameter checksum, and the
-first step's loss agrees with one process's (a failure exits non-zero).
+Every job is checked (a failure exits non-zero): all ranks end with the same
+parameter checksum; reruns of a configuration end with the same bits; ZeRO-1
+ends with plain data parallelism's bits and block with disabled's; the first
+step's loss agrees with one process's.
 """
 import argparse
 import json
@@ -63,10 +67,6 @@ def log(*args):
     print("[run_data_parallel]", *args, file=sys.stderr, flush=True)
 
 
-class NotBuilt(Exception):
-    pass
-
-
 def run_job(args, shape, policy, ranks, threads, zero, steps, warmup, reps, blas, scratch):
     """One fresh job; returns every rank's JSON, rank order."""
     out = scratch / f"job{time.monotonic_ns()}"
@@ -85,8 +85,6 @@ def run_job(args, shape, policy, ranks, threads, zero, steps, warmup, reps, blas
         cmd = [args.mpirun, "-np", str(ranks), "--oversubscribe", "--bind-to", "none"] + exported + cmd
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
     if proc.returncode != 0:
-        if "ZeRO-1 is not on main yet" in proc.stderr:
-            raise NotBuilt()
         raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     rows = [json.loads((out / f"rank{r}.json").read_text()) for r in range(ranks)]
     shutil.rmtree(out, ignore_errors=True)
@@ -102,6 +100,7 @@ def run_job(args, shape, policy, ranks, threads, zero, steps, warmup, reps, blas
     # CPU seconds of the whole job per step (every rank, every thread).
     job_cpu = [sum(r["cpu_times"][i] for r in rows) for i in range(len(rows[0]["cpu_times"]))]
     return {"ranks": rows, "step_seconds": statistics.median(job_steps), "step_times": job_steps,
+            "checksum": rows[0]["parameter_checksum"],
             "cpu_seconds": statistics.median(job_cpu),
             "first_loss": rows[0]["losses"][0]}
 
@@ -133,23 +132,16 @@ def summarize(jobs, shape):
         "backward_seconds": best["ranks"][0]["backward_seconds"],
         "optimizer_seconds": best["ranks"][0]["optimizer_seconds"],
         "rounds": len(jobs),
+        "checksums": sorted({j["checksum"] for j in jobs}),
     }
 
 
 def bench_scaling(args, shape, blas, scratch):
     jobs = {(p, c[0]): [] for p in POLICIES for c in CONFIGS}
-    not_built = set()
     order = [(p, c) for p in POLICIES for c in CONFIGS]
     for rnd in range(args.rounds):
         for policy, (name, ranks, threads, zero) in (order if rnd % 2 == 0 else list(reversed(order))):
-            if name in not_built:
-                continue
-            try:
-                j = run_job(args, shape, policy, ranks, threads, zero, args.steps, args.warmup, 3, blas, scratch)
-            except NotBuilt:
-                log(f"{name}: this build has no ShardedAdam (ZeRO-1 not on main yet): rows marked so")
-                not_built.add(name)
-                continue
+            j = run_job(args, shape, policy, ranks, threads, zero, args.steps, args.warmup, 3, blas, scratch)
             jobs[(policy, name)].append(j)
             r0 = j["ranks"][0]
             log(f"{policy} {name} round {rnd + 1}: {j['step_seconds']:.3f} s/step, allocator peak "
@@ -167,6 +159,19 @@ def bench_scaling(args, shape, blas, scratch):
         losses = [r["result"]["first_loss"] for r in rows if r["policy"] == policy and r["result"]]
         if max(losses) - min(losses) > 1e-4 * max(1.0, abs(losses[0])):
             sys.exit(f"[run_data_parallel] {policy}: first-step losses differ across configurations: {losses}")
+    # Bits: every rerun of a configuration ends with the same parameters;
+    # ZeRO-1 ends with plain data parallelism's, and block with disabled's.
+    by = {(r["policy"], r["config"]): r["result"] for r in rows if r["result"]}
+    for (policy, name), res in by.items():
+        if len(res["checksums"]) != 1:
+            sys.exit(f"[run_data_parallel] {policy} {name}: reruns end with different parameters {res['checksums']}")
+        pairs = [((policy, "2x1"), "ZeRO-1 vs plain data parallelism")] if name == "2x1-zero1" else []
+        if policy != "disabled":
+            pairs.append((("disabled", name), f"{policy} vs disabled"))
+        for other, what in pairs:
+            if other in by and by[other]["checksums"] != res["checksums"]:
+                sys.exit(f"[run_data_parallel] {name}: {what} end with different parameters "
+                         f"({res['checksums']} vs {by[other]['checksums']})")
     return rows
 
 
@@ -272,8 +277,10 @@ def scaling_markdown(res):
              f"(every round in `{res['json']}`). Machine: {res['cores']} cores shared with "
              f"other jobs; `uptime` load average at start {res['load_start']}, at end {res['load_end']}.  ",
              "Timed: the pipelines' step (`stage::data_parallel_step` on 2 ranks: forward and backward on the "
-             "rank's rows, accumulation, the gradient all-reduce, Adam; the single-process step on 1), slowest "
-             "rank per step. Memory per rank: Adam state = the allocator's bytes made by building the optimizer; "
+             "rank's rows, the gradients averaged in 25 MiB buckets started during backward, Adam; the "
+             "single-process step on 1), slowest rank per step. ZeRO-1: `rt-train` has no `--zero` yet, so the "
+             "same step with `ShardedAdam` (reduce-scatter of the gradients, the rank's shard updated, "
+             "all-gather of the parameters) instead of the buckets and Adam. Memory per rank: Adam state = the allocator's bytes made by building the optimizer; "
              "allocator peak = the largest live bytes during a step (parameters, gradients, Adam state and "
              "activations); RSS = the process's peak resident set (VmHWM). CPU s/step = user + system CPU "
              "seconds of every rank's threads per step (getrusage; median of the job's steps, smallest round): "
@@ -288,7 +295,7 @@ def scaling_markdown(res):
         label = f"{r['ranks']} × {r['threads']}"
         zero = "ZeRO-1" if r["zero"] else "off"
         if s is None:
-            lines.append(f"| {r['policy']} | {label} | {zero} | not on main yet | — | — | — | — | — |")
+            lines.append(f"| {r['policy']} | {label} | {zero} | not run | — | — | — | — | — |")
         else:
             lines.append(f"| {r['policy']} | {label} | {zero} | {s['step_seconds']:.3f} | "
                          f"{s['tokens_per_second']:.0f} | {s['cpu_seconds']:.3f} | "
@@ -301,7 +308,7 @@ def scaling_markdown(res):
     for e in res["efficiency"]:
         zero = "ZeRO-1" if e["config"].endswith("zero1") else "off"
         if e["equal_cores"] is None:
-            lines.append(f"| {e['policy']} | {zero} | not on main yet | — | — | — |")
+            lines.append(f"| {e['policy']} | {zero} | not run | — | — | — |")
         else:
             lines.append(f"| {e['policy']} | {zero} | **{e['equal_cores']:.2f}** | {e['per_core']:.2f} | "
                          f"{e['threads_speedup']:.2f} | {e['cpu_work']:.2f} |")
@@ -461,7 +468,7 @@ def main():
     for z in zero:
         res["targets"].append({"target": f"{z['policy']}: ZeRO-1 Adam-state bytes per rank / plain DP at N = 2 "
                                          f"<= {TARGET_ZERO_STATE}",
-                               "measured": "not on main yet" if z["ratio"] is None else f"{z['ratio']:.3f}",
+                               "measured": "not run" if z["ratio"] is None else f"{z['ratio']:.3f}",
                                "met": None if z["ratio"] is None else z["ratio"] <= TARGET_ZERO_STATE})
     if not args.no_projection:
         pname, pshape = ("Q1", QUICK_SHAPES["Q1"]) if args.quick else ("S3", SHAPES["S3"])

@@ -14,11 +14,13 @@
 #include <functional>
 #include <fstream>
 #include <limits>
+#include <optional>
 #include <unordered_map>
 
 #include "memory_budget.hpp"
 #include "rank_shards.hpp"
 #include "riftco_transformer/adam.hpp"
+#include "riftco_transformer/gradient_buckets.hpp"
 #include "riftco_transformer/atomic_file.hpp"
 #include "riftco_transformer/data_parallel.hpp"
 #include "riftco_transformer/gradient_accumulator.hpp"
@@ -158,6 +160,10 @@ RunResult run(StageRun& r, const ProgressCallback& progress, const NoticeCallbac
   r.facts["effective_batch"] = s.batch * s.gradient_accumulation_steps;  // rows per optimizer step, all ranks
   GradientAccumulator accumulator(adam.parameters());
   const std::int64_t micro_batches = s.gradient_accumulation_steps;
+  // Data parallelism reduces gradients in buckets (DDP's 25 MiB) during the
+  // last micro-batch's backward (docs/distributed.md).
+  std::optional<GradientBucketer> buckets;
+  if (world > 1) buckets.emplace(comm, adam.parameters());
 
   TrainingState state;
   Random data_random(s.seed);  // the same on every rank: every rank draws the whole global batch
@@ -270,7 +276,8 @@ RunResult run(StageRun& r, const ProgressCallback& progress, const NoticeCallbac
       float grad_norm = 0.0F;
       if (world > 1) {
         const ShardedStep done =
-            data_parallel_step(comm, model, adam, accumulator, batches, start_pass, end_pass, diverged);
+            data_parallel_step(comm, model, adam, accumulator, buckets ? &*buckets : nullptr, batches, start_pass,
+                               end_pass, diverged);
         last_loss = done.loss;
         grad_norm = done.grad_norm;
       } else if (micro_batches == 1) {
