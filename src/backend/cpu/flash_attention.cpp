@@ -263,14 +263,16 @@ void pack_rows(const float* src, std::int64_t stride, std::int64_t rows, std::in
 }
 
 /// dst (width, ld) = transpose of src rows (row stride `stride`, `width`
-/// floats each), columns rows..ld-1 zero.
+/// floats each), columns rows..ld-1 zero. Source rows are read whole, in
+/// order (reading a column at a time walked `rows` cache lines per column:
+/// 12% of the forward kernel's samples on S2).
 void pack_transposed(const float* src, std::int64_t stride, std::int64_t rows, std::int64_t width, float* dst,
                      std::int64_t ld) {
-  for (std::int64_t d = 0; d < width; ++d) {
-    float* out = dst + d * ld;
-    for (std::int64_t t = 0; t < rows; ++t) out[t] = src[t * stride + d];
-    std::fill(out + rows, out + ld, 0.0F);
+  for (std::int64_t t = 0; t < rows; ++t) {
+    const float* row = src + t * stride;
+    for (std::int64_t d = 0; d < width; ++d) dst[d * ld + t] = row[d];
   }
+  for (std::int64_t d = 0; d < width; ++d) std::fill(dst + d * ld + rows, dst + (d + 1) * ld, 0.0F);
 }
 
 // ---- one (b, h) pair ---------------------------------------------------------
