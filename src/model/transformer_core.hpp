@@ -33,7 +33,7 @@ struct TransformerCore {
   /// One block, never checkpointed (what a checkpoint replays). Reads the
   /// block's weights as they are now. `drop` > 0 applies residual dropout
   /// drawing from dropout_random. `value_needed` false (a checkpoint replay's
-  /// last block): the final fused projection's value is not computed (NaN);
+  /// last block): the final fused projection's value is not computed;
   /// the graph and every gradient are the same (fused.hpp).
   Variable block_forward(std::size_t index, const Variable& h, FullSequenceAttentionKind kind, float drop,
                          bool value_needed = true);

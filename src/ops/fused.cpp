@@ -85,8 +85,11 @@ Tensor add_same_shape(const backend::Kernels& kern, const Tensor& a, const Tenso
 }
 
 /// The value of a node whose value is not computed (value_needed false): all
-/// NaN, so a reader that should not exist sees it at once.
+/// NaN on the CPU, so a reader that should not exist sees it at once; zeros
+/// on a device (one memset: a NaN fill would be a host-to-device copy of the
+/// whole tensor, about what the skipped GEMM costs there).
 Tensor unread_value(const Shape& shape, Backend backend) {
+  if (backend != Backend::Cpu) return Tensor::zeros(shape, backend);
   return Tensor::full(shape, std::numeric_limits<float>::quiet_NaN(), backend);
 }
 

@@ -23,7 +23,8 @@
 //
 // linear_residual and swiglu_linear_residual take `value_needed`: false
 // builds the same node (same parents, same backward, same gradient bits)
-// without computing its value, which is then all NaN. Only a checkpoint
+// without computing its value, which is then all NaN (zeros on a device,
+// where a NaN fill would be a host-to-device copy). Only a checkpoint
 // replay's final op uses it: the replay's output value is never read.
 #include <cstdint>
 #include <vector>
@@ -47,7 +48,7 @@ Variable norm_linear_packed(const Variable& h, const Variable& norm_weight, floa
 /// residual + x Wᵀ (W: (N, K), residual (..., N)) with the bits of
 /// add(residual, linear(x, W)); the projection is a temporary, not a graph
 /// value. value_needed false: the GEMM and the add are skipped and the value
-/// is NaN (see the top of this file).
+/// is not computed (see the top of this file).
 Variable linear_residual(const Variable& residual, const Variable& x, const Variable& weight,
                          bool value_needed = true);
 
@@ -55,7 +56,7 @@ Variable linear_residual(const Variable& residual, const Variable& x, const Vari
 /// the bits of add(residual, linear(swiglu_packed(gate_up), W)); keeps
 /// gate_up only and recomputes the SwiGLU output in the backward.
 /// value_needed false: SwiGLU, the GEMM and the add are skipped and the value
-/// is NaN (see the top of this file).
+/// is not computed (see the top of this file).
 Variable swiglu_linear_residual(const Variable& residual, const Variable& gate_up, const Variable& weight,
                                 bool value_needed = true);
 
