@@ -10,15 +10,13 @@
 // batch/N rows. With N > 1 a step is the pipelines' own data-parallel step
 // (stage::data_parallel_step, src/train/data_parallel_step.cpp: forward and
 // backward on the rank's rows, the gradients averaged in 25 MiB buckets
-// started during backward (GradientBucketer), Adam); with N = 1 it is the pipelines'
+// started during backward (GradientBucketer), the optimizer's step); with N = 1 it is the pipelines'
 // single-process step (forward, backward, Adam::step, zero_grad), as
 // src/train/stage_loop.cpp runs them. No data loading, logging or file
 // writing is inside the timed region; every step starts after a barrier.
-// --zero 1: ZeRO-1, Adam's moments sharded over the ranks (ShardedAdam, the
-// library class; the pipelines do not use it yet, so this step is the
-// data-parallel step with it: each rank's rows, forward, backward, then
-// ShardedAdam::step's reduce-scatter of the gradients, the update of the
-// rank's shard and the all-gather of the parameters).
+// --zero 1: ZeRO-1 as `rt-train --zero 1` runs it (stage::StageOptimizer
+// with ShardedAdam: the buckets' averaged gradients, the rank's shard of
+// Adam updated, all-gather of the parameters).
 //
 // DIR/rank<R>.json, per rank:
 //   step_seconds, step_times    median and every measured step's wall time
@@ -53,7 +51,8 @@
 #include <string>
 #include <vector>
 
-#include "rank_shards.hpp"  // src/train: the pipelines' data-parallel step
+#include "rank_shards.hpp"      // src/train: the pipelines' data-parallel step
+#include "stage_optimizer.hpp"  // and their optimizer (Adam or ZeRO-1)
 #include "riftco_transformer/adam.hpp"
 #include "riftco_transformer/checkpoint.hpp"
 #include "riftco_transformer/data_parallel.hpp"
@@ -63,7 +62,6 @@
 #include "riftco_transformer/memory.hpp"
 #include "riftco_transformer/pipelines.hpp"
 #include "riftco_transformer/transformer.hpp"
-#include "riftco_transformer/zero_adam.hpp"
 
 using namespace riftco_transformer;
 
@@ -153,11 +151,6 @@ Options parse(int argc, char** argv) {
   return o;
 }
 
-/// The optimizer a row uses: plain Adam (every rank all moments) or ZeRO-1.
-struct Optimizer {
-  std::unique_ptr<Adam> adam;
-  std::unique_ptr<ShardedAdam> sharded;
-};
 
 }  // namespace
 
@@ -183,19 +176,15 @@ int run(int argc, char** argv) {
   options.weight_decay = 0.01F;
   options.max_grad_norm = 1.0F;
   const std::int64_t live_before_optimizer = memory_stats().live_bytes;
-  Optimizer opt;
-  if (o.zero == 1) {
-    opt.sharded = std::make_unique<ShardedAdam>(comm, default_parameter_groups(named, 0.01F, false), options);
-  }
-  if (o.zero == 0) opt.adam = std::make_unique<Adam>(default_parameter_groups(named, 0.01F, false), options);
+  // The pipelines' optimizer: plain Adam, or ZeRO-1's ShardedAdam (--zero 1, as rt-train's).
+  stage::StageOptimizer opt(comm, default_parameter_groups(named, 0.01F, false), options, o.zero == 1);
   const std::int64_t adam_state_bytes = memory_stats().live_bytes - live_before_optimizer;
-  std::int64_t reported_state_bytes = adam_state_bytes;
-  if (opt.sharded) reported_state_bytes = opt.sharded->state_bytes();
-  const std::vector<Variable> ordered = opt.sharded ? opt.sharded->parameters() : opt.adam->parameters();
+  const std::int64_t reported_state_bytes = opt.state_bytes();
+  const std::vector<Variable> ordered = opt.parameters();
   GradientAccumulator accumulator(ordered);
   // As the pipelines: with N > 1, gradients reduced in 25 MiB buckets during backward.
   std::optional<GradientBucketer> buckets;
-  if (world > 1 && o.zero == 0) buckets.emplace(comm, ordered);
+  if (world > 1) buckets.emplace(comm, ordered);
   Random data(2);
   TokenBatch global;  // the same global batch on every rank
   global.batch = o.batch;
@@ -217,22 +206,11 @@ int run(int argc, char** argv) {
   } phase;
   std::vector<double> forward_times, backward_times, optimizer_times;
   const auto step = [&]() -> float {
-    if (opt.sharded) {  // ZeRO-1: each rank its rows, then the sharded update (reduce-scatter, all-gather)
-      const TokenBatch part = stage::rank_rows(global, rank, world);
-      Variable loss = model.loss(part.tokens, part.targets, part.batch);
-      float share = loss.value().item() / static_cast<float>(world);  // this rank's share of the global loss
-      loss.backward();
-      loss = Variable();
-      comm.all_reduce_sum(std::span<float>(&share, 1));  // the global loss, as data_parallel_step reports it
-      opt.sharded->step(ShardedAdam::Gradients::Local);
-      opt.sharded->zero_grad();
-      return share;
-    }
     if (world > 1) {
       const stage::ShardedStep done =
-          stage::data_parallel_step(comm, model, *opt.adam, accumulator, buckets ? &*buckets : nullptr,
+          stage::data_parallel_step(comm, model, opt, accumulator, buckets ? &*buckets : nullptr,
                                     batches, no_op, no_op, diverged);
-      opt.adam->zero_grad();
+      opt.zero_grad();
       return done.loss;
     }
     const auto start = std::chrono::steady_clock::now();
@@ -242,8 +220,8 @@ int run(int argc, char** argv) {
     loss.backward();
     loss = Variable();
     phase.backward = seconds_since(start) - phase.forward;
-    opt.adam->step();
-    opt.adam->zero_grad();
+    opt.step();
+    opt.zero_grad();
     phase.optimizer = seconds_since(start) - phase.forward - phase.backward;
     return value;
   };

@@ -15,8 +15,7 @@ Configurations, at equal total cores (2 here):
   1 rank  x 1 thread   the per-core baseline
   1 rank  x 2 threads  one process on both cores
   2 ranks x 1 thread   mpirun -np 2 (--bind-to none, like the single process)
-  2 ranks x 1 thread, ZeRO-1 (ShardedAdam: rt-train has no --zero yet, so the
-                       same step with ShardedAdam's reduce-scatter / all-gather)
+  2 ranks x 1 thread, ZeRO-1 (rt-train --zero 1's optimizer: ShardedAdam)
 for the checkpointing policies disabled and block, each in a fresh process,
 alternating round by round (order reversed in odd rounds) so every
 configuration sees the same machine load. A job's step time is the slowest
@@ -285,9 +284,9 @@ def scaling_markdown(res):
              f"other jobs; `uptime` load average at start {res['load_start']}, at end {res['load_end']}.  ",
              "Timed: the pipelines' step (`stage::data_parallel_step` on 2 ranks: forward and backward on the "
              "rank's rows, the gradients averaged in 25 MiB buckets started during backward, Adam; the "
-             "single-process step on 1), slowest rank per step. ZeRO-1: `rt-train` has no `--zero` yet, so the "
-             "same step with `ShardedAdam` (reduce-scatter of the gradients, the rank's shard updated, "
-             "all-gather of the parameters) instead of the buckets and Adam. Memory per rank: Adam state = the allocator's bytes made by building the optimizer; "
+             "single-process step on 1), slowest rank per step. ZeRO-1: the same step with `rt-train --zero 1`'s "
+             "optimizer (`ShardedAdam` on the buckets' averaged gradients: the rank's shard of Adam updated, "
+             "all-gather of the parameters). Memory per rank: Adam state = the allocator's bytes made by building the optimizer; "
              "allocator peak = the largest live bytes during a step (parameters, gradients, Adam state and "
              "activations); RSS = the process's peak resident set (VmHWM). CPU s/step = user + system CPU "
              "seconds of every rank's threads per step (getrusage; median of the job's steps, smallest round): "

@@ -2,6 +2,7 @@
 #include <cmath>
 
 #include "rank_shards.hpp"
+#include "stage_optimizer.hpp"
 #include "riftco_transformer/adam.hpp"
 #include "riftco_transformer/data_parallel.hpp"
 #include "riftco_transformer/gradient_accumulator.hpp"
@@ -10,7 +11,7 @@
 
 namespace riftco_transformer::stage {
 
-ShardedStep data_parallel_step(Communicator& comm, DecoderOnlyTransformer& model, Adam& adam,
+ShardedStep data_parallel_step(Communicator& comm, DecoderOnlyTransformer& model, StageOptimizer& adam,
                                GradientAccumulator& accumulator, GradientBucketer* buckets,
                                const std::vector<TokenBatch>& batches,
                                const std::function<void()>& start_pass, const std::function<void()>& end_pass,
@@ -82,7 +83,9 @@ ShardedStep data_parallel_step(Communicator& comm, DecoderOnlyTransformer& model
   }
   accumulator.clear();
   try {
-    result.grad_norm = adam.step(gradients);  // the same gradients on every rank: the same outcome
+    // The same averaged gradients on every rank: the same outcome (ZeRO-1:
+    // each rank updates its shard, then the parameters are all-gathered).
+    result.grad_norm = adam.step_averaged(gradients);
   } catch (const ValueError& e) {
     throw diverged(e.what());
   }

@@ -47,7 +47,6 @@ void agree(Communicator& comm, const std::exception_ptr& error, const std::strin
 }  // namespace riftco_transformer::stage
 
 namespace riftco_transformer {
-class Adam;
 class GradientAccumulator;
 class DecoderOnlyTransformer;
 }  // namespace riftco_transformer
@@ -69,7 +68,8 @@ struct ShardedStep {
   float loss = 0.0F;
   float grad_norm = 0.0F;
 };
-ShardedStep data_parallel_step(Communicator& comm, DecoderOnlyTransformer& model, Adam& adam,
+class StageOptimizer;
+ShardedStep data_parallel_step(Communicator& comm, DecoderOnlyTransformer& model, StageOptimizer& adam,
                                GradientAccumulator& accumulator, GradientBucketer* buckets,
                                const std::vector<TokenBatch>& batches,
                                const std::function<void()>& start_pass, const std::function<void()>& end_pass,
