@@ -268,6 +268,14 @@ def bench_steps(args, shapes, blas):
         log("PyTorch 1.13 not available (or --no-torch): no 1.13 column")
     python2 = None if args.no_torch else torch2_python(args)
     if python2:
+        # The PyTorch 2 model must compute what the reference model computes.
+        check = subprocess.run([python2, str(ROOT / "bench" / "torch_sac_step.py"), "--check"], capture_output=True,
+                               text=True, timeout=args.timeout)
+        if check.returncode != 0:
+            sys.exit(f"[run_benchmarks] torch_sac_step.py --check failed:\n{check.stdout}{check.stderr[-2000:]}")
+        checked = json.loads(check.stdout.strip().splitlines()[-1])
+        log(f"PyTorch {checked['torch_version']}: the SDPA model matches torch_reference.py "
+            f"(max relative difference {checked['max_relative_difference']:.2g})")
         log(f"PyTorch 2.x: {python2}, forms {', '.join(args.torch2_forms)}, malloc {args.torch2_malloc}, "
             f"Inductor cache {args.build_dir / 'inductor-cache'}")
     step_tool = args.build_dir / "rt-bench-step"
