@@ -20,6 +20,7 @@ packages=(
   fortunes                   # the default training corpus (/usr/share/games/fortunes)
   clang libclang-rt-dev libomp-dev  # libFuzzer harnesses in fuzz/ (clang's fuzzer and OpenMP runtimes)
   openmpi-bin libopenmpi-dev # data parallelism: the MPI communicator (docs/distributed.md; optional at build time)
+  iproute2                   # ip netns: the two-"hosts" MPI test over TCP (tests/mpi/two_hosts_netns.sh)
 )
 
 missing=()

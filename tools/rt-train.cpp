@@ -12,6 +12,7 @@
 
 #include "cli.hpp"
 #include "riftco_transformer/data.hpp"
+#include "riftco_transformer/distributed.hpp"
 #include "riftco_transformer/model_state.hpp"
 #include "riftco_transformer/memory_plan.hpp"
 #include "riftco_transformer/pipelines.hpp"
@@ -183,7 +184,22 @@ ProgressCallback progress_printer(const std::string& stage, bool quiet) {
 }
 
 /// Prints the activation memory plan (stdout: it is the run's result as much as the final line).
-void print_notice(const std::string& text) { std::cout << text << std::flush; }
+void print_notice(const std::string& text) {
+  if (Communicator::world().rank() == 0) std::cout << text << std::flush;
+}
+
+/// Under mpirun rank 0 alone prints (and writes files); the others are silent
+/// unless they fail.
+bool printing_rank() { return Communicator::world().rank() == 0; }
+
+/// " over 2 ranks (4 rows each)" under data parallelism, "" otherwise.
+std::string ranks_text(const StageSettings& s) {
+  const int world = Communicator::world().world_size();
+  if (world == 1 || s.batch % world != 0) return "";  // the run refuses an uneven split
+  return "; data-parallel over " + std::to_string(world) + " ranks (" +
+         std::to_string(s.batch / world) + " of " + std::to_string(s.batch) +
+         " rows each)";
+}
 
 /// "checkpointing block" or "activation memory budget 256.0 MiB".
 std::string policy_text(const StageSettings& s) {
@@ -246,15 +262,18 @@ int pretrain(const CLI::App& sub, Commands& c, bool& running) {
   apply_stage_text(sub, c.pretrain_text, p);
   p.validate();
   const TransformerDimensions& d = p.dimensions;
-  std::cerr << "[pretrain] " << d.layers << " layers, width " << d.model_width << ", " << d.heads << " heads ("
-            << d.kv_heads() << " key/value), context "
-            << d.context_length << "; attention " << attention_kind_name(p.attention) << ", " << policy_text(p)
-            << "; data "
-            << (p.data.empty() ? "default corpus" : p.data.string()) << "; tokenizer "
-            << (p.tokenizer.empty() ? std::string("bytes") : p.tokenizer.string()) << " -> " << p.output_dir.string()
-            << "\n";
+  const bool print = printing_rank();
+  if (print) {
+    std::cerr << "[pretrain] " << d.layers << " layers, width " << d.model_width << ", " << d.heads << " heads ("
+              << d.kv_heads() << " key/value), context " << d.context_length << "; attention "
+              << attention_kind_name(p.attention) << ", " << policy_text(p) << "; data "
+              << (p.data.empty() ? "default corpus" : p.data.string()) << "; tokenizer "
+              << (p.tokenizer.empty() ? std::string("bytes") : p.tokenizer.string()) << ranks_text(p) << " -> "
+              << p.output_dir.string() << "\n";
+  }
   running = true;
-  print_result(run_pretraining(p, progress_printer("pretrain", c.pretrain_text.quiet), print_notice));
+  const RunResult r = run_pretraining(p, progress_printer("pretrain", c.pretrain_text.quiet || !print), print_notice);
+  if (print) print_result(r);
   return 0;
 }
 
@@ -306,10 +325,15 @@ int post_train(const CLI::App& sub, Commands& c, bool& running) {
   // the wrong tokenizer is a usage error, not a failed run.
   (void)tokenizer_for_model(p.base_model, p.tokenizer, false);
   p.validate_for(read_model_dimensions(p.base_model));
-  std::cerr << "[post-train] " << fine_tuning_method_name(p.fine_tuning_method) << " on " << p.base_model.string()
-            << " with " << p.data.string() << "; " << policy_text(p) << " -> " << p.output_dir.string() << "\n";
+  const bool print = printing_rank();
+  if (print) {
+    std::cerr << "[post-train] " << fine_tuning_method_name(p.fine_tuning_method) << " on " << p.base_model.string()
+              << " with " << p.data.string() << "; " << policy_text(p) << ranks_text(p) << " -> "
+              << p.output_dir.string() << "\n";
+  }
   running = true;
-  print_result(run_post_training(p, progress_printer("post-train", c.post_text.quiet), print_notice));
+  const RunResult r = run_post_training(p, progress_printer("post-train", c.post_text.quiet || !print), print_notice);
+  if (print) print_result(r);
   return 0;
 }
 
@@ -343,6 +367,9 @@ int train_tokenizer_command(const CLI::App& sub, TokenizerCommand& c, bool& runn
     throw rt_cli::UsageError("option '--data' must name a file (leave it out for the default corpus)");
   }
   if (c.output.empty()) throw rt_cli::UsageError("option '--output' must name a file");
+  if (Communicator::world().world_size() > 1) {
+    throw rt_cli::UsageError("tokenizer training runs in one process: start it without mpirun");
+  }
   c.options.model_type = parse_tokenizer_model_type(c.model_type, "--model-type");
   if (!(c.validation_fraction >= 0.0 && c.validation_fraction < 1.0)) {
     throw rt_cli::UsageError("option '--validation-fraction' must be in [0, 1)");

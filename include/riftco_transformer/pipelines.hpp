@@ -19,6 +19,7 @@
 #include <string>
 
 #include "riftco_transformer/adam.hpp"
+#include "riftco_transformer/distributed.hpp"
 #include "riftco_transformer/lora.hpp"
 #include "riftco_transformer/tokenizer.hpp"
 #include "riftco_transformer/transformer.hpp"
@@ -176,6 +177,28 @@ struct RunResult {
 Tokenizer tokenizer_for_model(const std::filesystem::path& model, const std::filesystem::path& given,
                               bool use_recorded = true);
 
+/// The pipelines run data-parallel over `communicator`'s ranks
+/// (docs/distributed.md); the overloads without one use
+/// Communicator::world(): the MPI job under mpirun, one process otherwise.
+/// Every rank calls the same function with the same config. `batch` stays
+/// the global micro-batch: each rank trains on its contiguous batch /
+/// world_size rows of every micro-batch (a ValueError before anything is
+/// written when batch is not a multiple of world_size), gradients are
+/// averaged before clipping and Adam, and losses are the global ones.
+/// Callbacks are called on every rank with the same report (the memory
+/// figures are that rank's); the run stops when any rank's progress returns
+/// false. Rank 0 alone writes files; the other ranks' RunResult::weights is
+/// empty. Parameters are compared across ranks (a checksum) at every
+/// training checkpoint and at the end: a mismatch is a CommunicationError
+/// on every rank. A failure of one rank during training ends the job
+/// (Communicator::abort, the message on standard error); one while rank 0
+/// prepares or completes the output directory is its error on rank 0 and a
+/// CommunicationError naming rank 0 on the others. Resume needs the same
+/// number of ranks (a ModelStateError naming both otherwise).
+RunResult run_pretraining(const PretrainingConfig& config, Communicator& communicator,
+                          const ProgressCallback& progress = {}, const NoticeCallback& notice = {});
+RunResult run_post_training(const PostTrainingConfig& config, Communicator& communicator,
+                            const ProgressCallback& progress = {}, const NoticeCallback& notice = {});
 RunResult run_pretraining(const PretrainingConfig& config, const ProgressCallback& progress = {},
                           const NoticeCallback& notice = {});
 RunResult run_post_training(const PostTrainingConfig& config, const ProgressCallback& progress = {},

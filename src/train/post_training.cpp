@@ -2,6 +2,7 @@
 #include "riftco_transformer/adapter_state.hpp"
 #include "riftco_transformer/model_state.hpp"
 #include "memory_budget.hpp"
+#include "rank_shards.hpp"
 #include "stage_loop.hpp"
 
 namespace riftco_transformer {
@@ -39,7 +40,13 @@ void PostTrainingConfig::validate_for(const TransformerDimensions& base) const {
 
 RunResult run_post_training(const PostTrainingConfig& config, const ProgressCallback& progress,
                             const NoticeCallback& notice) {
+  return run_post_training(config, Communicator::world(), progress, notice);
+}
+
+RunResult run_post_training(const PostTrainingConfig& config, Communicator& communicator,
+                            const ProgressCallback& progress, const NoticeCallback& notice) {
   config.validate();
+  stage::check_world(config, communicator, "post_training");
   // The base model's recorded tokenizer must be the one given (or none).
   const Tokenizer tokenizer = tokenizer_for_model(config.base_model, config.tokenizer, false);
   const ChatDataset dataset = ChatDataset::load(config.data, tokenizer);
@@ -107,6 +114,7 @@ RunResult run_post_training(const PostTrainingConfig& config, const ProgressCall
     }
     return path;
   };
+  run.comm = &communicator;
   return stage::run(run, progress, notice);
 }
 

@@ -3,6 +3,7 @@
 
 #include "memory_budget.hpp"
 #include "riftco_transformer/model_state.hpp"
+#include "rank_shards.hpp"
 #include "stage_loop.hpp"
 
 namespace riftco_transformer {
@@ -37,7 +38,13 @@ TransformerDimensions PretrainingConfig::dimensions_for(const Tokenizer& t) cons
 
 RunResult run_pretraining(const PretrainingConfig& config, const ProgressCallback& progress,
                           const NoticeCallback& notice) {
+  return run_pretraining(config, Communicator::world(), progress, notice);
+}
+
+RunResult run_pretraining(const PretrainingConfig& config, Communicator& communicator,
+                          const ProgressCallback& progress, const NoticeCallback& notice) {
   config.validate();
+  stage::check_world(config, communicator, "pretraining");
   // Everything that can fail on bad input happens before the output
   // directory is touched, a run too large for this machine included.
   const Tokenizer tokenizer = config.tokenizer.empty() ? Tokenizer{} : Tokenizer::load(config.tokenizer);
@@ -91,6 +98,7 @@ RunResult run_pretraining(const PretrainingConfig& config, const ProgressCallbac
     save_model_state(model, path, record);
     return path;
   };
+  run.comm = &communicator;
   return stage::run(run, progress, notice);
 }
 

@@ -1,6 +1,8 @@
 // The shared training loop. Deterministic: the data generator, the dropout
 // generator and the evaluation batches all derive from the seed, and a
-// training checkpoint stores every state the next step depends on.
+// training checkpoint stores every state the next step depends on. Under
+// data parallelism (docs/distributed.md) each rank trains on its rows of
+// every batch and rank 0 alone writes the output directory.
 #include "stage_loop.hpp"
 
 #include <algorithm>
@@ -8,29 +10,28 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <exception>
+#include <functional>
 #include <fstream>
 #include <limits>
 #include <unordered_map>
 
-#include "../io/json_read.hpp"
 #include "memory_budget.hpp"
+#include "rank_shards.hpp"
 #include "riftco_transformer/adam.hpp"
-#include "riftco_transformer/gradient_accumulator.hpp"
 #include "riftco_transformer/atomic_file.hpp"
+#include "riftco_transformer/data_parallel.hpp"
+#include "riftco_transformer/gradient_accumulator.hpp"
 #include "riftco_transformer/memory.hpp"
 #include "riftco_transformer/memory_plan.hpp"
 #include "riftco_transformer/model_state.hpp"
-#include "riftco_transformer/plot.hpp"
+#include "run_directory.hpp"
 #include "training_checkpoint.hpp"
 
 namespace riftco_transformer::stage {
 namespace {
 
 constexpr std::uint64_t kEvalSeedOffset = 0x9E3779B97F4A7C15ULL;
-/// The fields of a metrics.jsonl row (StepReport).
-constexpr const char* kMetricsFields[] = {"step",           "loss",          "learning_rate", "grad_norm",
-                                          "tokens_per_second", "elapsed_seconds", "peak_bytes", "validation_loss",
-                                          "activation_peak_bytes"};
 
 /// metadata.json's record of an activation memory plan.
 nlohmann::json plan_json(const ActivationMemoryProfile& profile, const ActivationMemoryPlan& plan) {
@@ -61,6 +62,13 @@ float evaluate(StageRun& r) {
   r.model->set_training(false);
   NoGradGuard no_graph;
   Random eval_random(s.seed ^ kEvalSeedOffset);  // the same batches at every evaluation
+  if (r.comm->world_size() > 1) {  // each rank its rows of every batch
+    std::vector<TokenBatch> batches;
+    for (std::int64_t i = 0; i < s.eval_batches; ++i) batches.push_back(r.sample(eval_random, Split::Validation));
+    const float loss = data_parallel_loss(*r.comm, *r.model, batches);
+    r.model->set_training(was_training);
+    return loss;
+  }
   double total = 0.0;
   for (std::int64_t i = 0; i < s.eval_batches; ++i) {
     const TokenBatch b = r.sample(eval_random, Split::Validation);
@@ -68,97 +76,6 @@ float evaluate(StageRun& r) {
   }
   r.model->set_training(was_training);
   return static_cast<float>(total / static_cast<double>(s.eval_batches));
-}
-
-/// File-system steps of a run with typed errors: a failure is a
-/// ModelStateError "[save] <path>: cannot ...: <reason>" (never a raw
-/// std::filesystem error).
-void make_directory(const std::filesystem::path& dir) {
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  if (ec || !std::filesystem::is_directory(dir)) {
-    throw ModelStateError("[save] " + dir.string() + ": cannot create the output directory: " +
-                          (ec ? ec.message() : std::string("a file of that name exists")));
-  }
-}
-
-void remove_file(const std::filesystem::path& path) {
-  std::error_code ec;
-  std::filesystem::remove(path, ec);
-  if (ec) throw ModelStateError("[save] " + path.string() + ": cannot remove it: " + ec.message());
-}
-
-bool file_exists(const std::filesystem::path& path) {
-  std::error_code ec;
-  return std::filesystem::exists(path, ec);
-}
-
-/// Rows of a metrics file with step <= `keep` (a resumed run continues the
-/// log). Our own file, but read as untrusted: a damaged line is an error
-/// naming the file, the line and the field, never a raw JSON exception.
-std::vector<nlohmann::json> read_metrics(const std::filesystem::path& path, std::int64_t keep) {
-  std::vector<nlohmann::json> rows;
-  std::string text;
-  if (const auto why = read_regular_file(path, text, std::uint64_t{1} << 30)) {  // 1 GiB: millions of rows
-    if (!file_exists(path)) return rows;
-    throw Error("[resume] " + path.string() + ": " + *why);
-  }
-  std::size_t pos = 0;
-  std::int64_t line_number = 0;
-  while (pos < text.size()) {
-    std::size_t end = text.find('\n', pos);
-    if (end == std::string::npos) end = text.size();
-    const std::string_view line(text.data() + pos, end - pos);
-    pos = end + 1;
-    ++line_number;
-    if (line.find_first_not_of(" \t\r") == std::string_view::npos) continue;
-    try {
-      const detail::Json row = detail::parse_untrusted_json(line);
-      const std::int64_t step = detail::json_integer(row, "step", 1, std::numeric_limits<std::int64_t>::max());
-      detail::json_number(row, "loss", true);  // NaN is written as null
-      if (row.contains("validation_loss")) detail::json_number(row, "validation_loss", true);
-      if (step > keep) continue;
-      // Only the fields a run writes go on into the final log (an edited
-      // line's extra keys do not).
-      nlohmann::json plain = nlohmann::json::object();
-      for (const char* key : kMetricsFields) {
-        if (!row.contains(key)) continue;
-        const detail::Json& v = row.at(key);
-        if (!v.is_number() && !v.is_null()) {
-          throw detail::JsonReadError(std::string("\"") + key + "\" must be a number, got " + detail::quote_json(v));
-        }
-        if (v.is_null()) {
-          plain[key] = std::numeric_limits<double>::quiet_NaN();
-        } else if (v.is_number_integer()) {
-          plain[key] = v.get<std::int64_t>();
-        } else {
-          plain[key] = v.get<double>();
-        }
-      }
-      plain["step"] = step;
-      rows.push_back(std::move(plain));
-    } catch (const detail::JsonReadError& e) {
-      throw Error("[resume] " + path.string() + ": line " + std::to_string(line_number) + ": " + detail::line_error(e) +
-                  " (the metrics log is damaged: remove the line, or start the run over)");
-    }
-  }
-  return rows;
-}
-
-void write_plots(const std::filesystem::path& dir, const std::vector<nlohmann::json>& rows, const std::string& title) {
-  CurveSeries train{"train loss", {}, 0x1F77B4};
-  CurveSeries validation{"validation loss", {}, 0xD62728};
-  for (const nlohmann::json& row : rows) {
-    const auto step = static_cast<double>(row["step"].get<std::int64_t>());
-    const auto number = [](const nlohmann::json& v) {
-      return v.is_number() ? v.get<double>() : std::numeric_limits<double>::quiet_NaN();
-    };
-    train.points.emplace_back(step, number(row["loss"]));
-    if (row.contains("validation_loss")) validation.points.emplace_back(step, number(row["validation_loss"]));
-  }
-  std::vector<CurveSeries> series{train};
-  if (!validation.points.empty()) series.push_back(validation);
-  write_loss_curve_svg(dir / "loss_curve.svg", series, title);
 }
 
 /// `trainable` reordered as adam.parameters() (the groups' order).
@@ -196,11 +113,16 @@ nlohmann::json groups_json(const std::vector<NamedParameter>& ordered, const Ada
 RunResult run(StageRun& r, const ProgressCallback& progress, const NoticeCallback& notice) {
   const StageSettings& s = *r.settings;
   DecoderOnlyTransformer& model = *r.model;
+  Communicator& comm = *r.comm;
+  const int world = comm.world_size();
+  const int rank = comm.rank();
+  const bool writer = rank == 0;  // rank 0 alone writes files
   const std::filesystem::path dir = s.output_dir;
   const std::filesystem::path checkpoint_path = dir / kTrainingCheckpointFile;
   const std::filesystem::path metrics_path = dir / "metrics.jsonl";
   const std::filesystem::path partial_path = dir / kPartialMetricsFile;
   const std::filesystem::path metadata_path = dir / "metadata.json";
+  check_world(s, comm, r.stage.c_str());
   if (s.resume && !file_exists(checkpoint_path) && file_exists(metadata_path)) {
     throw ValueError("[resume] " + dir.string() +
                      " holds a completed run and no training checkpoint: nothing to resume (use a new output "
@@ -210,22 +132,18 @@ RunResult run(StageRun& r, const ProgressCallback& progress, const NoticeCallbac
   model.set_activation_checkpointing_kind(s.activation_checkpointing);
   model.set_checkpoint_segment_blocks(s.checkpoint_segment_blocks);
   model.set_activation_offload(s.activation_offload);
-  model.set_dropout(s.dropout, s.seed + 1);
+  model.set_dropout(s.dropout, rank_dropout_seed(s.seed, rank));
   model.set_training(true);
   RunResult result;
   if (s.activation_memory_budget > 0) {  // planned before any file is touched: an infeasible budget changes nothing
-    const ActivationMemoryProfile profile = profile_activation_memory(model, s.batch, s.sequence_length);
+    // Each rank's passes hold batch / world_size rows.
+    const ActivationMemoryProfile profile = profile_activation_memory(model, s.batch / world, s.sequence_length);
     const ActivationMemoryPlan plan = plan_activation_memory(profile, s.activation_memory_budget);
     model.set_activation_checkpointing_plan(plan.plan);
     r.facts["activation_memory_plan"] = plan_json(profile, plan);
     result.activation_memory_plan = describe_activation_memory_plan(profile, plan);
     if (notice) notice(result.activation_memory_plan);
   }
-
-  make_directory(dir);
-  write_file_atomically(dir / ".write_probe", "");  // an unwritable directory fails now, not after training
-  remove_file(dir / ".write_probe");
-  remove_stale_temporaries(dir);  // left by a process killed inside a save
 
   AdamOptions options;
   options.learning_rate = s.learning_rate;
@@ -237,41 +155,72 @@ RunResult run(StageRun& r, const ProgressCallback& progress, const NoticeCallbac
   // Adam holds the groups' order; checkpoints pair moments with names in it.
   r.trainable = in_adam_order(r.trainable, adam);
   r.facts["parameter_groups"] = groups_json(r.trainable, adam);
-  r.facts["effective_batch"] = s.batch * s.gradient_accumulation_steps;  // rows per optimizer step
+  r.facts["effective_batch"] = s.batch * s.gradient_accumulation_steps;  // rows per optimizer step, all ranks
   GradientAccumulator accumulator(adam.parameters());
   const std::int64_t micro_batches = s.gradient_accumulation_steps;
 
   TrainingState state;
-  Random data_random(s.seed);
+  Random data_random(s.seed);  // the same on every rank: every rank draws the whole global batch
   state.data_random = data_random.state();
   state.dropout_random = model.dropout_random().state();
+  state.world_size = world;
   result.output_dir = dir;
   std::vector<nlohmann::json> rows;
-  if (s.resume && file_exists(checkpoint_path)) {
-    load_training_checkpoint(checkpoint_path, r.trainable, adam, state, r.config);
-    data_random.set_state(state.data_random);
-    model.dropout_random().set_state(state.dropout_random);
-    result.resumed_from_step = state.step;
-    // The in-progress log; a directory written by an older build kept it in
-    // metrics.jsonl (and had no metadata.json while in progress).
-    if (file_exists(partial_path)) {
-      rows = read_metrics(partial_path, state.step);
-    } else if (!file_exists(metadata_path)) {
-      rows = read_metrics(metrics_path, state.step);
+  std::ofstream metrics;
+  // Setup: rank 0 prepares the directory; every rank reads the checkpoint.
+  // A failure on one rank alone ends every rank (agree), never a wait.
+  std::exception_ptr setup_error;
+  try {
+    if (writer) {
+      make_directory(dir);
+      write_file_atomically(dir / ".write_probe", "");  // an unwritable directory fails now, not after training
+      remove_file(dir / ".write_probe");
+      remove_stale_temporaries(dir);  // left by a process killed inside a save
     }
-  } else {
-    // A fresh start: an interrupted earlier run here is abandoned; a
-    // completed one stays whole until this run completes.
-    remove_file(checkpoint_path);
-    remove_file(partial_path);
+    if (s.resume && file_exists(checkpoint_path)) {
+      load_training_checkpoint(checkpoint_path, r.trainable, adam, state, r.config, world, rank);
+      data_random.set_state(state.data_random);
+      model.dropout_random().set_state(state.dropout_random);
+      result.resumed_from_step = state.step;
+      // The in-progress log. Without one, metrics.jsonl: a directory written
+      // by an older build kept the log there while in progress, and a kill
+      // between completion's last two removals leaves it complete there.
+      if (!writer) {
+      } else if (file_exists(partial_path)) {
+        rows = read_metrics(partial_path, state.step);
+      } else {
+        rows = read_metrics(metrics_path, state.step);
+      }
+    } else if (writer) {
+      // A fresh start: an interrupted earlier run here is abandoned; a
+      // completed one stays whole until this run completes.
+      remove_file(checkpoint_path);
+      remove_file(partial_path);
+    }
+    if (writer) {
+      std::string kept;
+      for (const nlohmann::json& row : rows) kept += row.dump() + '\n';
+      write_file_atomically(partial_path, kept);
+      metrics.open(partial_path, std::ios::app);
+      if (!metrics) throw Error("[pipeline] cannot open " + partial_path.string() + ": " + std::strerror(errno));
+    }
+  } catch (...) {
+    setup_error = std::current_exception();
   }
-  {
-    std::string kept;
-    for (const nlohmann::json& row : rows) kept += row.dump() + '\n';
-    write_file_atomically(partial_path, kept);
+  agree(comm, setup_error, r.stage, "preparing the run (output directory or training checkpoint)");
+  if (world > 1) {
+    // Every rank must start from the same step and the same parameters (a
+    // checkpoint only some ranks can see would otherwise drift silently).
+    const std::vector<std::uint64_t> steps = gather_counts(comm, static_cast<std::uint64_t>(state.step));
+    for (std::size_t q = 1; q < steps.size(); ++q) {
+      if (steps[q] == steps[0]) continue;
+      throw CommunicationError("[" + r.stage + "] rank 0 starts at step " + std::to_string(steps[0]) + ", rank " +
+                               std::to_string(q) + " at step " + std::to_string(steps[q]) + ": every rank must see " +
+                               checkpoint_path.string() +
+                               " to resume (the output directory must be on a file system all ranks share)");
+    }
+    check_parameters_identical(comm, adam.parameters(), state.step, r.stage);
   }
-  std::ofstream metrics(partial_path, std::ios::app);
-  if (!metrics) throw Error("[pipeline] cannot open " + partial_path.string() + ": " + std::strerror(errno));
 
   reset_peak_memory();
   // Each micro-batch's forward + backward is measured on its own (the
@@ -280,170 +229,194 @@ RunResult run(StageRun& r, const ProgressCallback& progress, const NoticeCallbac
   std::int64_t run_peak = memory_stats().peak_bytes;
   std::int64_t activation_peak = 0;
   std::int64_t live_before_pass = 0;
-  const auto start_pass = [&] {
+  const std::function<void()> start_pass = [&] {
     run_peak = std::max(run_peak, memory_stats().peak_bytes);
     live_before_pass = memory_stats().live_bytes;
     reset_peak_memory();
   };
-  const auto end_pass = [&] {
+  const std::function<void()> end_pass = [&] {
     activation_peak = std::max(activation_peak, memory_stats().peak_bytes - live_before_pass);
   };
   const auto start = std::chrono::steady_clock::now();
   std::int64_t tokens_seen = 0;
   float last_loss = rows.empty() ? 0.0F : rows.back()["loss"].get<float>();
   float last_validation = 0.0F;
-  for (std::int64_t step = state.step; step < s.steps; ++step) {
-    adam.set_learning_rate(s.learning_rate_at(step));
-    // The step's K micro-batches first: each one's weight is its share of
-    // the real targets of all K (post-training masks prompts and padding).
-    std::vector<TokenBatch> batches;
-    std::vector<std::int64_t> counts;
-    std::int64_t real_targets = 0;
-    for (std::int64_t k = 0; k < micro_batches; ++k) {
-      batches.push_back(r.sample(data_random, Split::Train));
-      counts.push_back(static_cast<std::int64_t>(
-          std::count_if(batches.back().targets.begin(), batches.back().targets.end(),
-                        [](std::int32_t t) { return t != kIgnoreTarget; })));
-      real_targets += counts.back();
-    }
-    // A non-finite loss or gradient ends the run before the weights change.
-    const auto diverged = [&](const std::string& what) {
-      return Error("[" + r.stage + "] step " + std::to_string(step + 1) + ": " + what +
-                   "; stopped before updating the weights (no final model is written; the last training "
-                   "checkpoint, if any, is kept). Try a lower learning rate or gradient clipping.");
-    };
-    float grad_norm = 0.0F;
-    if (micro_batches == 1) {
-      const TokenBatch& batch = batches.front();
-      start_pass();
-      Variable loss = model.loss(batch.tokens, batch.targets, batch.batch);
-      last_loss = loss.value().item();
-      if (!std::isfinite(last_loss)) throw diverged("the training loss is " + std::to_string(last_loss));
-      loss.backward();
-      end_pass();
-      loss = Variable();  // release the graph before the update
-      try {
-        grad_norm = adam.step();  // refuses a non-finite gradient before changing anything
-      } catch (const ValueError& e) {
-        throw diverged(e.what());
-      }
-    } else {
-      double loss_sum = 0.0;
+  // Under data parallelism an error that every rank raises alike (a
+  // divergence seen through the all-reduced loss, a checksum mismatch) is
+  // thrown on every rank; any other failure of one rank ends the job
+  // (Communicator::abort) instead of leaving the others in a collective.
+  bool raised_by_every_rank = false;
+  std::int64_t step = state.step;
+  try {
+    for (; step < s.steps; ++step) {
+      adam.set_learning_rate(s.learning_rate_at(step));
+      // The step's K micro-batches first: each one's weight is its share of
+      // the real targets of all K (post-training masks prompts and padding).
+      std::vector<TokenBatch> batches;
+      std::vector<std::int64_t> counts;
+      std::int64_t real_targets = 0;
       for (std::int64_t k = 0; k < micro_batches; ++k) {
-        const auto ks = static_cast<std::size_t>(k);
-        if (counts[ks] == 0 && real_targets > 0) continue;  // weight 0: nothing to add
-        const TokenBatch& batch = batches[ks];
+        batches.push_back(r.sample(data_random, Split::Train));
+        counts.push_back(stage::real_targets(batches.back().targets));
+        real_targets += counts.back();
+      }
+      // A non-finite loss or gradient ends the run before the weights change.
+      const std::function<Error(const std::string&)> diverged = [&](const std::string& what) {
+        raised_by_every_rank = true;
+        return Error("[" + r.stage + "] step " + std::to_string(step + 1) + ": " + what +
+                     "; stopped before updating the weights (no final model is written; the last training "
+                     "checkpoint, if any, is kept). Try a lower learning rate or gradient clipping.");
+      };
+      float grad_norm = 0.0F;
+      if (world > 1) {
+        const ShardedStep done =
+            data_parallel_step(comm, model, adam, accumulator, batches, start_pass, end_pass, diverged);
+        last_loss = done.loss;
+        grad_norm = done.grad_norm;
+      } else if (micro_batches == 1) {
+        const TokenBatch& batch = batches.front();
         start_pass();
         Variable loss = model.loss(batch.tokens, batch.targets, batch.batch);
-        const float value = loss.value().item();
-        if (!std::isfinite(value)) {
-          throw diverged("the training loss of micro-batch " + std::to_string(k + 1) + " of " +
-                         std::to_string(micro_batches) + " is " + std::to_string(value));
-        }
+        last_loss = loss.value().item();
+        if (!std::isfinite(last_loss)) throw diverged("the training loss is " + std::to_string(last_loss));
         loss.backward();
         end_pass();
-        loss = Variable();
-        const double weight = real_targets > 0 ? static_cast<double>(counts[ks]) / static_cast<double>(real_targets)
-                                               : 1.0 / static_cast<double>(micro_batches);
-        accumulator.add(static_cast<float>(weight));
-        adam.zero_grad();
-        loss_sum += weight * static_cast<double>(value);
-      }
-      last_loss = static_cast<float>(loss_sum);
-      try {
-        grad_norm = adam.step(accumulator);  // clipping and the norm see the summed gradient
-      } catch (const ValueError& e) {
+        loss = Variable();  // release the graph before the update
+        try {
+          grad_norm = adam.step();  // refuses a non-finite gradient before changing anything
+        } catch (const ValueError& e) {
+          throw diverged(e.what());
+        }
+      } else {
+        double loss_sum = 0.0;
+        for (std::int64_t k = 0; k < micro_batches; ++k) {
+          const auto ks = static_cast<std::size_t>(k);
+          if (counts[ks] == 0 && real_targets > 0) continue;  // weight 0: nothing to add
+          const TokenBatch& batch = batches[ks];
+          start_pass();
+          Variable loss = model.loss(batch.tokens, batch.targets, batch.batch);
+          const float value = loss.value().item();
+          if (!std::isfinite(value)) {
+            throw diverged("the training loss of micro-batch " + std::to_string(k + 1) + " of " +
+                           std::to_string(micro_batches) + " is " + std::to_string(value));
+          }
+          loss.backward();
+          end_pass();
+          loss = Variable();
+          const double weight = real_targets > 0
+                                    ? static_cast<double>(counts[ks]) / static_cast<double>(real_targets)
+                                    : 1.0 / static_cast<double>(micro_batches);
+          accumulator.add(static_cast<float>(weight));
+          adam.zero_grad();
+          loss_sum += weight * static_cast<double>(value);
+        }
+        last_loss = static_cast<float>(loss_sum);
+        try {
+          grad_norm = adam.step(accumulator);  // clipping and the norm see the summed gradient
+        } catch (const ValueError& e) {
+          accumulator.clear();
+          throw diverged(e.what());
+        }
         accumulator.clear();
-        throw diverged(e.what());
       }
-      accumulator.clear();
-    }
-    adam.zero_grad();
-    for (const TokenBatch& batch : batches) tokens_seen += batch.batch * batch.seq_len;
+      adam.zero_grad();
+      for (const TokenBatch& batch : batches) tokens_seen += batch.batch * batch.seq_len;  // every rank's rows
 
-    StepReport report;
-    report.step = step + 1;
-    report.total_steps = s.steps;
-    report.loss = last_loss;
-    report.learning_rate = s.learning_rate_at(step);
-    report.grad_norm = grad_norm;
-    report.elapsed_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    report.tokens_per_second = report.elapsed_seconds > 0 ? static_cast<double>(tokens_seen) / report.elapsed_seconds : 0;
-    const std::int64_t done_here = step + 1 - result.resumed_from_step;
-    report.eta_seconds = report.elapsed_seconds / static_cast<double>(done_here) * static_cast<double>(s.steps - step - 1);
-    report.peak_bytes = std::max(run_peak, memory_stats().peak_bytes);
-    report.activation_peak_bytes = activation_peak;
-    const bool last = step + 1 == s.steps;
-    if ((s.eval_interval > 0 && (step + 1) % s.eval_interval == 0) || last) {
-      last_validation = evaluate(r);
-      report.validation_loss = last_validation;
+      StepReport report;
+      report.step = step + 1;
+      report.total_steps = s.steps;
+      report.loss = last_loss;
+      report.learning_rate = s.learning_rate_at(step);
+      report.grad_norm = grad_norm;
+      report.elapsed_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      report.tokens_per_second =
+          report.elapsed_seconds > 0 ? static_cast<double>(tokens_seen) / report.elapsed_seconds : 0;
+      const std::int64_t done_here = step + 1 - result.resumed_from_step;
+      report.eta_seconds =
+          report.elapsed_seconds / static_cast<double>(done_here) * static_cast<double>(s.steps - step - 1);
+      report.peak_bytes = std::max(run_peak, memory_stats().peak_bytes);
+      report.activation_peak_bytes = activation_peak;
+      const bool last = step + 1 == s.steps;
+      if ((s.eval_interval > 0 && (step + 1) % s.eval_interval == 0) || last) {
+        last_validation = evaluate(r);
+        report.validation_loss = last_validation;
+      }
+      nlohmann::json row = {{"step", report.step},
+                            {"loss", report.loss},
+                            {"learning_rate", report.learning_rate},
+                            {"grad_norm", report.grad_norm},
+                            {"tokens_per_second", report.tokens_per_second},
+                            {"elapsed_seconds", report.elapsed_seconds},
+                            {"peak_bytes", report.peak_bytes},
+                            {"activation_peak_bytes", report.activation_peak_bytes}};
+      if (report.validation_loss) row["validation_loss"] = *report.validation_loss;
+      if (writer) {
+        metrics << row.dump() << '\n' << std::flush;
+        if (!metrics) {
+          const int error = errno;
+          throw Error("[pipeline] cannot append to " + partial_path.string() + ": " +
+                      (error != 0 ? std::strerror(error) : "write failed") +
+                      (error == ENOSPC ? " (the disk is full)" : "") + "; --resume continues from the last checkpoint");
+        }
+      }
+      rows.push_back(std::move(row));
+      if (s.checkpoint_interval > 0 && (step + 1) % s.checkpoint_interval == 0 && !last) {
+        if (world > 1) {
+          raised_by_every_rank = true;  // a mismatch is seen by every rank
+          check_parameters_identical(comm, adam.parameters(), step + 1, r.stage);
+          raised_by_every_rank = false;
+        }
+        state.step = step + 1;
+        state.data_random = data_random.state();
+        const std::vector<Random::State> dropout = gather_random_states(comm, model.dropout_random().state());
+        state.dropout_random = dropout.front();
+        state.other_ranks_dropout_random.assign(dropout.begin() + 1, dropout.end());
+        if (writer) save_training_checkpoint(checkpoint_path, r.trainable, adam, state, r.config);
+      }
+      result.steps = step + 1;
+      result.final_train_loss = last_loss;
+      result.tokens_per_second = report.tokens_per_second;
+      result.peak_bytes = report.peak_bytes;
+      result.activation_peak_bytes = report.activation_peak_bytes;
+      bool go_on = !progress || progress(report);
+      if (world > 1) {  // every rank stops when any callback asks to
+        float stop = go_on ? 0.0F : 1.0F;
+        comm.all_reduce_sum(std::span<float>(&stop, 1));
+        go_on = stop == 0.0F;
+      }
+      if (!go_on) return result;  // interrupted: no final files
     }
-    nlohmann::json row = {{"step", report.step},
-                          {"loss", report.loss},
-                          {"learning_rate", report.learning_rate},
-                          {"grad_norm", report.grad_norm},
-                          {"tokens_per_second", report.tokens_per_second},
-                          {"elapsed_seconds", report.elapsed_seconds},
-                          {"peak_bytes", report.peak_bytes},
-                          {"activation_peak_bytes", report.activation_peak_bytes}};
-    if (report.validation_loss) row["validation_loss"] = *report.validation_loss;
-    metrics << row.dump() << '\n' << std::flush;
-    if (!metrics) {
-      const int error = errno;
-      throw Error("[pipeline] cannot append to " + partial_path.string() + ": " +
-                  (error != 0 ? std::strerror(error) : "write failed") +
-                  (error == ENOSPC ? " (the disk is full)" : "") + "; --resume continues from the last checkpoint");
+    if (world > 1) {
+      raised_by_every_rank = true;
+      check_parameters_identical(comm, adam.parameters(), s.steps, r.stage);
     }
-    rows.push_back(std::move(row));
-    if (s.checkpoint_interval > 0 && (step + 1) % s.checkpoint_interval == 0 && !last) {
-      state.step = step + 1;
-      state.data_random = data_random.state();
-      state.dropout_random = model.dropout_random().state();
-      save_training_checkpoint(checkpoint_path, r.trainable, adam, state, r.config);
+  } catch (...) {
+    if (world > 1 && !raised_by_every_rank) {
+      std::string what = "an exception of a non-standard type";
+      try {
+        throw;
+      } catch (const std::exception& e) {
+        what = e.what();
+      } catch (...) {
+      }
+      comm.abort("[" + r.stage + "] step " + std::to_string(step + 1) + " failed on rank " + std::to_string(rank) +
+                 " of " + std::to_string(world) + ": " + what + "; ending every rank");
     }
-    result.steps = step + 1;
-    result.final_train_loss = last_loss;
-    result.tokens_per_second = report.tokens_per_second;
-    result.peak_bytes = report.peak_bytes;
-    result.activation_peak_bytes = report.activation_peak_bytes;
-    if (progress && !progress(report)) return result;  // interrupted: no final files
+    throw;
   }
   metrics.close();
   result.steps = s.steps;
   result.completed = true;
   result.final_validation_loss = last_validation;
-  // Completion switches the directory to this run. metadata.json marks a
-  // complete run, so it goes first and comes back last: a failure in between
-  // leaves an interrupted run (resumable while its checkpoint is there),
-  // never a directory that claims to be complete with mixed files.
-  remove_file(metadata_path);
-  result.weights = r.save_weights(dir);
-  {
-    std::string all;
-    for (const nlohmann::json& row : rows) all += row.dump() + '\n';
-    write_file_atomically(metrics_path, all);
+  std::exception_ptr final_error;
+  if (writer) {
+    try {
+      result.weights = write_final_files(r, result, rows, comm.world_size());
+    } catch (...) {
+      final_error = std::current_exception();
+    }
   }
-  write_plots(dir, rows, r.stage + " loss");
-  nlohmann::json metadata = {
-      {"stage", r.stage},
-      {"config", r.config},
-      {"results",
-       {{"steps", result.steps},
-        {"resumed_from_step", result.resumed_from_step},
-        {"final_train_loss", result.final_train_loss},
-        {"final_validation_loss", result.final_validation_loss},
-        {"tokens_per_second", result.tokens_per_second},
-        {"peak_memory_bytes", result.peak_bytes},
-        {"activation_peak_bytes", result.activation_peak_bytes}}},
-      {"facts", r.facts},
-      {"files",
-       {{"weights", result.weights.filename().string()},
-        {"metrics", "metrics.jsonl"},
-        {"loss_curve", "loss_curve.svg"}}}};
-  write_file_atomically(metadata_path, metadata.dump(2) + "\n");
-  remove_file(checkpoint_path);  // the run is complete
-  remove_file(partial_path);
-  remove_stale_temporaries(dir);
+  agree(comm, final_error, r.stage, "writing the final files");
   return result;
 }
 

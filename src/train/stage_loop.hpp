@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "riftco_transformer/data.hpp"
+#include "riftco_transformer/distributed.hpp"
 #include "riftco_transformer/pipelines.hpp"
 
 namespace riftco_transformer::stage {
@@ -23,6 +24,8 @@ struct StageRun {
   std::function<std::filesystem::path(const std::filesystem::path& dir)> save_weights;
   /// Extra facts for metadata.json (data sizes, parameter counts, ...).
   nlohmann::json facts;
+  /// The job's ranks (data parallelism, docs/distributed.md); never null.
+  Communicator* comm = nullptr;
 };
 
 RunResult run(StageRun& run, const ProgressCallback& progress, const NoticeCallback& notice = {});

@@ -111,13 +111,22 @@ void save_training_checkpoint(const std::filesystem::path& path, const std::vect
                                                  {"adam_steps", std::to_string(moments.steps)},
                                                  {"data_random", encode(state.data_random)},
                                                  {"dropout_random", encode(state.dropout_random)},
-                                                 {"config", config.dump()}};
+                                                 {"config", config.dump()},
+                                                 {"world_size", std::to_string(state.world_size)}};
+  if (state.other_ranks_dropout_random.size() + 1 != static_cast<std::size_t>(state.world_size)) {
+    throw ValueError("[save_training_checkpoint] " + std::to_string(state.other_ranks_dropout_random.size() + 1) +
+                     " dropout streams for " + std::to_string(state.world_size) + " ranks");
+  }
+  for (std::size_t r = 0; r < state.other_ranks_dropout_random.size(); ++r) {
+    metadata["dropout_random.rank" + std::to_string(r + 1)] = encode(state.other_ranks_dropout_random[r]);
+  }
   metadata["checksum"] = checkpoint_checksum(metadata, tensors);
   write_safetensors(path, tensors, metadata);
 }
 
 void load_training_checkpoint(const std::filesystem::path& path, const std::vector<NamedParameter>& trainable,
-                              Adam& adam, TrainingState& state, const nlohmann::json& config) {
+                              Adam& adam, TrainingState& state, const nlohmann::json& config,
+                              std::int64_t world_size, std::int64_t rank) {
   const TensorFile f = read_safetensors(path);
   const std::string where = "[load] " + path.string() + ": ";
   if (meta(f, "format", path) != kFormat) throw ModelStateError(where + "not a riftco training checkpoint");
@@ -128,6 +137,18 @@ void load_training_checkpoint(const std::filesystem::path& path, const std::vect
                                   "resume from a copy, or start the run over");
   }
 #endif
+  {
+    const auto it = f.metadata.find("world_size");
+    const std::int64_t saved_world = it == f.metadata.end() ? 1 : parse_count(it->second, "world_size", path);
+    if (saved_world != world_size) {
+      throw ModelStateError(where + "made by a job of " + std::to_string(saved_world) + " rank(s) (world_size " +
+                            std::to_string(saved_world) + "), this job has " + std::to_string(world_size) +
+                            ": every rank's rows and dropout stream depend on it; resume with " +
+                            (saved_world > 1 ? "mpirun -np " + std::to_string(saved_world)
+                                             : std::string("one process")) +
+                            " or use a new output directory");
+    }
+  }
   nlohmann::json saved;
   try {
     saved = nlohmann::json::parse(detail::parse_untrusted_json(meta(f, "config", path)).dump());
@@ -197,6 +218,11 @@ void load_training_checkpoint(const std::filesystem::path& path, const std::vect
   }
   loaded.data_random = decode(meta(f, "data_random", path), path);
   loaded.dropout_random = decode(meta(f, "dropout_random", path), path);
+  loaded.world_size = world_size;
+  for (std::int64_t r = 1; r < world_size; ++r) {
+    loaded.other_ranks_dropout_random.push_back(decode(meta(f, "dropout_random.rank" + std::to_string(r), path), path));
+  }
+  if (rank > 0) loaded.dropout_random = loaded.other_ranks_dropout_random.at(static_cast<std::size_t>(rank - 1));
   // Everything validated: apply.
   adam.set_state(moments);
   for (std::size_t i = 0; i < trainable.size(); ++i) {

@@ -17,7 +17,11 @@ namespace riftco_transformer::stage {
 struct TrainingState {
   std::int64_t step = 0;
   Random::State data_random;
-  Random::State dropout_random;
+  Random::State dropout_random;  // this rank's (rank 0's in a file)
+  /// Data parallelism: the ranks of the run, and the dropout streams of
+  /// ranks 1 .. world_size - 1 (each rank draws its own masks).
+  std::int64_t world_size = 1;
+  std::vector<Random::State> other_ranks_dropout_random;
 };
 
 inline constexpr const char* kTrainingCheckpointFile = "training_checkpoint.safetensors";
@@ -34,8 +38,12 @@ void save_training_checkpoint(const std::filesystem::path& path, const std::vect
 
 /// Validates everything (format, checksum, the configuration it was made with, every
 /// parameter and moment with its shape) before changing the parameters, the
-/// optimizer or `state`. Throws ModelStateError.
+/// optimizer or `state`. Throws ModelStateError, naming both world sizes
+/// when the checkpoint was made by a job of another number of ranks (a file
+/// without "world_size" was made by one process). `state.dropout_random`
+/// becomes rank `rank`'s stream.
 void load_training_checkpoint(const std::filesystem::path& path, const std::vector<NamedParameter>& trainable,
-                              Adam& adam, TrainingState& state, const nlohmann::json& config);
+                              Adam& adam, TrainingState& state, const nlohmann::json& config,
+                              std::int64_t world_size = 1, std::int64_t rank = 0);
 
 }  // namespace riftco_transformer::stage

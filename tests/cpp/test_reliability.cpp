@@ -11,6 +11,7 @@
 #include <future>
 #include <gtest/gtest.h>
 #include <limits>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "../../src/io/json_read.hpp"
@@ -496,6 +497,40 @@ TEST(TrainingCheckpoint, BitFlipsEditsAndLooseNumbersAreRefused) {
 }
 
 // ---- 9: run directories are the old run, the new one, or a resumable one -------
+
+TEST(RunDirectory, AKillBetweenCompletionsLastTwoRemovalsResumesToTheSameRun) {
+  // Completion removes the partial log, then the checkpoint: a kill between
+  // the two leaves metadata.json, metrics.jsonl and the weights beside the
+  // last checkpoint. Resume finishes the run again to the same files.
+  const fs::path dir = fresh_dir("last_removals");
+  PretrainingConfig c = tiny(dir);
+  ASSERT_FALSE(run_pretraining(c, [](const StepReport& s) { return s.step < 3; }).completed);
+  const std::string checkpoint = read_bytes(c.output_dir / kTrainingCheckpointFile);
+  c.resume = true;
+  ASSERT_TRUE(run_pretraining(c).completed);
+  const std::string model = read_bytes(c.output_dir / "model.safetensors");
+  const std::string metrics = read_bytes(c.output_dir / "metrics.jsonl");
+  write_bytes(c.output_dir / kTrainingCheckpointFile, checkpoint);  // the state after the kill
+  ASSERT_FALSE(fs::exists(c.output_dir / kPartialMetricsFile));
+  const RunResult again = run_pretraining(c);
+  EXPECT_TRUE(again.completed);
+  EXPECT_EQ(again.resumed_from_step, 2);
+  EXPECT_EQ(read_bytes(c.output_dir / "model.safetensors"), model);
+  // The same rows (steps and losses; timings differ).
+  const auto losses = [](const std::string& log) {
+    std::vector<std::pair<std::int64_t, double>> rows;
+    std::istringstream in(log);
+    for (std::string line; std::getline(in, line);) {
+      const nlohmann::json row = nlohmann::json::parse(line);
+      rows.emplace_back(row["step"].get<std::int64_t>(), row["loss"].get<double>());
+    }
+    return rows;
+  };
+  EXPECT_EQ(losses(read_bytes(c.output_dir / "metrics.jsonl")), losses(metrics));
+  EXPECT_EQ(losses(metrics).size(), 6U);
+  EXPECT_FALSE(fs::exists(c.output_dir / kTrainingCheckpointFile));
+  EXPECT_FALSE(fs::exists(c.output_dir / kPartialMetricsFile));
+}
 
 TEST(RunDirectory, AFailedFreshRunLeavesTheOldCompleteRunWhole) {
   const fs::path dir = fresh_dir("rundir");

@@ -1,0 +1,86 @@
+// The data-parallel optimizer step and validation loss (rank_shards.hpp).
+#include <cmath>
+
+#include "rank_shards.hpp"
+#include "riftco_transformer/adam.hpp"
+#include "riftco_transformer/data_parallel.hpp"
+#include "riftco_transformer/gradient_accumulator.hpp"
+#include "riftco_transformer/transformer.hpp"
+
+namespace riftco_transformer::stage {
+
+ShardedStep data_parallel_step(Communicator& comm, DecoderOnlyTransformer& model, Adam& adam,
+                               GradientAccumulator& accumulator, const std::vector<TokenBatch>& batches,
+                               const std::function<void()>& start_pass, const std::function<void()>& end_pass,
+                               const std::function<Error(const std::string&)>& diverged) {
+  const int world = comm.world_size();
+  const int rank = comm.rank();
+  const auto micro_batches = static_cast<std::int64_t>(batches.size());
+  std::int64_t step_targets = 0;  // every rank's rows of every micro-batch
+  for (const TokenBatch& b : batches) step_targets += real_targets(b.targets);
+  // [0]: this rank's share of the step's loss; [1 + r]: the first micro-batch
+  // (1-based) whose loss was not finite on rank r, 0 when none.
+  std::vector<float> summary(1 + static_cast<std::size_t>(world), 0.0F);
+  double loss_share = 0.0;
+  for (std::int64_t k = 0; k < micro_batches; ++k) {
+    const TokenBatch part = rank_rows(batches[static_cast<std::size_t>(k)], rank, world);
+    const std::int64_t mine = real_targets(part.targets);
+    if (mine == 0 && step_targets > 0) continue;  // weight 0: nothing to add
+    start_pass();
+    Variable loss = model.loss(part.tokens, part.targets, part.batch);
+    const float value = loss.value().item();
+    if (!std::isfinite(value)) {
+      end_pass();
+      summary[1 + static_cast<std::size_t>(rank)] = static_cast<float>(k + 1);
+      break;
+    }
+    loss.backward();
+    end_pass();
+    loss = Variable();
+    // This rank's share of the step's targets; × world, since the ranks' sum is averaged.
+    const double share = step_targets > 0 ? static_cast<double>(mine) / static_cast<double>(step_targets)
+                                          : 1.0 / static_cast<double>(micro_batches * world);
+    accumulator.add(static_cast<float>(share * world));
+    adam.zero_grad();
+    loss_share += share * static_cast<double>(value);
+  }
+  summary[0] = static_cast<float>(loss_share);
+  comm.all_reduce_sum(std::span<float>(summary));
+  for (int r = 0; r < world; ++r) {
+    const auto k = static_cast<std::int64_t>(summary[1 + static_cast<std::size_t>(r)]);
+    if (k == 0) continue;
+    accumulator.clear();
+    throw diverged("the training loss of micro-batch " + std::to_string(k) + " of " + std::to_string(micro_batches) +
+                   " is not finite on rank " + std::to_string(r) + " of " + std::to_string(world));
+  }
+  ShardedStep result;
+  result.loss = summary[0];
+  std::vector<Tensor> gradients = accumulator.gradients();
+  accumulator.clear();
+  synchronize_gradients(comm, adam.parameters(), gradients);
+  try {
+    result.grad_norm = adam.step(gradients);  // the same gradients on every rank: the same outcome
+  } catch (const ValueError& e) {
+    throw diverged(e.what());
+  }
+  return result;
+}
+
+float data_parallel_loss(Communicator& comm, DecoderOnlyTransformer& model, const std::vector<TokenBatch>& batches) {
+  const int world = comm.world_size();
+  std::vector<float> shares(batches.size(), 0.0F);
+  for (std::size_t i = 0; i < batches.size(); ++i) {
+    const TokenBatch part = rank_rows(batches[i], comm.rank(), world);
+    const std::int64_t total = real_targets(batches[i].targets);
+    const std::int64_t mine = real_targets(part.targets);
+    if (mine == 0 && total > 0) continue;
+    const double weight = total > 0 ? static_cast<double>(mine) / static_cast<double>(total) : 1.0 / world;
+    shares[i] = static_cast<float>(weight * model.loss(part.tokens, part.targets, part.batch).value().item());
+  }
+  comm.all_reduce_sum(std::span<float>(shares));
+  double sum = 0.0;
+  for (const float v : shares) sum += static_cast<double>(v);
+  return static_cast<float>(sum / static_cast<double>(batches.size()));
+}
+
+}  // namespace riftco_transformer::stage

@@ -1,0 +1,33 @@
+#pragma once
+// A run's output directory (stage_loop.cpp): typed file-system steps, the
+// metrics log a resume continues, and the files a completed run writes.
+// Private to the train layer.
+#include <cstdint>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "stage_loop.hpp"
+
+namespace riftco_transformer::stage {
+
+/// File-system steps with typed errors: a failure is a ModelStateError
+/// "[save] <path>: cannot ...: <reason>" (never a raw std::filesystem error).
+void make_directory(const std::filesystem::path& dir);
+void remove_file(const std::filesystem::path& path);
+bool file_exists(const std::filesystem::path& path);
+
+/// Rows of a metrics file with step <= `keep` (a resumed run continues the
+/// log). Our own file, but read as untrusted: a damaged line is an Error
+/// naming the file, the line and the field, never a raw JSON exception.
+std::vector<nlohmann::json> read_metrics(const std::filesystem::path& path, std::int64_t keep);
+
+/// Completion: the weights (r.save_weights), metrics.jsonl, loss_curve.svg
+/// and metadata.json (recording world_size), then the checkpoint and the
+/// partial log removed. Returns the weights' path. metadata.json goes first
+/// and comes back last, so a failure in between leaves an interrupted run,
+/// never a directory that claims to be complete with mixed files.
+std::filesystem::path write_final_files(StageRun& r, const RunResult& result, const std::vector<nlohmann::json>& rows,
+                                        int world_size);
+
+}  // namespace riftco_transformer::stage

@@ -1,0 +1,113 @@
+// The data-parallel pieces that need no MPI (docs/distributed.md): the
+// world size a training checkpoint records, synchronize_gradients and the
+// parameter checksum on one process. tests/mpi runs them on two ranks.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "../../src/train/training_checkpoint.hpp"
+#include "riftco_transformer/data_parallel.hpp"
+#include "riftco_transformer/model_state.hpp"
+#include "riftco_transformer/pipelines.hpp"
+#include "scratch.hpp"
+
+using namespace riftco_transformer;
+namespace fs = std::filesystem;
+
+namespace {
+
+PretrainingConfig tiny(const fs::path& dir) {
+  PretrainingConfig c;
+  c.dimensions = {256, 32, 16, 2, 2, 32};
+  c.data = rt_test::write_corpus(dir);
+  c.steps = 6;
+  c.batch = 2;
+  c.sequence_length = 16;
+  c.eval_batches = 1;
+  c.checkpoint_interval = 2;
+  c.output_dir = dir / "run";
+  return c;
+}
+
+/// Rewrites a training checkpoint's metadata (with a valid checksum, as a writer would).
+void edit_checkpoint(const fs::path& path, const std::function<void(std::map<std::string, std::string>&)>& edit) {
+  TensorFile f = read_safetensors(path);
+  edit(f.metadata);
+  f.metadata["checksum"] = stage::checkpoint_checksum(f.metadata, f.tensors);
+  write_safetensors(path, f.tensors, f.metadata);
+}
+
+}  // namespace
+
+TEST(DataParallelSingle, ACheckpointRecordsTheWorldSizeAndAnotherIsRefused) {
+  const fs::path dir = rt_test::fresh_dir("dp_single", "world");
+  PretrainingConfig c = tiny(dir);
+  ASSERT_FALSE(run_pretraining(c, [](const StepReport& r) { return r.step < 3; }).completed);
+  const fs::path ckpt = c.output_dir / stage::kTrainingCheckpointFile;
+  EXPECT_EQ(read_safetensors(ckpt).metadata.at("world_size"), "1");
+  const std::string good = rt_test::read_file(ckpt);
+
+  // As if a 2-rank job had written it: one process refuses, naming both.
+  edit_checkpoint(ckpt, [](auto& m) {
+    m["world_size"] = "2";
+    m["dropout_random.rank1"] = m.at("dropout_random");
+  });
+  c.resume = true;
+  try {
+    run_pretraining(c);
+    ADD_FAILURE() << "a 2-rank checkpoint was resumed by one process";
+  } catch (const ModelStateError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("made by a job of 2 rank(s) (world_size 2), this job has 1"), std::string::npos) << what;
+    EXPECT_NE(what.find("resume with mpirun -np 2"), std::string::npos) << what;
+  }
+  EXPECT_TRUE(fs::exists(ckpt)) << "a refused resume keeps the checkpoint";
+
+  // A checkpoint from before world sizes were recorded: one process, resumes.
+  std::ofstream(ckpt, std::ios::binary) << good;
+  edit_checkpoint(ckpt, [](auto& m) { m.erase("world_size"); });
+  const RunResult r = run_pretraining(c);
+  EXPECT_TRUE(r.completed);
+  EXPECT_EQ(r.resumed_from_step, 2);
+  EXPECT_EQ(nlohmann::json::parse(rt_test::read_file(c.output_dir / "metadata.json"))["world_size"], 1);
+}
+
+TEST(DataParallelSingle, SynchronizeGradientsOnOneProcessKeepsEveryValue) {
+  const auto one = make_single_process_communicator();
+  std::vector<Variable> params = {Variable(Tensor::zeros({2, 2}), true, "w"), Variable(Tensor::zeros({3}), true, "b")};
+  const Tensor given = Tensor::from_data({2, 2}, {1.0F, -2.0F, 0.5F, 3.0F});
+  std::vector<Tensor> grads = {given, Tensor()};
+  synchronize_gradients(*one, params, grads);
+  EXPECT_EQ(std::vector<float>(grads[0].values().begin(), grads[0].values().end()),
+            (std::vector<float>{1.0F, -2.0F, 0.5F, 3.0F}));
+  EXPECT_FALSE(grads[1].defined()) << "no rank has a gradient: Adam skips the parameter";
+  std::vector<Tensor> wrong = {Tensor::zeros({4}), Tensor()};
+  try {
+    synchronize_gradients(*one, params, wrong);
+    ADD_FAILURE() << "a gradient of the wrong shape was accepted";
+  } catch (const ShapeError& e) {
+    EXPECT_NE(std::string(e.what()).find("the gradient of 'w' is (4,), the parameter is (2, 2)"), std::string::npos)
+        << e.what();
+  }
+  std::vector<Tensor> too_few = {given};
+  EXPECT_THROW(synchronize_gradients(*one, params, too_few), ShapeError);
+}
+
+TEST(DataParallelSingle, TheParameterChecksumSeesOneBit) {
+  std::vector<Variable> params = {Variable(Tensor::full({4}, 0.25F), true, "w")};
+  const std::uint64_t before = parameter_checksum(params);
+  EXPECT_EQ(parameter_checksum(params), before);
+  params[0].mutable_value().data()[2] = std::nextafter(0.25F, 1.0F);
+  EXPECT_NE(parameter_checksum(params), before);
+  // The shape counts too: the same bytes as (2, 2) differ from (4).
+  std::vector<Variable> square = {Variable(Tensor::full({2, 2}, 0.25F), true, "w")};
+  std::vector<Variable> flat = {Variable(Tensor::full({4}, 0.25F), true, "w")};
+  EXPECT_NE(parameter_checksum(square), parameter_checksum(flat));
+  const auto one = make_single_process_communicator();
+  EXPECT_NO_THROW(check_parameters_identical(*one, params, 1, "test"));
+}

@@ -1,0 +1,58 @@
+# `mpirun -np 2 rt-train ...` end to end (docs/distributed.md): pretrain,
+# then LoRA post-train on its model; rank 0 alone prints the result and
+# metadata.json records world_size 2; a batch the ranks cannot split is
+# refused before any file is written.
+#   cmake -DMPIEXEC=... -DNP_FLAG=-n -DRT_TRAIN=... -DSOURCE_DIR=... -DWORK=... -P rt_train_two_ranks.cmake
+file(REMOVE_RECURSE ${WORK})
+file(MAKE_DIRECTORY ${WORK})
+set(text "")
+foreach(i RANGE 150)
+  string(APPEND text "the quick brown fox jumps over the lazy dog ${i}.\n")
+endforeach()
+file(WRITE ${WORK}/corpus.txt "${text}")
+set(mpirun ${MPIEXEC} ${NP_FLAG} 2 --oversubscribe)
+set(model --context-length 32 --model-width 16 --heads 2 --layers 2 --feed-forward-width 32 --sequence-length 16
+          --steps 6 --eval-interval 3 --eval-batches 1 --checkpoint-interval 2)
+
+function(expect_once out pattern what)
+  string(REGEX MATCHALL "${pattern}" found "${out}")
+  list(LENGTH found n)
+  if(NOT n EQUAL 1)
+    message(FATAL_ERROR "${what}: '${pattern}' printed ${n} times (rank 0 alone prints):\n${out}")
+  endif()
+endfunction()
+
+execute_process(COMMAND ${mpirun} ${RT_TRAIN} pretrain --data ${WORK}/corpus.txt ${model} --batch 4 --output ${WORK}/pre
+                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err TIMEOUT 60)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "pretrain under mpirun -np 2 failed (${rc}):\n${out}\n${err}")
+endif()
+expect_once("${out}" "done: 6 steps" "pretrain")
+expect_once("${err}" "data-parallel over 2 ranks \\(2 of 4 rows each\\)" "pretrain")
+file(READ ${WORK}/pre/metadata.json meta)
+string(JSON world GET "${meta}" world_size)
+if(NOT world EQUAL 2)
+  message(FATAL_ERROR "metadata.json records world_size ${world}, expected 2")
+endif()
+
+execute_process(COMMAND ${mpirun} ${RT_TRAIN} post-train --base-model ${WORK}/pre/model.safetensors
+                        --data ${SOURCE_DIR}/data/chat_example.jsonl --steps 4 --batch 4 --sequence-length 32
+                        --lora-rank 2 --eval-interval 2 --eval-batches 1 --output ${WORK}/lora
+                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err TIMEOUT 60)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "LoRA post-train under mpirun -np 2 failed (${rc}):\n${out}\n${err}")
+endif()
+expect_once("${out}" "done: 4 steps" "post-train")
+if(NOT EXISTS ${WORK}/lora/adapter.safetensors)
+  message(FATAL_ERROR "post-train wrote no adapter.safetensors:\n${out}")
+endif()
+
+execute_process(COMMAND ${mpirun} ${RT_TRAIN} pretrain --data ${WORK}/corpus.txt ${model} --batch 3 --output ${WORK}/uneven
+                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err TIMEOUT 60)
+if(rc EQUAL 0 OR NOT "${err}" MATCHES "batch 3 \\(rows per micro-batch, the global batch\\) is not divisible by the 2 ranks")
+  message(FATAL_ERROR "batch 3 over 2 ranks: expected the ValueError (exit ${rc}):\n${out}\n${err}")
+endif()
+if(EXISTS ${WORK}/uneven)
+  message(FATAL_ERROR "the refused run created its output directory")
+endif()
+file(REMOVE_RECURSE ${WORK})
