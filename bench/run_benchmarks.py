@@ -1,32 +1,40 @@
 #!/usr/bin/python3
 """riftco vs PyTorch: training-step benchmark suite (one command).
 
-    /usr/bin/python3 bench/run_benchmarks.py                 # full run, writes docs/benchmarks.md
-    /usr/bin/python3 bench/run_benchmarks.py --quick --out-dir /tmp/q   # smoke run (< 60 s)
+    /usr/bin/python3 bench/run_benchmarks.py --threads 2,1 --rounds 3,1   # full run, writes docs/benchmarks.md
+    /usr/bin/python3 bench/run_benchmarks.py --quick --out-dir /tmp/q     # smoke run (< 60 s)
+    /usr/bin/python3 bench/run_benchmarks.py --render bench/results/benchmarks.json   # re-render, no measuring
 
 Builds nothing: expects a build tree (default ./build) with rt-bench-step and,
 for the kernel table, rt-bench-kernels.
 
-For every shape and checkpointing policy it runs, in fresh processes and
-alternating round by round,
-  * ours:    build/rt-bench-step (flash attention, the policy under test);
-  * PyTorch: bench/torch_step.py (bench/torch_reference.py's model;
-             torch.utils.checkpoint(use_reentrant=False) per block for the
-             block policy) twice per round — with glibc's default malloc and
-             with MALLOC_MMAP_THRESHOLD_/MALLOC_TRIM_THRESHOLD_ raised so freed
-             memory is not handed back to the kernel — and keeps the faster.
-Each process does its warm-up step(s) and measured steps (forward + backward
-+ Adam + zero_grad) on the same thread count. Both sides are given the same
-OpenBLAS (the OpenMP build when installed, through LD_LIBRARY_PATH, so neither
-depends on update-alternatives) and report the BLAS they actually mapped
-(/proc/self/maps).
+For every thread count (--threads, a list), shape and checkpointing policy it
+runs, in fresh processes and alternating round by round,
+  * ours:         build/rt-bench-step (flash attention, the policy under test);
+  * PyTorch 1.13: bench/torch_step.py with Debian's /usr/bin/python3
+                  (bench/torch_reference.py's model, materialized attention)
+                  twice per round — glibc's default malloc and
+                  MALLOC_MMAP_THRESHOLD_/MALLOC_TRIM_THRESHOLD_ raised — keeping
+                  the faster time and the smaller memory;
+  * PyTorch 2.x:  bench/torch2_step.py with .venv-torch2's interpreter
+                  (scripts/torch2_env.sh creates it in a full run; --quick uses
+                  it only if present) in two forms, eager (SDPA + F.rms_norm)
+                  and torch.compile (Inductor; cache in <build>/inductor-cache;
+                  compile seconds reported apart from the step);
+  block policy: torch.utils.checkpoint(use_reentrant=False) per block on every
+  PyTorch side. Each process does its warm-up step(s) and measured steps
+  (forward + backward + Adam + zero_grad) on the same thread count, with
+  OMP_WAIT_POLICY=passive. Ours and 1.13 get the same OpenBLAS (the OpenMP
+  build when installed, through LD_LIBRARY_PATH); every side reports the
+  BLAS/OpenMP libraries it mapped (/proc/self/maps).
 
-Reported per shape and policy: median step time, tokens/s, peak training
-memory (ours: the allocator's peak above the live bytes before the step; both
-sides: peak RSS growth of the process over its own setup, the comparable
-figure) and the ratios ours/PyTorch. Outputs: JSON, a Markdown table (written
-between the RESULTS markers of docs/benchmarks.md in a full run) and a PNG
-chart of time and memory per policy.
+Reported per thread count, shape and policy: median step time, the ratio ours
+/ fastest PyTorch 2 form (and which form), ours / 1.13, peak training memory
+(RSS growth on every side; allocator peaks: ours, and PyTorch 2's c10
+allocator through the profiler), compile times, phase times, a thread-scaling
+table when several counts ran, and the targets of issues 6 and 16. Outputs:
+JSON, Markdown (written between the RESULTS markers of docs/benchmarks.md in
+a full run) and a PNG chart.
 """
 import argparse
 import json
@@ -382,7 +390,7 @@ def markdown(result):
                  f"{', '.join(f'{n} at {t} thread(s)' for t, n in zip(result['threads'], result['rounds']))}, "
                  f"processes alternating; OMP_WAIT_POLICY {result['omp_wait_policy']} (all sides); machine load "
                  f"average (1 min) at start {result['load_average_start']}, at end {result['load_average_end']}"
-                 + (f", before each process min {result['load']['min']:.2f} / median {result['load']['median']:.2f}"
+                 + (f", after each process min {result['load']['min']:.2f} / median {result['load']['median']:.2f}"
                     f" / max {result['load']['max']:.2f}" if result.get("load") else "") + ".  ")
     if result.get("torch_version"):
         lines.append(f"PyTorch 1.13: {result['torch_version']} (Debian python3-torch, /usr/bin/python3, "
@@ -629,11 +637,12 @@ def chart(rows, path):
             ax.set_xticks(x)
             ax.set_xticklabels([f"{r['shape']}\n{r['policy']}" for r in rs], fontsize=8)
             ax.set_title(f"{title}, {threads} thread{'s' if threads > 1 else ''} — label: {ratio_label}", fontsize=10)
-            ax.set_ylim(0, top * 1.2)
-            ax.legend(fontsize=7, loc="upper left")
+            ax.set_ylim(0, top * 1.15)
             ax.grid(axis="y", alpha=0.3)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=len(sides), fontsize=9)
     fig.suptitle("Training step (forward + backward + Adam), lower is better", fontsize=11)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return True
