@@ -25,6 +25,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <ctime>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -35,6 +36,7 @@
 #include <string>
 #include <vector>
 
+#include "../src/backend/cpu/kernels.hpp"
 #include "riftco_transformer/adam.hpp"
 #include "riftco_transformer/checkpoint.hpp"
 #include "riftco_transformer/transformer.hpp"
@@ -164,6 +166,12 @@ int run(int argc, char** argv) {
   std::vector<double> forward_times;   // loss() (graph built)
   std::vector<double> backward_times;  // backward() and dropping the graph
   std::vector<double> optimizer_times;  // Adam step + zero_grad
+  std::vector<double> cpu_times;  // process CPU seconds per step (all threads): less load-dependent than wall time
+  auto cpu_now = [] {
+    timespec ts{};
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+  };
   std::vector<double> losses;
   std::int64_t peak = 0;
   std::int64_t peak_total = 0;
@@ -174,6 +182,7 @@ int run(int argc, char** argv) {
     const std::int64_t host_before = memory_stats(Backend::Cpu).live_bytes;
     reset_peak_memory(backend);
     if (backend != Backend::Cpu) reset_peak_memory(Backend::Cpu);
+    const double cpu_start = cpu_now();
     const auto start = std::chrono::steady_clock::now();
     std::chrono::steady_clock::time_point forward_end;
     {
@@ -189,6 +198,7 @@ int run(int argc, char** argv) {
     sync();
     const auto end = std::chrono::steady_clock::now();
     if (i >= warmup) {
+      cpu_times.push_back(cpu_now() - cpu_start);
       times.push_back(std::chrono::duration<double>(end - start).count());
       forward_times.push_back(std::chrono::duration<double>(forward_end - start).count());
       backward_times.push_back(std::chrono::duration<double>(backward_end - forward_end).count());
@@ -222,6 +232,8 @@ int run(int argc, char** argv) {
       {"steps", steps},
       {"step_seconds", median},
       {"step_times", times},
+      {"step_cpu_seconds", median_of(cpu_times)},
+      {"blas_core", cpu::blas_core_name()},
       {"forward_seconds", median_of(forward_times)},
       {"backward_seconds", median_of(backward_times)},
       {"optimizer_seconds", median_of(optimizer_times)},

@@ -89,6 +89,17 @@ void add_stage_options(CLI::App& app, StageSettings& s, StageText& t) {
                "keep checkpointed groups' block-boundary inputs in pinned host memory (cuda models; the CPU "
                "pipelines record it and move nothing; docs/checkpointing.md)")
       ->group(policy);
+  add_number(app, "--zero,--zero-stage", s.zero_stage,
+             "ZeRO stage under mpirun: 0 plain Adam on every rank, 1 Adam state sharded across the ranks "
+             "(the same bits; one process: plain Adam; docs/distributed.md)")
+      ->type_name("0|1")
+      ->check(CLI::Range(std::int64_t{0}, std::int64_t{1}).description(""))
+      ->group(policy);
+  add_number(app, "--bucket-mib,--gradient-bucket-mib", s.gradient_bucket_mib,
+             "gradient all-reduce bucket size in MiB under mpirun (PyTorch DDP's bucket_cap_mb)")
+      ->type_name("N")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{65536}).description(""))
+      ->group(policy);
   add_number(app, "--dropout", s.dropout, "residual dropout probability")->group(policy);
   const std::string training = "Training";
   app.add_option("--data", t.data, "training data file")->type_name("PATH")->group(training);
@@ -198,7 +209,7 @@ std::string ranks_text(const StageSettings& s) {
   if (world == 1 || s.batch % world != 0) return "";  // the run refuses an uneven split
   return "; data-parallel over " + std::to_string(world) + " ranks (" +
          std::to_string(s.batch / world) + " of " + std::to_string(s.batch) +
-         " rows each)";
+         " rows each" + (s.zero_stage == 1 ? ", ZeRO-1" : "") + ")";
 }
 
 /// "checkpointing block" or "activation memory budget 256.0 MiB".

@@ -71,6 +71,17 @@ struct CheckpointOptions {
 Variable checkpoint(const Variable& input, std::span<const Variable> dependencies,
                     std::function<Variable(const Variable&)> recompute, const CheckpointOptions& options = {});
 
+/// True while the calling thread runs a checkpoint callable as a replay
+/// (inside backward()), false during its forward call and outside any
+/// checkpoint; a checkpoint's forward call inside a replay (a nested
+/// checkpoint) sees false, and its own replays true. A replay's output value
+/// is never read — only its shape, its backend and its graph are — so a
+/// callable may leave the value of its final op uncomputed there (the
+/// model's blocks skip their last projection; docs/checkpointing.md,
+/// "What a replay computes"). Everything the backward reads must still be
+/// computed, with the forward's bits.
+bool checkpoint_replaying();
+
 /// Number of checkpoint replays (backward evaluations) since process start or
 /// the last reset. Thread-safe.
 std::int64_t checkpoint_replay_count();

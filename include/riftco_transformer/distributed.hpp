@@ -14,6 +14,22 @@
 
 namespace riftco_transformer {
 
+/// A collective started without waiting for it (Communicator::start_*).
+/// Its buffer must stay alive and untouched until wait() returned or test()
+/// returned true. Destroying an unfinished request abandons it: its buffers
+/// are kept (never freed) because MPI may still write into them, and the
+/// ranks are out of step, so the job must end.
+class CollectiveRequest {
+ public:
+  virtual ~CollectiveRequest() = default;
+  /// Advances the collective without blocking; true once it is complete.
+  virtual bool test() = 0;
+  /// Blocks until complete. Bounded: after RIFTCO_MPI_WAIT_TIMEOUT seconds
+  /// (default 600) without completion, a CommunicationError naming the
+  /// collective and the rank (the other ranks did not take part).
+  virtual void wait() = 0;
+};
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -29,6 +45,12 @@ class Communicator {
   virtual void all_reduce_sum(std::span<float> values) = 0;
   /// all_reduce_sum, then each element divided by world_size().
   void all_reduce_average(std::span<float> values);
+  /// all_reduce_sum without waiting: the same bits once the request
+  /// completes (non-blocking MPI_Ialltoallv / MPI_Iallgatherv, the rank-order
+  /// sum taken by test()/wait()). Every rank must start the same collectives
+  /// in the same order. This default runs all_reduce_sum now and returns a
+  /// completed request (the single-process communicator: the identity).
+  virtual std::unique_ptr<CollectiveRequest> start_all_reduce_sum(std::span<float> values);
   /// Rank r receives output[i] = sum over ranks (rank order) of
   /// input[r * output.size() + i]; input.size() must be world_size() * output.size().
   virtual void reduce_scatter_sum(std::span<const float> input, std::span<float> output) = 0;

@@ -42,6 +42,17 @@ struct StageSettings {
   /// set_activation_offload. The pipelines train on the CPU, where it changes
   /// nothing (no bytes move, the same bits); it is recorded for the run.
   bool activation_offload = false;
+  /// Data parallelism (docs/distributed.md), execution policy like the
+  /// above: the same bits either way, so resume may change them.
+  /// ZeRO stage: 0 plain Adam on every rank; 1 Adam's moments sharded across
+  /// the ranks (ShardedAdam: each rank holds ~1/N of the state; the
+  /// parameters are bit-identical to plain data-parallel Adam). With one
+  /// process, 1 is accepted and is plain Adam (as PyTorch's
+  /// ZeroRedundancyOptimizer at world size 1).
+  std::int64_t zero_stage = 0;
+  /// Gradient bucket capacity in MiB (PyTorch DDP's bucket_cap_mb), in
+  /// [1, 65536]; only used with more than one rank.
+  std::int64_t gradient_bucket_mib = 25;
   float dropout = 0.0F;
 
   std::filesystem::path data;  // empty: the stage's default data

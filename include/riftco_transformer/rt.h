@@ -24,7 +24,7 @@ extern "C" {
 #endif
 
 #define RT_ABI_VERSION_MAJOR 2
-#define RT_ABI_VERSION_MINOR 2
+#define RT_ABI_VERSION_MINOR 3
 
 /* ---- status and errors ---------------------------------------------------- */
 
@@ -398,6 +398,14 @@ typedef struct rt_pretraining_config {
    * the pipelines train on the CPU, where it moves nothing and is recorded in
    * metadata.json. A smaller struct_size reads 0. */
   int activation_offload;
+  /* Appended in ABI 2.3 (data parallelism under mpirun, docs/distributed.md):
+   * zero_stage 0 (plain Adam on every rank) or 1 (ZeRO-1: Adam's moments
+   * sharded across the ranks, the same bits; one process: plain Adam);
+   * gradient_bucket_mib: the gradient all-reduce bucket size in MiB, in
+   * [1, 65536]. Other values are RT_ERROR_VALUE naming the field. A smaller
+   * struct_size reads 0 and 25. */
+  int64_t zero_stage;
+  int64_t gradient_bucket_mib;
 } rt_pretraining_config;
 /* Fills the first struct_size bytes with the defaults and sets struct_size;
  * use the inline rt_pretraining_config_default, which passes the caller's sizeof. */
@@ -422,6 +430,9 @@ typedef struct rt_post_training_config {
   /* Appended in ABI 2.2, as in rt_pretraining_config. */
   int64_t activation_memory_budget;
   int activation_offload;
+  /* Appended in ABI 2.3, as in rt_pretraining_config. */
+  int64_t zero_stage;
+  int64_t gradient_bucket_mib;
 } rt_post_training_config;
 /* Fills the first struct_size bytes with the defaults and sets struct_size;
  * use the inline rt_post_training_config_default, which passes the caller's sizeof. */

@@ -13,6 +13,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "riftco_transformer/tensor.hpp"
@@ -20,6 +21,36 @@
 namespace riftco_transformer {
 
 struct Node;
+class Variable;
+
+/// Observes one backward pass and may replace the gradients it commits
+/// (data-parallel gradient reduction: GradientBucketer). Used through
+/// Variable::backward(seed, hooks); the engine calls, in this order:
+/// begin_pass() once the graph's versions were checked; gradient_final()
+/// for each leaf as soon as it is final; finish() after the last node ran.
+class BackwardHooks {
+ public:
+  virtual ~BackwardHooks() = default;
+  /// The pass starts (nothing was computed yet). May throw: nothing is committed.
+  virtual void begin_pass() {}
+  /// `leaf` (a leaf that requires grad) receives nothing more in this pass:
+  /// no node still to run has it as an input. For a checkpointed block's
+  /// dependencies that is right after the block's replay and local
+  /// backward. `gradient` is its gradient in the pass, undefined when no
+  /// contribution reached it (the commit makes that zeros). Read it, never
+  /// write into it: its buffer may be shared with other gradients of the
+  /// pass. Called in the order leaves become final, once per leaf.
+  virtual void gradient_final(const Variable& leaf, const Tensor& gradient) = 0;
+  /// After each node's backward ran (and its leaves were reported): a place
+  /// to make progress on communication in flight. Default: nothing.
+  virtual void node_done() {}
+  /// After every node ran and every leaf was reported, before anything is
+  /// committed: gradients that replace the pass's own (e.g. the all-reduced
+  /// ones), for any leaves, including leaves the pass did not reach; each
+  /// must have its leaf's shape and backend (ShapeError otherwise). An
+  /// exception here (a failed collective) commits nothing.
+  virtual std::vector<std::pair<Variable, Tensor>> finish() = 0;
+};
 
 /// Gradient of the loss with respect to each parent, given the gradient with
 /// respect to the node's output. Returns one Tensor per parent, in order; an
@@ -114,6 +145,12 @@ class Variable {
   /// commits to the same leaf is a race: join first.
   void backward() const;
   void backward(const Tensor& seed) const;
+  /// The same pass, observed by `hooks` (see BackwardHooks): the gradients
+  /// finish() returns are committed instead of the pass's own, with the
+  /// same all-or-nothing guarantee (an exception in a hook commits nothing).
+  /// backward(hooks) seeds a scalar output with 1.
+  void backward(BackwardHooks& hooks) const;
+  void backward(const Tensor& seed, BackwardHooks& hooks) const;
 
   /// The leaves of this graph that require grad (its parameters and
   /// inputs), each once, in depth-first discovery order from this node. They

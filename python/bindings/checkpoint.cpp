@@ -32,6 +32,10 @@ void init_checkpoint(nb::module_& m) {
       "Every leaf fn uses must be listed once in `dependencies`; fn must be deterministic and\n"
       "replay-safe. A broken rule raises CheckpointContractError with .violation.");
   m.def("checkpoint_replay_count", &rt::checkpoint_replay_count, "Checkpoint replays since start or the last reset.");
+  m.def("checkpoint_replaying", &rt::checkpoint_replaying,
+        "True while the calling thread runs a checkpoint function as a replay (inside backward()).\n\n"
+        "A replay's output value is never read (only its shape and graph), so a function may skip\n"
+        "work whose only use is that value.");
   m.def("reset_checkpoint_replay_count", &rt::reset_checkpoint_replay_count);
 }
 

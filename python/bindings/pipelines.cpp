@@ -45,6 +45,11 @@ ConfigClass<C>& stage_fields(ConfigClass<C>& c) {
       .field("activation_offload", &StageSettings::activation_offload, "bool",
              "keep checkpointed groups' block-boundary inputs in pinned host memory (cuda models; the CPU "
              "pipelines record it in metadata.json and move nothing)")
+      .field("zero_stage", &StageSettings::zero_stage, "int",
+             "under mpirun: 0 plain Adam on every rank, 1 ZeRO-1 (Adam state sharded across the ranks, the same "
+             "bits); one process: plain Adam")
+      .field("gradient_bucket_mib", &StageSettings::gradient_bucket_mib, "int",
+             "gradient all-reduce bucket size in MiB under mpirun, in [1, 65536] (PyTorch DDP's bucket_cap_mb)")
       .real("dropout", &StageSettings::dropout)
       .path("data", &StageSettings::data, "None: the stage's default data")
       .path("tokenizer", &StageSettings::tokenizer, "None: bytes; a SentencePiece model file (train_tokenizer)")

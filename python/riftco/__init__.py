@@ -51,6 +51,7 @@ from ._core import (  # noqa: F401  (re-exported)
     convert_from_hf,
     convert_to_hf,
     checkpoint_replay_count,
+    checkpoint_replaying,
     cross_entropy,
     default_parameter_groups,
     embedding,
@@ -106,7 +107,7 @@ __all__ = [
     "DecodeSession", "DecoderOnlyTransformer", "Error", "EvaluationResult", "GenerationResult", "GradientAccumulator", "GraphStatistics", "LoadOptions",
     "LoraConfig", "MemoryStats", "ModelStateError", "PostTrainingConfig", "PretrainingConfig", "RetainedNode",
     "RunResult", "ShapeError", "StaleGraphError", "StepReport", "Tokenizer", "TransformerConfig", "Variable",
-    "available_backends", "checkpoint", "default_parameter_groups", "evaluate", "checkpoint_replay_count", "load_model", "memory_stats",
+    "available_backends", "checkpoint", "default_parameter_groups", "evaluate", "checkpoint_replay_count", "checkpoint_replaying", "load_model", "memory_stats",
     "model_fingerprint", "no_grad", "post_train", "pretrain", "read_model_config", "release_cached_memory",
     "reset_checkpoint_replay_count", "reset_peak_memory", "train_tokenizer",
 ]

@@ -12,6 +12,22 @@ namespace {
 
 std::atomic<std::int64_t> g_replays{0};
 
+/// Whether the callable running on this thread is a replay (see
+/// checkpoint_replaying()).
+thread_local bool t_replaying = false;
+
+/// Sets t_replaying for one callable invocation and puts it back after.
+class ReplayingScope {
+ public:
+  explicit ReplayingScope(bool replaying) : previous_(t_replaying) { t_replaying = replaying; }
+  ~ReplayingScope() { t_replaying = previous_; }
+  ReplayingScope(const ReplayingScope&) = delete;
+  ReplayingScope& operator=(const ReplayingScope&) = delete;
+
+ private:
+  bool previous_;
+};
+
 /// Restores a generator's state for the replay and puts the live stream back
 /// afterwards, whatever happens.
 class RandomReplayScope {
@@ -47,7 +63,8 @@ struct TracedCall {
 /// buffer, recording every edge, and checks the boundary: what the output
 /// reached, and that the call changed neither the input nor a dependency.
 TracedCall traced_call(const std::function<Variable(const Variable&)>& recompute, const Tensor& input_value,
-                       bool input_requires_grad, std::span<const Variable> dependencies, const std::string& where) {
+                       bool input_requires_grad, std::span<const Variable> dependencies, const std::string& where,
+                       bool replaying) {
   TracedCall call;
   // The callable sees its input as the caller's graph has it: requiring
   // grad or not (a constant input gives constants, as outside).
@@ -59,7 +76,10 @@ TracedCall traced_call(const std::function<Variable(const Variable&)>& recompute
   TraceGuard trace;  // its constants drop their traced inputs when this returns
   {
     OutsideWriteWatch writes;
-    call.out = recompute(call.fresh);
+    {
+      ReplayingScope replay_flag(replaying);
+      call.out = recompute(call.fresh);
+    }
     trace.stop();
     // The input and the dependencies by name first, then any other buffer.
     checkpoint_contract::check_boundary_unchanged(before, call.fresh, dependencies, where);
@@ -82,6 +102,7 @@ TracedCall traced_call(const std::function<Variable(const Variable&)>& recompute
 }  // namespace
 
 std::int64_t checkpoint_replay_count() { return g_replays.load(); }
+bool checkpoint_replaying() { return t_replaying; }
 void reset_checkpoint_replay_count() { g_replays.store(0); }
 
 Variable checkpoint(const Variable& input, std::span<const Variable> dependencies,
@@ -102,7 +123,7 @@ Variable checkpoint(const Variable& input, std::span<const Variable> dependencie
   {
     std::optional<RandomStreamRecorder> recorder;
     if (options.preserve_random_state) recorder.emplace();
-    TracedCall call = traced_call(recompute, saved_input, input.requires_grad(), dependencies, where);
+    TracedCall call = traced_call(recompute, saved_input, input.requires_grad(), dependencies, where, false);
     if (recorder) streams = recorder->take();
     // 3. Keep the output value; the internal graph goes when `call` does.
     output_value = call.out.value();
@@ -144,7 +165,7 @@ Variable checkpoint(const Variable& input, std::span<const Variable> dependencie
       GradModeGuard grad_mode(true);
       RandomReplayScope scope(random, forward_state);
       RandomStreamReplay streams_replay(streams);
-      replay = traced_call(recompute, saved_input, input_requires_grad, deps, where + " replay");
+      replay = traced_call(recompute, saved_input, input_requires_grad, deps, where + " replay", true);
     }
     checkpoint_contract::check_replay_output(replay.out, out_shape, out_backend, where + " replay");
     std::vector<Tensor> grads(parent_count);  // constants' slots stay undefined

@@ -98,9 +98,54 @@ void validate_versions(const std::vector<Node*>& order, const char* op) {
   }
 }
 
+/// Leaves requiring grad and how many inputs of nodes still to run point at
+/// each (an input listed twice counts twice): a leaf is final at zero.
+class Finality {
+ public:
+  Finality(const std::vector<Node*>& order, BackwardHooks* hooks, const GradientContext& ctx)
+      : hooks_(hooks), ctx_(ctx) {
+    if (hooks_ == nullptr) return;
+    for (Node* node : order) {
+      if (node->is_leaf) continue;
+      for (const Edge& e : node->parents) {
+        if (e.node->is_leaf && e.node->requires_grad) {
+          auto [it, fresh] = pending_.try_emplace(e.node.get(), Entry{e.node, 0});
+          ++it->second.consumers;
+        }
+      }
+    }
+  }
+  /// `node` ran (or had no gradient to pass on): its leaf inputs have one consumer fewer.
+  void consumed(const Node* node) {
+    if (hooks_ == nullptr) return;
+    for (const Edge& e : node->parents) {
+      auto it = pending_.find(e.node.get());
+      if (it == pending_.end() || --it->second.consumers > 0) continue;
+      const std::shared_ptr<Node> leaf = std::move(it->second.leaf);
+      pending_.erase(it);
+      report(leaf);
+    }
+  }
+  /// The root itself, when it is a leaf (nothing consumes it).
+  void report(const std::shared_ptr<Node>& leaf) {
+    if (hooks_ == nullptr) return;
+    const Tensor* g = ctx_.find(leaf.get());
+    hooks_->gradient_final(NodeAccess::wrap(leaf), g != nullptr ? *g : Tensor());
+  }
+
+ private:
+  struct Entry {
+    std::shared_ptr<Node> leaf;
+    int consumers = 0;
+  };
+  BackwardHooks* hooks_;
+  const GradientContext& ctx_;
+  std::unordered_map<const Node*, Entry> pending_;
+};
+
 }  // namespace
 
-PassResult run_backward_pass(const Variable& root_var, const Tensor& seed, const char* op) {
+PassResult run_backward_pass(const Variable& root_var, const Tensor& seed, const char* op, BackwardHooks* hooks) {
   Node* root = root_var.node();
   if (root == nullptr) throw BackwardError(std::string("[") + op + "] undefined variable");
   if (!root->requires_grad) {
@@ -114,9 +159,13 @@ PassResult run_backward_pass(const Variable& root_var, const Tensor& seed, const
   const std::vector<Node*> order = topological_order(root);
   validate_versions(order, op);  // before anything is computed or touched
 
+  if (hooks != nullptr) hooks->begin_pass();
+
   PassResult result;
   GradientContext& ctx = result.context;
   ctx.accumulate(root, seed);
+  Finality finality(order, hooks, ctx);
+  if (root->is_leaf) finality.report(root_var.node_ptr());
   std::vector<bool> needs;
   for (auto it = order.rbegin(); it != order.rend(); ++it) {
     Node* node = *it;
@@ -126,7 +175,10 @@ PassResult run_backward_pass(const Variable& root_var, const Tensor& seed, const
     }
     if (node->retain_grad) result.retained.push_back(node);
     const Tensor* grad_ptr = ctx.find(node);
-    if (grad_ptr == nullptr) continue;
+    if (grad_ptr == nullptr) {
+      finality.consumed(node);
+      continue;
+    }
     const Tensor grad = node->retain_grad ? *grad_ptr : ctx.take(node);
     needs.assign(node->parents.size(), false);
     for (std::size_t i = 0; i < node->parents.size(); ++i) needs[i] = node->parents[i].node->requires_grad;
@@ -146,6 +198,8 @@ PassResult run_backward_pass(const Variable& root_var, const Tensor& seed, const
       }
       ctx.accumulate(parent, std::move(parent_grads[i]));
     }
+    finality.consumed(node);
+    if (hooks != nullptr) hooks->node_done();
   }
   return result;
 }

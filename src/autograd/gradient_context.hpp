@@ -28,13 +28,18 @@ class GradientContext {
 /// then runs closures in reverse topological order. On return the context
 /// holds the gradients of every reached leaf that requires grad and of every
 /// node with retain_grad; other intermediate gradients are freed as soon as
-/// they are consumed. Touches no public state.
+/// they are consumed. Touches no public state. With `hooks`, calls
+/// hooks->begin_pass() after the version check and hooks->gradient_final()
+/// for each leaf requiring grad right after the last node that has it as an
+/// input ran (leaves no node consumes: at the start); finish() is the
+/// caller's (Variable::backward).
 struct PassResult {
   GradientContext context;
   std::vector<Node*> leaves;    // leaves requiring grad, in discovery order
   std::vector<Node*> retained;  // non-leaf nodes with retain_grad
 };
-PassResult run_backward_pass(const Variable& root, const Tensor& seed, const char* op);
+PassResult run_backward_pass(const Variable& root, const Tensor& seed, const char* op,
+                             BackwardHooks* hooks = nullptr);
 
 /// Reverse topological order helper: every node reachable from `root`
 /// through edges to nodes that require grad; parents come before children.

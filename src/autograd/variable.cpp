@@ -5,7 +5,9 @@
 #include <iomanip>
 #include <mutex>
 #include <sstream>
+#include <unordered_map>
 #include <unordered_set>
+#include <utility>
 
 #include "gradient_context.hpp"
 #include "node.hpp"
@@ -51,6 +53,55 @@ std::vector<Node*> reachable(Node* root) {
     }
   }
   return out;
+}
+
+/// Publishes a pass's gradients: `replacements` (from BackwardHooks::finish)
+/// instead of the pass's own where given, for any leaf. Builds and checks
+/// every committed tensor first (this may allocate and throw), then
+/// publishes them with non-throwing handle assignments.
+void commit_pass(PassResult pass, std::vector<std::pair<Variable, Tensor>> replacements) {
+  std::unordered_map<Node*, Tensor> replaced;
+  for (auto& [leaf, g] : replacements) {
+    Node* node = leaf.node();
+    if (node == nullptr || !node->is_leaf) {
+      throw BackwardError("[backward] a backward hook returned a gradient for " +
+                          (node == nullptr ? std::string("an undefined variable") : node->label() + ", not a leaf"));
+    }
+    if (!g.defined() || g.shape() != node->value.shape() || g.backend() != node->value.backend()) {
+      throw ShapeError("[backward] a backward hook returned a gradient " +
+                       (g.defined() ? shape_string(g.shape()) + " on " + backend_name(g.backend())
+                                    : std::string("(undefined)")) +
+                       " for " + node->label() + " " + shape_string(node->value.shape()) + " on " +
+                       backend_name(node->value.backend()));
+    }
+    replaced[node] = std::move(g);
+  }
+  std::vector<std::pair<Node*, Tensor>> commits;
+  commits.reserve(pass.leaves.size() + pass.retained.size() + replaced.size());
+  auto prepare = [&](Node* node) {
+    Tensor g;
+    if (auto it = replaced.find(node); it != replaced.end()) {
+      g = std::move(it->second);
+      replaced.erase(it);
+    } else {
+      g = pass.context.take(node);
+    }
+    if (!g.defined()) {
+      g = Tensor::zeros(node->value.shape(), node->value.backend());  // leaves always receive a gradient
+    } else if (g.use_count() != 1) {
+      g = g.clone();  // never publish a buffer another node or the caller also holds
+    }
+    commits.emplace_back(node, std::move(g));
+  };
+  for (Node* leaf : pass.leaves) prepare(leaf);
+  for (Node* node : pass.retained) prepare(node);
+  for (auto& replacement : replacements) {  // leaves the pass did not reach, in the hook's order
+    if (replaced.contains(replacement.first.node())) prepare(replacement.first.node());
+  }
+  {
+    std::lock_guard<std::mutex> lock(g_commit_mutex);  // graphs on other threads may share these leaves
+    for (auto& [node, g] : commits) std::swap(node->grad, g);
+  }  // the previous gradients (now in `commits`) are freed outside the lock
 }
 
 }  // namespace
@@ -226,27 +277,20 @@ void Variable::backward() const {
   backward(Tensor::ones(n.value.shape(), n.value.backend()));
 }
 
-void Variable::backward(const Tensor& seed) const {
-  PassResult pass = run_backward_pass(*this, seed, "backward");
-  // Build every committed tensor first (this may allocate and throw), then
-  // publish them with non-throwing handle assignments.
-  std::vector<std::pair<Node*, Tensor>> commits;
-  commits.reserve(pass.leaves.size() + pass.retained.size());
-  auto prepare = [&](Node* node) {
-    Tensor g = pass.context.take(node);
-    if (!g.defined()) {
-      g = Tensor::zeros(node->value.shape(), node->value.backend());  // leaves always receive a gradient
-    } else if (g.use_count() != 1) {
-      g = g.clone();  // never publish a buffer another node or the caller also holds
-    }
-    commits.emplace_back(node, std::move(g));
-  };
-  for (Node* leaf : pass.leaves) prepare(leaf);
-  for (Node* node : pass.retained) prepare(node);
-  {
-    std::lock_guard<std::mutex> lock(g_commit_mutex);  // graphs on other threads may share these leaves
-    for (auto& [node, g] : commits) std::swap(node->grad, g);
-  }  // the previous gradients (now in `commits`) are freed outside the lock
+void Variable::backward(const Tensor& seed) const { commit_pass(run_backward_pass(*this, seed, "backward"), {}); }
+
+void Variable::backward(BackwardHooks& hooks) const {
+  const Node& n = require(node_, "backward");
+  if (n.value.numel() != 1) {
+    throw BackwardError("[backward] output " + n.label() + " of shape " + shape_string(n.value.shape()) +
+                        " is not a scalar: pass a seed gradient of the same shape");
+  }
+  backward(Tensor::ones(n.value.shape(), n.value.backend()), hooks);
+}
+
+void Variable::backward(const Tensor& seed, BackwardHooks& hooks) const {
+  PassResult pass = run_backward_pass(*this, seed, "backward", &hooks);
+  commit_pass(std::move(pass), hooks.finish());
 }
 
 std::vector<Variable> Variable::leaves() const {

@@ -80,6 +80,8 @@ void appended_settings(const Config& c, rt::StageSettings& s) {
   if (RT_C_COVERS(c, tokenizer) && c.tokenizer != nullptr) s.tokenizer = c.tokenizer;
   if (RT_C_COVERS(c, activation_memory_budget)) s.activation_memory_budget = c.activation_memory_budget;
   if (RT_C_COVERS(c, activation_offload)) s.activation_offload = c.activation_offload != 0;
+  if (RT_C_COVERS(c, zero_stage)) s.zero_stage = c.zero_stage;
+  if (RT_C_COVERS(c, gradient_bucket_mib)) s.gradient_bucket_mib = c.gradient_bucket_mib;
 }
 
 rt::GenerationOptions generation_options(const rt_generation_options& o, const char* function) {
@@ -375,6 +377,8 @@ rt_status rt_pretraining_config_init(rt_pretraining_config* config, size_t struc
     c.tokenizer = nullptr;
     c.activation_memory_budget = 0;
     c.activation_offload = 0;
+    c.zero_stage = d.zero_stage;
+    c.gradient_bucket_mib = d.gradient_bucket_mib;
     init_struct(config, struct_size, c, f);
   });
 }
@@ -394,6 +398,8 @@ rt_status rt_post_training_config_init(rt_post_training_config* config, size_t s
     c.tokenizer = nullptr;
     c.activation_memory_budget = 0;
     c.activation_offload = 0;
+    c.zero_stage = d.zero_stage;
+    c.gradient_bucket_mib = d.gradient_bucket_mib;
     init_struct(config, struct_size, c, f);
   });
 }

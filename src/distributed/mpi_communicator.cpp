@@ -14,9 +14,12 @@
 #include <algorithm>
 #include <chrono>
 #include <climits>
+#include <cstdint>
 #include <cstdlib>
+#include <deque>
 #include <exception>
 #include <iostream>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -65,14 +68,23 @@ class MpiCommunicator final : public Communicator {
   std::string_view kind() const override { return "mpi"; }
 
   void all_reduce_sum(std::span<float> values) override {
+    drain("all_reduce_sum");
     if (size_ == 1) return;
     for (std::size_t start = 0; start < values.size(); start += kChunk) {
       all_reduce_chunk(values.subspan(start, std::min(kChunk, values.size() - start)));
     }
   }
 
+  std::unique_ptr<CollectiveRequest> start_all_reduce_sum(std::span<float> values) override {
+    auto request = std::make_unique<AllReduceRequest>(*this, values);
+    if (size_ > 1 && !values.empty()) queue_.push_back(request.get());
+    progress();  // posts its first exchange when no earlier request is in flight
+    return request;
+  }
+
   void reduce_scatter_sum(std::span<const float> input, std::span<float> output) override {
     check_reduce_scatter(input.size(), output.size(), size_);
+    drain("reduce_scatter_sum");
     const int m = count(output.size(), "reduce_scatter_sum");
     scratch_.resize(input.size());
     // (world, m): row r is rank r's block for this rank.
@@ -83,6 +95,7 @@ class MpiCommunicator final : public Communicator {
 
   void all_gather(std::span<const float> input, std::span<float> output) override {
     check_all_gather(input.size(), output.size(), size_);
+    drain("all_gather");
     const int m = count(input.size(), "all_gather");
     check(MPI_Allgather(input.data(), m, MPI_FLOAT, output.data(), m, MPI_FLOAT, comm_), "all_gather",
           "MPI_Allgather");
@@ -90,13 +103,17 @@ class MpiCommunicator final : public Communicator {
 
   void broadcast(std::span<float> values, int root) override {
     check_root(root, size_);
+    drain("broadcast");
     for (std::size_t start = 0; start < values.size(); start += kChunk) {
       const auto n = static_cast<int>(std::min(kChunk, values.size() - start));
       check(MPI_Bcast(values.data() + start, n, MPI_FLOAT, root, comm_), "broadcast", "MPI_Bcast");
     }
   }
 
-  void barrier() override { check(MPI_Barrier(comm_), "barrier", "MPI_Barrier"); }
+  void barrier() override {
+    drain("barrier");
+    check(MPI_Barrier(comm_), "barrier", "MPI_Barrier");
+  }
 
   [[noreturn]] void abort(std::string_view message, int code) override {
     std::cerr << "[riftco rank " << rank_ << "/" << size_ << "] " << message << std::endl;
@@ -105,6 +122,178 @@ class MpiCommunicator final : public Communicator {
   }
 
  private:
+  // The non-blocking all_reduce_sum: per chunk of at most kChunk elements,
+  // MPI_Ialltoallv of the blocks, this rank's block summed in rank order,
+  // MPI_Iallgatherv of the summed blocks: the same bits as all_reduce_chunk.
+  //
+  // MPI matches collectives by the order each rank posts them, and a
+  // request posts its second call only once its first completed, which
+  // depends on timing. So requests run one after another in start order
+  // (queue_): only the oldest unfinished one posts, and every blocking
+  // collective first waits for the queue to empty. The order of posts is
+  // then the order of the calls, the same on every rank whatever the timing.
+  // test() on any request advances the queue as far as MPI's progress allows.
+  class AllReduceRequest final : public CollectiveRequest {
+   public:
+    AllReduceRequest(MpiCommunicator& comm, std::span<float> values)
+        : comm_(comm), values_(values), buffers_(std::make_unique<Buffers>()) {
+      if (comm_.size_ == 1 || values.empty()) stage_ = Stage::Done;
+    }
+    AllReduceRequest(const AllReduceRequest&) = delete;
+    AllReduceRequest& operator=(const AllReduceRequest&) = delete;
+    ~AllReduceRequest() override {
+      if (stage_ == Stage::Done) return;
+      // Abandoned (a failed pass): MPI may still write into its buffers
+      // (and the caller's values), so they are kept; the job is out of step.
+      static_cast<void>(buffers_.release());
+      std::erase(comm_.queue_, this);
+    }
+
+    bool test() override {
+      if (stage_ != Stage::Done) comm_.progress();
+      return stage_ == Stage::Done;
+    }
+
+    void wait() override { comm_.wait_for(*this, "all_reduce_sum"); }
+
+    /// Posts and completes what MPI allows; true once done. Only the queue's head calls it.
+    bool advance() {
+      for (;;) {
+        switch (stage_) {
+          case Stage::Done:
+            return true;
+          case Stage::Failed:
+            throw CommunicationError("[all_reduce_sum] a non-blocking all-reduce on rank " +
+                                     std::to_string(comm_.rank_) + " of " + std::to_string(comm_.size_) +
+                                     " failed earlier; the ranks are out of step");
+          case Stage::Post:
+            if (next_ >= values_.size()) {
+              stage_ = Stage::Done;
+              return true;
+            }
+            guarded([&] { post_exchange(); });
+            stage_ = Stage::Exchange;
+            break;
+          case Stage::Exchange:
+            if (!poll("MPI_Ialltoallv")) return false;
+            guarded([&] { post_gather(); });
+            stage_ = Stage::Gather;
+            break;
+          case Stage::Gather:
+            if (!poll("MPI_Iallgatherv")) return false;
+            next_ += chunk().size();
+            stage_ = Stage::Post;
+            break;
+        }
+      }
+    }
+
+    bool done() const { return stage_ == Stage::Done; }
+    std::size_t size() const { return values_.size(); }
+
+   private:
+    enum class Stage { Post, Exchange, Gather, Done, Failed };
+    struct Buffers {
+      std::vector<int> counts, displs, recv_counts, recv_displs;
+      std::vector<float> scratch;
+    };
+
+    std::span<float> chunk() const { return values_.subspan(next_, std::min(kChunk, values_.size() - next_)); }
+
+    template <class F>
+    void guarded(F&& f) {
+      try {
+        f();
+      } catch (...) {
+        stage_ = Stage::Failed;
+        throw;
+      }
+    }
+
+    bool poll(const char* call) {
+      int done = 0;
+      const int code = MPI_Test(&request_, &done, MPI_STATUS_IGNORE);
+      if (code != MPI_SUCCESS) {
+        stage_ = Stage::Failed;
+        comm_.check(code, "all_reduce_sum", call);
+      }
+      return done != 0;
+    }
+
+    void post_exchange() {
+      const std::span<float> values = chunk();
+      const auto n = values.size();
+      const auto world = static_cast<std::size_t>(comm_.size_);
+      Buffers& b = *buffers_;
+      b.counts.resize(world);
+      b.displs.resize(world);
+      for (std::size_t r = 0, offset = 0; r < world; ++r) {
+        b.counts[r] = static_cast<int>(n / world + (r < n % world ? 1 : 0));
+        b.displs[r] = static_cast<int>(offset);
+        offset += static_cast<std::size_t>(b.counts[r]);
+      }
+      const int mine = b.counts[static_cast<std::size_t>(comm_.rank_)];
+      b.recv_counts.assign(world, mine);
+      b.recv_displs.resize(world);
+      for (std::size_t r = 0; r < world; ++r) b.recv_displs[r] = static_cast<int>(r) * mine;
+      b.scratch.resize(world * static_cast<std::size_t>(mine));  // (world, mine)
+      comm_.check(MPI_Ialltoallv(values.data(), b.counts.data(), b.displs.data(), MPI_FLOAT, b.scratch.data(),
+                                 b.recv_counts.data(), b.recv_displs.data(), MPI_FLOAT, comm_.comm_, &request_),
+                  "all_reduce_sum", "MPI_Ialltoallv");
+    }
+
+    void post_gather() {
+      const std::span<float> values = chunk();
+      Buffers& b = *buffers_;
+      const auto rank = static_cast<std::size_t>(comm_.rank_);
+      comm_.sum_rows(b.scratch.data(), static_cast<std::size_t>(b.counts[rank]), values.data() + b.displs[rank]);
+      comm_.check(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, values.data(), b.counts.data(),
+                                  b.displs.data(), MPI_FLOAT, comm_.comm_, &request_),
+                  "all_reduce_sum", "MPI_Iallgatherv");
+    }
+
+    MpiCommunicator& comm_;
+    std::span<float> values_;
+    std::unique_ptr<Buffers> buffers_;
+    std::size_t next_ = 0;
+    Stage stage_ = Stage::Post;
+    MPI_Request request_ = MPI_REQUEST_NULL;
+  };
+
+  /// Advances the queue of non-blocking requests from its head.
+  void progress() {
+    while (!queue_.empty()) {
+      if (!queue_.front()->advance()) return;
+      queue_.pop_front();
+    }
+  }
+
+  /// Polls until `request` is done, at most RIFTCO_MPI_WAIT_TIMEOUT seconds
+  /// (default 600): a rank that never joins is a CommunicationError here,
+  /// not a hang.
+  void wait_for(AllReduceRequest& request, const char* op) {
+    double limit = 600.0;
+    if (const char* text = std::getenv("RIFTCO_MPI_WAIT_TIMEOUT")) limit = std::atof(text);
+    const double start = MPI_Wtime();
+    for (std::uint64_t spins = 0; !request.done(); ++spins) {
+      progress();
+      if (request.done()) break;
+      if (spins % 256 == 255 && MPI_Wtime() - start > limit) {
+        throw CommunicationError(std::string("[") + op + "] rank " + std::to_string(rank_) + " of " +
+                                 std::to_string(size_) + " waited more than " + std::to_string(limit) +
+                                 " s (RIFTCO_MPI_WAIT_TIMEOUT) for a non-blocking all-reduce of " +
+                                 std::to_string(request.size()) + " elements: another rank did not take part");
+      }
+      std::this_thread::yield();
+    }
+  }
+
+  /// Before a blocking collective: every started request finishes first, so
+  /// all ranks post in the same order.
+  void drain(const char* op) {
+    while (!queue_.empty()) wait_for(*queue_.back(), op);
+  }
+
   // One all-reduce of at most kChunk elements: rank r sums block r (rank
   // order), then every rank gathers every block.
   void all_reduce_chunk(std::span<float> values) {
@@ -213,6 +402,7 @@ class MpiCommunicator final : public Communicator {
   int size_ = 1;
   std::vector<float> scratch_;
   std::vector<int> counts_, displs_, recv_counts_, recv_displs_;
+  std::deque<AllReduceRequest*> queue_;  // started, unfinished non-blocking all-reduces, in start order
 };
 
 }  // namespace

@@ -32,12 +32,16 @@ struct TransformerCore {
 
   /// One block, never checkpointed (what a checkpoint replays). Reads the
   /// block's weights as they are now. `drop` > 0 applies residual dropout
-  /// drawing from dropout_random.
-  Variable block_forward(std::size_t index, const Variable& h, FullSequenceAttentionKind kind, float drop);
+  /// drawing from dropout_random. `value_needed` false (a checkpoint replay's
+  /// last block): the final fused projection's value is not computed;
+  /// the graph and every gradient are the same (fused.hpp).
+  Variable block_forward(std::size_t index, const Variable& h, FullSequenceAttentionKind kind, float drop,
+                         bool value_needed = true);
   /// block_forward's two halves: h1 = h + attention(norm(h)), then
   /// h1 + mlp(norm(h1)). Each is what a sub-block checkpoint replays.
-  Variable attention_sub_block(std::size_t index, const Variable& h, FullSequenceAttentionKind kind, float drop);
-  Variable mlp_sub_block(std::size_t index, const Variable& h1, float drop);
+  Variable attention_sub_block(std::size_t index, const Variable& h, FullSequenceAttentionKind kind, float drop,
+                               bool value_needed = true);
+  Variable mlp_sub_block(std::size_t index, const Variable& h1, float drop, bool value_needed = true);
   std::vector<Variable> block_dependencies(std::size_t index) const;
   /// The leaves one half reads: its norm and projections, and the active
   /// adapters on those projections.

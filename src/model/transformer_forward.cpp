@@ -135,7 +135,7 @@ Variable normed_projections(const TransformerCore& core, const BlockWeights& blo
 }  // namespace
 
 Variable TransformerCore::attention_sub_block(std::size_t index, const Variable& h, FullSequenceAttentionKind kind,
-                                              float drop) {
+                                              float drop, bool value_needed) {
   const BlockWeights& w = blocks.at(index);
   const std::int64_t b = h.shape()[0];
   const std::int64_t t = h.shape()[1];
@@ -168,26 +168,26 @@ Variable TransformerCore::attention_sub_block(std::size_t index, const Variable&
     merged = reshape(permute(a, {0, 2, 1, 3}), {b, t, c});
   }
   return fuse_residual && !adapted(*this, w, LoraTarget::Output)
-             ? fused::linear_residual(h, merged, w.output)
+             ? fused::linear_residual(h, merged, w.output, value_needed)
              : add(h, dropout(project(w, LoraTarget::Output, merged), drop, dropout_random));  // (B, T, C)
 }
 
-Variable TransformerCore::mlp_sub_block(std::size_t index, const Variable& h1, float drop) {
+Variable TransformerCore::mlp_sub_block(std::size_t index, const Variable& h1, float drop, bool value_needed) {
   const BlockWeights& w = blocks.at(index);
   const bool fuse_residual = drop == 0.0F;
   // Gate and up side by side, SwiGLU reads both halves.
   const Variable gate_up =
       normed_projections(*this, w, h1, w.mlp_norm, {LoraTarget::Gate, LoraTarget::Up});  // (B, T, 2F)
   if (fuse_residual && !adapted(*this, w, LoraTarget::Down)) {
-    return fused::swiglu_linear_residual(h1, gate_up, w.down);  // (B, T, C)
+    return fused::swiglu_linear_residual(h1, gate_up, w.down, value_needed);  // (B, T, C)
   }
   const Variable m = fused::swiglu_packed(gate_up);                                  // (B, T, F)
   return add(h1, dropout(project(w, LoraTarget::Down, m), drop, dropout_random));  // (B, T, C)
 }
 
 Variable TransformerCore::block_forward(std::size_t index, const Variable& h, FullSequenceAttentionKind kind,
-                                        float drop) {
-  return mlp_sub_block(index, attention_sub_block(index, h, kind, drop), drop);
+                                        float drop, bool value_needed) {
+  return mlp_sub_block(index, attention_sub_block(index, h, kind, drop), drop, value_needed);
 }
 
 namespace {
@@ -201,7 +201,9 @@ Variable parked_after(const std::shared_ptr<ActivationOffload>& offload, const V
 /// Runs blocks [first, last) on h as one checkpoint whose dependencies are
 /// every leaf those blocks use. The callable holds the shared core (not the
 /// model object) and the execution policy of this forward; with `offload`,
-/// it brings its parked input back first when it runs as a replay.
+/// it brings its parked input back first when it runs as a replay. In a
+/// replay the last block's final projection is not computed: the replay's
+/// output value is never read (checkpoint_replaying()).
 Variable checkpointed_blocks(const std::shared_ptr<TransformerCore>& core, std::size_t first, std::size_t last,
                              const Variable& h, FullSequenceAttentionKind kind, float drop,
                              const std::shared_ptr<ActivationOffload>& offload) {
@@ -212,8 +214,9 @@ Variable checkpointed_blocks(const std::shared_ptr<TransformerCore>& core, std::
   const std::size_t slot = offload ? offload->next_index() : 0;
   auto recompute = [core, first, last, kind, drop, offload, slot](const Variable& input) {
     if (offload) offload->before_call(slot);
+    const bool replaying = checkpoint_replaying();
     Variable x = input;
-    for (std::size_t i = first; i < last; ++i) x = core->block_forward(i, x, kind, drop);
+    for (std::size_t i = first; i < last; ++i) x = core->block_forward(i, x, kind, drop, !replaying || i + 1 < last);
     return x;
   };
   CheckpointOptions options;  // dropout masks replay by default (preserve_random_state)
@@ -225,14 +228,17 @@ Variable checkpointed_blocks(const std::shared_ptr<TransformerCore>& core, std::
 /// Block `index`'s attention (attention = true) or MLP sub-block as one
 /// checkpoint whose dependencies are the leaves that sub-block reads. With
 /// `offload` (the attention sub-block only: its input is the block boundary)
-/// the input is parked like a block's.
+/// the input is parked like a block's. A replay skips the half's final
+/// projection, as checkpointed_blocks does.
 Variable checkpointed_sub_block(const std::shared_ptr<TransformerCore>& core, std::size_t index, bool attention,
                                 const Variable& h, FullSequenceAttentionKind kind, float drop,
                                 const std::shared_ptr<ActivationOffload>& offload = nullptr) {
   const std::size_t slot = offload ? offload->next_index() : 0;
   auto recompute = [core, index, attention, kind, drop, offload, slot](const Variable& input) {
     if (offload) offload->before_call(slot);
-    return attention ? core->attention_sub_block(index, input, kind, drop) : core->mlp_sub_block(index, input, drop);
+    const bool value_needed = !checkpoint_replaying();
+    return attention ? core->attention_sub_block(index, input, kind, drop, value_needed)
+                     : core->mlp_sub_block(index, input, drop, value_needed);
   };
   CheckpointOptions options;  // dropout masks replay by default (preserve_random_state)
   options.name = "block " + std::to_string(index) + (attention ? " attention" : " mlp");

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "../backend/kernels.hpp"
 #include "op_util.hpp"
@@ -83,6 +84,15 @@ Tensor add_same_shape(const backend::Kernels& kern, const Tensor& a, const Tenso
   return kern.binary(backend::BinaryOp::Add, a, b, a.shape());
 }
 
+/// The value of a node whose value is not computed (value_needed false): all
+/// NaN on the CPU, so a reader that should not exist sees it at once; zeros
+/// on a device (one memset: a NaN fill would be a host-to-device copy of the
+/// whole tensor, about what the skipped GEMM costs there).
+Tensor unread_value(const Shape& shape, Backend backend) {
+  if (backend != Backend::Cpu) return Tensor::zeros(shape, backend);
+  return Tensor::full(shape, std::numeric_limits<float>::quiet_NaN(), backend);
+}
+
 }  // namespace
 
 Variable norm_linear_packed(const Variable& h, const Variable& norm_weight, float eps,
@@ -137,7 +147,7 @@ Variable norm_linear_packed(const Variable& h, const Variable& norm_weight, floa
       std::move(saved));
 }
 
-Variable linear_residual(const Variable& residual, const Variable& x, const Variable& weight) {
+Variable linear_residual(const Variable& residual, const Variable& x, const Variable& weight, bool value_needed) {
   const char* op = "linear_residual";
   check_pair(op, "residual", residual, "input", x);
   std::int64_t total = 0;
@@ -155,7 +165,9 @@ Variable linear_residual(const Variable& residual, const Variable& x, const Vari
   const std::int64_t rows = k == 0 ? 0 : xv.numel() / k;
   const backend::Kernels& kern = backend::kernels_for(op, xv, residual.value());
   Tensor out;
-  {
+  if (!value_needed) {
+    out = unread_value(out_shape, xv.backend());
+  } else {
     Tensor projection = Tensor::empty(out_shape, xv.backend());  // not kept
     packed_forward(kern, xv.device_data(), rows, k, wv, widths, total, projection.device_data());
     out = add_same_shape(kern, residual.value(), projection);  // residual + x Wᵀ, as add(residual, linear(x, W))
@@ -176,7 +188,8 @@ Variable linear_residual(const Variable& residual, const Variable& x, const Vari
       {xv, wv[0]});
 }
 
-Variable swiglu_linear_residual(const Variable& residual, const Variable& gate_up, const Variable& weight) {
+Variable swiglu_linear_residual(const Variable& residual, const Variable& gate_up, const Variable& weight,
+                                bool value_needed) {
   const char* op = "swiglu_linear_residual";
   check_pair(op, "residual", residual, "gate_up", gate_up);
   check_pair(op, "gate_up", gate_up, "weight", weight);
@@ -199,7 +212,9 @@ Variable swiglu_linear_residual(const Variable& residual, const Variable& gate_u
   const std::int64_t rows = k == 0 ? 0 : gu.numel() / (2 * k);
   const backend::Kernels& kern = backend::kernels_for(op, gu, residual.value());
   Tensor out;
-  {
+  if (!value_needed) {
+    out = unread_value(residual.shape(), gu.backend());
+  } else {
     const Tensor m = kern.swiglu_packed_forward(gu);  // (..., F), not kept
     Tensor projection = Tensor::empty(residual.shape(), gu.backend());
     packed_forward(kern, m.device_data(), rows, k, wv, widths, total, projection.device_data());

@@ -20,6 +20,12 @@
 //                                        causal_attention, merge heads →
 //                                        (B, T, C), with no permute copies
 //   swiglu_packed(gu)                  ≡ swiglu(gu[..., :F], gu[..., F:])
+//
+// linear_residual and swiglu_linear_residual take `value_needed`: false
+// builds the same node (same parents, same backward, same gradient bits)
+// without computing its value, which is then all NaN (zeros on a device,
+// where a NaN fill would be a host-to-device copy). Only a checkpoint
+// replay's final op uses it: the replay's output value is never read.
 #include <cstdint>
 #include <vector>
 
@@ -41,13 +47,18 @@ Variable norm_linear_packed(const Variable& h, const Variable& norm_weight, floa
 
 /// residual + x Wᵀ (W: (N, K), residual (..., N)) with the bits of
 /// add(residual, linear(x, W)); the projection is a temporary, not a graph
-/// value.
-Variable linear_residual(const Variable& residual, const Variable& x, const Variable& weight);
+/// value. value_needed false: the GEMM and the add are skipped and the value
+/// is not computed (see the top of this file).
+Variable linear_residual(const Variable& residual, const Variable& x, const Variable& weight,
+                         bool value_needed = true);
 
 /// residual + swiglu_packed(gate_up) Wᵀ (gate_up (..., 2F), W (C, F)) with
 /// the bits of add(residual, linear(swiglu_packed(gate_up), W)); keeps
 /// gate_up only and recomputes the SwiGLU output in the backward.
-Variable swiglu_linear_residual(const Variable& residual, const Variable& gate_up, const Variable& weight);
+/// value_needed false: SwiGLU, the GEMM and the add are skipped and the value
+/// is not computed (see the top of this file).
+Variable swiglu_linear_residual(const Variable& residual, const Variable& gate_up, const Variable& weight,
+                                bool value_needed = true);
 
 /// x (..., N) plus delta (..., n) on columns [offset, offset + n); the other
 /// dims must match.

@@ -12,6 +12,7 @@
 #include "riftco_transformer/data.hpp"
 #include "riftco_transformer/distributed.hpp"
 #include "riftco_transformer/errors.hpp"
+#include "riftco_transformer/gradient_buckets.hpp"
 #include "riftco_transformer/pipelines.hpp"
 #include "riftco_transformer/random.hpp"
 
@@ -46,7 +47,6 @@ void agree(Communicator& comm, const std::exception_ptr& error, const std::strin
 }  // namespace riftco_transformer::stage
 
 namespace riftco_transformer {
-class Adam;
 class GradientAccumulator;
 class DecoderOnlyTransformer;
 }  // namespace riftco_transformer
@@ -57,7 +57,9 @@ namespace riftco_transformer::stage {
 /// holds the step's K global micro-batches; each trains on its rows of each
 /// (rank_rows), weights micro-batch k's gradient by world_size × its share of
 /// the step's real targets, and the gradients are averaged over the ranks
-/// (synchronize_gradients), so the update is that of one process on the
+/// (with `buckets`: GradientBucketer, reduced in buckets during the last
+/// micro-batch's backward over the accumulated sums; without: one
+/// synchronize_gradients after backward; the same bits), so the update is that of one process on the
 /// whole batch up to summation order. The loss is the global one on every
 /// rank. A non-finite loss or gradient anywhere is `diverged(...)` thrown on
 /// every rank alike, before the weights change. start_pass / end_pass wrap
@@ -66,8 +68,10 @@ struct ShardedStep {
   float loss = 0.0F;
   float grad_norm = 0.0F;
 };
-ShardedStep data_parallel_step(Communicator& comm, DecoderOnlyTransformer& model, Adam& adam,
-                               GradientAccumulator& accumulator, const std::vector<TokenBatch>& batches,
+class StageOptimizer;
+ShardedStep data_parallel_step(Communicator& comm, DecoderOnlyTransformer& model, StageOptimizer& adam,
+                               GradientAccumulator& accumulator, GradientBucketer* buckets,
+                               const std::vector<TokenBatch>& batches,
                                const std::function<void()>& start_pass, const std::function<void()>& end_pass,
                                const std::function<Error(const std::string&)>& diverged);
 

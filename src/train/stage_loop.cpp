@@ -14,11 +14,13 @@
 #include <functional>
 #include <fstream>
 #include <limits>
+#include <optional>
 #include <unordered_map>
 
 #include "memory_budget.hpp"
 #include "rank_shards.hpp"
 #include "riftco_transformer/adam.hpp"
+#include "riftco_transformer/gradient_buckets.hpp"
 #include "riftco_transformer/atomic_file.hpp"
 #include "riftco_transformer/data_parallel.hpp"
 #include "riftco_transformer/gradient_accumulator.hpp"
@@ -26,6 +28,7 @@
 #include "riftco_transformer/memory_plan.hpp"
 #include "riftco_transformer/model_state.hpp"
 #include "run_directory.hpp"
+#include "stage_optimizer.hpp"
 #include "training_checkpoint.hpp"
 
 namespace riftco_transformer::stage {
@@ -79,7 +82,7 @@ float evaluate(StageRun& r) {
 }
 
 /// `trainable` reordered as adam.parameters() (the groups' order).
-std::vector<NamedParameter> in_adam_order(const std::vector<NamedParameter>& trainable, const Adam& adam) {
+std::vector<NamedParameter> in_adam_order(const std::vector<NamedParameter>& trainable, const StageOptimizer& adam) {
   std::unordered_map<const Node*, const NamedParameter*> by_node;
   for (const NamedParameter& p : trainable) by_node[p.variable.node()] = &p;
   std::vector<NamedParameter> ordered;
@@ -89,7 +92,7 @@ std::vector<NamedParameter> in_adam_order(const std::vector<NamedParameter>& tra
 
 /// metadata.json's record of Adam's groups: each group's weight decay and
 /// sizes; the names of the parameters that are not decayed.
-nlohmann::json groups_json(const std::vector<NamedParameter>& ordered, const Adam& adam) {
+nlohmann::json groups_json(const std::vector<NamedParameter>& ordered, const StageOptimizer& adam) {
   nlohmann::json groups = nlohmann::json::array();
   for (const Adam::GroupInfo& g : adam.groups()) {
     std::int64_t elements = 0;
@@ -151,13 +154,27 @@ RunResult run(StageRun& r, const ProgressCallback& progress, const NoticeCallbac
   options.beta2 = s.beta2;
   options.weight_decay = s.weight_decay;
   options.max_grad_norm = s.max_grad_norm;
-  Adam adam(default_parameter_groups(r.trainable, s.weight_decay, s.decay_embeddings), options);
+  // ZeRO-1 under data parallelism: each rank holds its shard of the moments.
+  const std::int64_t live_before_optimizer = memory_stats().live_bytes;
+  StageOptimizer adam(comm, default_parameter_groups(r.trainable, s.weight_decay, s.decay_embeddings), options,
+                      s.zero_stage == 1);
+  // Measured with the allocator: the moments are allocated here.
+  r.facts["optimizer_state_bytes_per_rank"] = memory_stats().live_bytes - live_before_optimizer;
+  r.facts["zero_sharded"] = adam.sharded();
   // Adam holds the groups' order; checkpoints pair moments with names in it.
   r.trainable = in_adam_order(r.trainable, adam);
   r.facts["parameter_groups"] = groups_json(r.trainable, adam);
   r.facts["effective_batch"] = s.batch * s.gradient_accumulation_steps;  // rows per optimizer step, all ranks
   GradientAccumulator accumulator(adam.parameters());
   const std::int64_t micro_batches = s.gradient_accumulation_steps;
+  // Data parallelism reduces gradients in buckets (DDP's 25 MiB) during the
+  // last micro-batch's backward (docs/distributed.md).
+  std::optional<GradientBucketer> buckets;
+  if (world > 1) {
+    BucketOptions bucket_options;
+    bucket_options.bucket_mib = static_cast<double>(s.gradient_bucket_mib);
+    buckets.emplace(comm, adam.parameters(), bucket_options);
+  }
 
   TrainingState state;
   Random data_random(s.seed);  // the same on every rank: every rank draws the whole global batch
@@ -178,7 +195,9 @@ RunResult run(StageRun& r, const ProgressCallback& progress, const NoticeCallbac
       remove_stale_temporaries(dir);  // left by a process killed inside a save
     }
     if (s.resume && file_exists(checkpoint_path)) {
-      load_training_checkpoint(checkpoint_path, r.trainable, adam, state, r.config, world, rank);
+      load_training_checkpoint(
+          checkpoint_path, r.trainable, [&adam](const Adam::State& moments) { adam.set_state(moments); }, state,
+          r.config, world, rank);
       data_random.set_state(state.data_random);
       model.dropout_random().set_state(state.dropout_random);
       result.resumed_from_step = state.step;
@@ -270,7 +289,8 @@ RunResult run(StageRun& r, const ProgressCallback& progress, const NoticeCallbac
       float grad_norm = 0.0F;
       if (world > 1) {
         const ShardedStep done =
-            data_parallel_step(comm, model, adam, accumulator, batches, start_pass, end_pass, diverged);
+            data_parallel_step(comm, model, adam, accumulator, buckets ? &*buckets : nullptr, batches, start_pass,
+                               end_pass, diverged);
         last_loss = done.loss;
         grad_norm = done.grad_norm;
       } else if (micro_batches == 1) {
@@ -371,7 +391,9 @@ RunResult run(StageRun& r, const ProgressCallback& progress, const NoticeCallbac
         const std::vector<Random::State> dropout = gather_random_states(comm, model.dropout_random().state());
         state.dropout_random = dropout.front();
         state.other_ranks_dropout_random.assign(dropout.begin() + 1, dropout.end());
-        if (writer) save_training_checkpoint(checkpoint_path, r.trainable, adam, state, r.config);
+        // ZeRO-1 gathers the full moments: collective, every rank takes part.
+        const Adam::State moments = adam.state();
+        if (writer) save_training_checkpoint(checkpoint_path, r.trainable, moments, state, r.config);
       }
       result.steps = step + 1;
       result.final_train_loss = last_loss;

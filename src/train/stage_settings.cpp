@@ -96,6 +96,13 @@ void validate_settings(const StageSettings& s, std::int64_t context_length, cons
     bad(std::string("activation_memory_budget chooses what each block recomputes: leave activation_checkpointing "
                     "'disabled' (it is '") + activation_checkpointing_name(s.activation_checkpointing) + "')");
   }
+  if (s.zero_stage != 0 && s.zero_stage != 1) {
+    bad("zero_stage must be 0 (plain Adam) or 1 (Adam state sharded across ranks), got " +
+        std::to_string(s.zero_stage));
+  }
+  if (s.gradient_bucket_mib < 1 || s.gradient_bucket_mib > 65536) {
+    bad("gradient_bucket_mib must be in [1, 65536] MiB, got " + std::to_string(s.gradient_bucket_mib));
+  }
   if (s.eval_interval < 0) bad("eval_interval must be >= 0");
   if (s.eval_batches <= 0 || s.eval_batches > 100000) {
     bad("eval_batches must be in [1, 100000], got " + std::to_string(s.eval_batches));
@@ -117,6 +124,8 @@ nlohmann::json settings_json(const StageSettings& s) {
           {"checkpoint_segment_blocks", s.checkpoint_segment_blocks},
           {"activation_memory_budget", s.activation_memory_budget},
           {"activation_offload", s.activation_offload},
+          {"zero_stage", s.zero_stage},
+          {"gradient_bucket_mib", s.gradient_bucket_mib},
           {"dropout", json_number(s.dropout)},
           {"data", s.data.string()},
           {"tokenizer", s.tokenizer.string()},

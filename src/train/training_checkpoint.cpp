@@ -87,8 +87,7 @@ const std::string& meta(const TensorFile& f, const std::string& key, const std::
 }  // namespace
 
 void save_training_checkpoint(const std::filesystem::path& path, const std::vector<NamedParameter>& trainable,
-                              const Adam& adam, const TrainingState& state, const nlohmann::json& config) {
-  const Adam::State moments = adam.state();
+                              const Adam::State& moments, const TrainingState& state, const nlohmann::json& config) {
   if (moments.first_moment.size() != trainable.size()) {
     throw ValueError("[save_training_checkpoint] Adam has " + std::to_string(moments.first_moment.size()) +
                      " parameters, the run trains " + std::to_string(trainable.size()));
@@ -127,6 +126,14 @@ void save_training_checkpoint(const std::filesystem::path& path, const std::vect
 void load_training_checkpoint(const std::filesystem::path& path, const std::vector<NamedParameter>& trainable,
                               Adam& adam, TrainingState& state, const nlohmann::json& config,
                               std::int64_t world_size, std::int64_t rank) {
+  load_training_checkpoint(
+      path, trainable, [&adam](const Adam::State& moments) { adam.set_state(moments); }, state, config, world_size,
+      rank);
+}
+
+void load_training_checkpoint(const std::filesystem::path& path, const std::vector<NamedParameter>& trainable,
+                              const std::function<void(const Adam::State&)>& set_state, TrainingState& state,
+                              const nlohmann::json& config, std::int64_t world_size, std::int64_t rank) {
   const TensorFile f = read_safetensors(path);
   const std::string where = "[load] " + path.string() + ": ";
   if (meta(f, "format", path) != kFormat) throw ModelStateError(where + "not a riftco training checkpoint");
@@ -161,7 +168,8 @@ void load_training_checkpoint(const std::filesystem::path& path, const std::vect
   // same); everything that decides the numbers must not.
   for (auto* j : {&saved, &expected}) {
     for (const char* key : {"resume", "output_dir", "activation_checkpointing", "checkpoint_segment_blocks",
-                            "activation_memory_budget", "activation_offload",
+                            "activation_memory_budget", "activation_offload", "zero_stage",
+                            "gradient_bucket_mib",
                             "attention", "eval_interval", "eval_batches", "checkpoint_interval",
                             "allow_non_finite"}) {
       j->erase(key);
@@ -224,7 +232,7 @@ void load_training_checkpoint(const std::filesystem::path& path, const std::vect
   }
   if (rank > 0) loaded.dropout_random = loaded.other_ranks_dropout_random.at(static_cast<std::size_t>(rank - 1));
   // Everything validated: apply.
-  adam.set_state(moments);
+  set_state(moments);
   for (std::size_t i = 0; i < trainable.size(); ++i) {
     Variable v = trainable[i].variable;
     v.set_value(values[i].clone());

@@ -3,6 +3,7 @@
 // states in one safetensors file, written atomically, with a checksum over
 // everything in it (metadata "checksum") verified before anything is read.
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -33,8 +34,10 @@ inline constexpr const char* kPartialMetricsFile = "metrics.partial.jsonl";
 std::string checkpoint_checksum(const std::map<std::string, std::string>& metadata,
                                 const std::vector<std::pair<std::string, Tensor>>& tensors);
 
+/// `moments`: the optimizer's full state (Adam::state(), or ZeRO-1's
+/// gathered ShardedAdam::state(): the same format whatever the ranks).
 void save_training_checkpoint(const std::filesystem::path& path, const std::vector<NamedParameter>& trainable,
-                              const Adam& adam, const TrainingState& state, const nlohmann::json& config);
+                              const Adam::State& moments, const TrainingState& state, const nlohmann::json& config);
 
 /// Validates everything (format, checksum, the configuration it was made with, every
 /// parameter and moment with its shape) before changing the parameters, the
@@ -45,5 +48,10 @@ void save_training_checkpoint(const std::filesystem::path& path, const std::vect
 void load_training_checkpoint(const std::filesystem::path& path, const std::vector<NamedParameter>& trainable,
                               Adam& adam, TrainingState& state, const nlohmann::json& config,
                               std::int64_t world_size = 1, std::int64_t rank = 0);
+/// The same, handing the validated full moments to `set_state` (e.g. a
+/// ShardedAdam keeping its shard) before the parameters change.
+void load_training_checkpoint(const std::filesystem::path& path, const std::vector<NamedParameter>& trainable,
+                              const std::function<void(const Adam::State&)>& set_state, TrainingState& state,
+                              const nlohmann::json& config, std::int64_t world_size = 1, std::int64_t rank = 0);
 
 }  // namespace riftco_transformer::stage

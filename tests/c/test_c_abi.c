@@ -148,8 +148,8 @@ static void test_struct_init(void) {
 }
 
 static void test_version_and_names(void) {
-  CHECK(rt_abi_version() == ((2u << 16) | 2u));
-  CHECK(RT_ABI_VERSION_MAJOR == 2 && RT_ABI_VERSION_MINOR == 2);
+  CHECK(rt_abi_version() == ((2u << 16) | 3u));
+  CHECK(RT_ABI_VERSION_MAJOR == 2 && RT_ABI_VERSION_MINOR == 3);
   CHECK(strcmp(rt_status_name(RT_ERROR_STALE_GRAPH), "RT_ERROR_STALE_GRAPH") == 0);
   CHECK(strcmp(rt_status_name((rt_status)99), "unknown") == 0);
 }
@@ -1125,6 +1125,74 @@ static void test_activation_offload(void) {
   CHECK(strstr(metadata, "\"activation_offload\": true") != NULL);
 }
 
+/* ZeRO stage and bucket size (ABI 2.3, appended): 0 and 25 by default; one
+ * process with zero_stage 1 is plain Adam (the same losses) and records it;
+ * bad values are RT_ERROR_VALUE naming the field, before anything is
+ * written; a 2.2-sized struct never reads them. */
+static void test_zero_stage_and_buckets(void) {
+  rt_pretraining_config c;
+  OK(rt_pretraining_config_default(&c));
+  CHECK(c.zero_stage == 0 && c.gradient_bucket_mib == 25);
+  rt_post_training_config p;
+  OK(rt_post_training_config_default(&p));
+  CHECK(p.zero_stage == 0 && p.gradient_bucket_mib == 25);
+  c.model.context_length = 32;
+  c.model.model_width = 16;
+  c.model.heads = 2;
+  c.model.layers = 2;
+  c.model.feed_forward_width = 32;
+  char corpus[512], base[512]; /* path_in's buffers are reused */
+  snprintf(corpus, sizeof corpus, "%s", path_in("corpus.txt"));
+  snprintf(base, sizeof base, "%s", path_in("zero_off/model.safetensors"));
+  c.stage.data = corpus;
+  c.stage.steps = 2;
+  c.stage.batch = 2;
+  c.stage.sequence_length = 16;
+  c.stage.eval_batches = 1;
+  c.stage.checkpoint_interval = 0;
+  rt_run_result plain;
+  plain.struct_size = sizeof plain;
+  c.stage.output_dir = path_in("zero_off");
+  OK(rt_run_pretraining(&c, NULL, NULL, &plain));
+  rt_run_result zero;
+  zero.struct_size = sizeof zero;
+  c.stage.output_dir = path_in("zero_on");
+  c.zero_stage = 1;
+  c.gradient_bucket_mib = 1;
+  OK(rt_run_pretraining(&c, NULL, NULL, &zero));
+  CHECK(plain.completed == 1 && zero.completed == 1);
+  CHECK(memcmp(&plain.final_train_loss, &zero.final_train_loss, sizeof(float)) == 0);
+  CHECK(memcmp(&plain.final_validation_loss, &zero.final_validation_loss, sizeof(float)) == 0);
+  FILE* f = fopen(path_in("zero_on/metadata.json"), "r");
+  char metadata[16384] = {0};
+  CHECK(f != NULL);
+  if (f != NULL) {
+    CHECK(fread(metadata, 1, sizeof metadata - 1, f) > 0);
+    fclose(f);
+  }
+  CHECK(strstr(metadata, "\"zero_stage\": 1") != NULL);
+  CHECK(strstr(metadata, "\"gradient_bucket_mib\": 1") != NULL);
+  c.stage.output_dir = path_in("zero_bad");
+  c.zero_stage = 2;
+  FAILS(rt_run_pretraining(&c, NULL, NULL, &zero), RT_ERROR_VALUE, "zero_stage");
+  c.zero_stage = 0;
+  c.gradient_bucket_mib = 0;
+  FAILS(rt_run_pretraining(&c, NULL, NULL, &zero), RT_ERROR_VALUE, "gradient_bucket_mib");
+  CHECK(access(path_in("zero_bad"), F_OK) != 0);
+  /* A caller built against 2.2 passes the smaller size: the fields are not read. */
+  c.zero_stage = 7;
+  c.struct_size = offsetof(rt_pretraining_config, zero_stage);
+  c.stage.output_dir = path_in("zero_22");
+  OK(rt_run_pretraining(&c, NULL, NULL, &zero));
+  CHECK(zero.completed == 1);
+  p.base_model = base;
+  p.stage.sequence_length = 16;
+  p.stage.data = RIFTCO_SOURCE_DIR "/data/chat_example.jsonl";
+  p.stage.output_dir = path_in("zero_post_bad");
+  p.zero_stage = -1;
+  FAILS(rt_run_post_training(&p, NULL, NULL, &zero), RT_ERROR_VALUE, "zero_stage");
+}
+
 int main(void) {
   snprintf(g_dir, sizeof g_dir, "/tmp/rt_c_abi_XXXXXX");
   if (mkdtemp(g_dir) == NULL) return 2;
@@ -1143,6 +1211,7 @@ int main(void) {
   test_struct_sizes_read_no_further();
   test_activation_memory_budget();
   test_activation_offload();
+  test_zero_stage_and_buckets();
   char command[600];
   snprintf(command, sizeof command, "rm -rf '%s'", g_dir);
   if (system(command) != 0) fprintf(stderr, "could not remove %s\n", g_dir);

@@ -1,6 +1,9 @@
 // checkpoint(): mechanics, the replay contract, exception atomicity, nesting.
 #include <gtest/gtest.h>
 
+#include <string>
+#include <vector>
+
 #include "model_fixtures.hpp"
 #include "riftco_transformer/checkpoint.hpp"
 #include "riftco_transformer/ops.hpp"
@@ -118,6 +121,47 @@ TEST(Checkpoint, NestedCheckpointsWork) {
   sum(block(block(x, p.w1, p.w2), p.w1, p.w2)).backward();
   EXPECT_LT(max_abs_diff(g1, p.w1.grad()), 1e-5);
   EXPECT_TRUE(bit_equal(gx, x.grad()));
+}
+
+TEST(Checkpoint, ReplayingIsTrueOnlyInsideAReplayNestedCheckpointsIncluded) {
+  Params p;
+  Variable x(randn({2, 4}, 5), true, "x");
+  const auto deps = p.deps();
+  std::vector<std::string> seen;  // who ran, and what checkpoint_replaying() said
+  auto inner = [&](const Variable& v) {
+    return checkpoint(v, deps, [&](const Variable& u) {
+      seen.push_back(std::string("inner ") + (checkpoint_replaying() ? "replay" : "forward"));
+      return block(u, p.w1, p.w2);
+    });
+  };
+  EXPECT_FALSE(checkpoint_replaying());
+  const Variable out = checkpoint(x, deps, [&](const Variable& v) {
+    const bool outer = checkpoint_replaying();
+    Variable y = inner(v);
+    EXPECT_EQ(checkpoint_replaying(), outer) << "an inner checkpoint puts the flag back";
+    seen.push_back(std::string("outer ") + (outer ? "replay" : "forward"));
+    return y;
+  });
+  EXPECT_FALSE(checkpoint_replaying());
+  sum(out).backward();
+  EXPECT_FALSE(checkpoint_replaying());
+  // Forward: inner forward, outer forward. Backward: the outer replay runs the
+  // inner checkpoint's forward call (false) and its nested pass replays it.
+  const std::vector<std::string> expected{"inner forward", "outer forward", "inner forward", "outer replay",
+                                          "inner replay"};
+  EXPECT_EQ(seen, expected);
+}
+
+TEST(Checkpoint, ReplayingIsResetWhenTheReplayThrows) {
+  Params p;
+  Variable x(randn({2, 4}, 5), true, "x");
+  int calls = 0;
+  const Variable out = checkpoint(x, p.deps(), [&](const Variable& v) {
+    if (++calls == 2) throw ValueError("replay fails");
+    return block(v, p.w1, p.w2);
+  });
+  EXPECT_THROW(sum(out).backward(), ValueError);
+  EXPECT_FALSE(checkpoint_replaying());
 }
 
 TEST(Checkpoint, FrozenDependencyAndInputWithoutGradWork) {

@@ -6,6 +6,8 @@
 
 #include <cmath>
 #include <cstring>
+#include <tuple>
+#include <vector>
 
 #include "../../src/ops/fused.hpp"
 #include "gradcheck.hpp"
@@ -311,4 +313,32 @@ TEST(FusedSwigluLinearResidual, BitIdenticalToTheComposite) {
   const auto f = [](const std::vector<Variable>& v) { return fused::swiglu_linear_residual(v[0], v[1], v[2]); };
   EXPECT_EQ(gradcheck(f, {randn({2, 3}, 105), randn({2, 8}, 106), randn({3, 4}, 107)}), 0);
   EXPECT_THROW(fused::swiglu_linear_residual(Variable(r), Variable(gu), Variable(Tensor::zeros({8, 11}))), ShapeError);
+}
+
+/// value_needed false (a checkpoint replay's final op): same shape, a NaN
+/// value, and the gradients of value_needed true bit for bit.
+TEST(FusedResidualProjections, ValueNotNeededGivesNaNAndTheSameGradients) {
+  const Tensor r = randn({2, 11, 8}, 111);
+  const Tensor gu = randn({2, 11, 2 * 12}, 112);
+  const Tensor x = randn({2, 11, 12}, 113);
+  const Tensor w = randn({8, 12}, 114);
+  const Tensor seed = randn({2, 11, 8}, 115);
+  using Op = Variable (*)(const Variable&, const Variable&, const Variable&, bool);
+  for (const auto& [name, op, input] : {std::tuple<const char*, Op, Tensor>{"swiglu_linear_residual",
+                                                                          &fused::swiglu_linear_residual, gu},
+                                        std::tuple<const char*, Op, Tensor>{"linear_residual", &fused::linear_residual,
+                                                                          x}}) {
+    std::vector<Tensor> grads[2];
+    for (const bool needed : {true, false}) {
+      Variable rv(r.clone(), true), iv(input.clone(), true), wv(w.clone(), true);
+      Variable out = op(rv, iv, wv, needed);
+      EXPECT_EQ(out.shape(), r.shape()) << name;
+      bool all_nan = true;
+      for (std::int64_t i = 0; i < out.value().numel(); ++i) all_nan = all_nan && std::isnan(out.value().data()[i]);
+      EXPECT_EQ(all_nan, !needed) << name;
+      out.backward(seed);
+      grads[needed ? 0 : 1] = {rv.grad().clone(), iv.grad().clone(), wv.grad().clone()};
+    }
+    for (std::size_t i = 0; i < 3; ++i) EXPECT_TRUE(bit_equal(grads[0][i], grads[1][i])) << name << " grad " << i;
+  }
 }

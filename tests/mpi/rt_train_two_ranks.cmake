@@ -47,6 +47,35 @@ if(NOT EXISTS ${WORK}/lora/adapter.safetensors)
   message(FATAL_ERROR "post-train wrote no adapter.safetensors:\n${out}")
 endif()
 
+# ZeRO-1 with 1 MiB buckets: the same weights as the plain run above, bit for bit.
+execute_process(COMMAND ${mpirun} ${RT_TRAIN} pretrain --data ${WORK}/corpus.txt ${model} --batch 4 --zero 1
+                        --bucket-mib 1 --output ${WORK}/zero
+                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err TIMEOUT 60)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "pretrain --zero 1 under mpirun -np 2 failed (${rc}):\n${out}\n${err}")
+endif()
+expect_once("${out}" "done: 6 steps" "pretrain --zero 1")
+expect_once("${err}" "data-parallel over 2 ranks \\(2 of 4 rows each, ZeRO-1\\)" "pretrain --zero 1")
+file(READ ${WORK}/zero/metadata.json meta)
+string(JSON zero GET "${meta}" config zero_stage)
+string(JSON mib GET "${meta}" config gradient_bucket_mib)
+if(NOT zero EQUAL 1 OR NOT mib EQUAL 1)
+  message(FATAL_ERROR "metadata.json records zero_stage ${zero}, gradient_bucket_mib ${mib}; expected 1 and 1")
+endif()
+execute_process(COMMAND ${CMAKE_COMMAND} -E compare_files ${WORK}/pre/model.safetensors ${WORK}/zero/model.safetensors
+                RESULT_VARIABLE differ)
+if(NOT differ EQUAL 0)
+  message(FATAL_ERROR "--zero 1 --bucket-mib 1 trained other weights than --zero 0 --bucket-mib 25")
+endif()
+foreach(bad "--zero;2" "--bucket-mib;0")
+  execute_process(COMMAND ${RT_TRAIN} pretrain --data ${WORK}/corpus.txt ${model} ${bad} --output ${WORK}/bad
+                  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err TIMEOUT 60)
+  list(GET bad 0 flag)
+  if(NOT rc EQUAL 2 OR NOT "${err}" MATCHES "${flag}")
+    message(FATAL_ERROR "${bad}: expected exit 2 naming ${flag}, got ${rc}:\n${out}\n${err}")
+  endif()
+endforeach()
+
 execute_process(COMMAND ${mpirun} ${RT_TRAIN} pretrain --data ${WORK}/corpus.txt ${model} --batch 3 --output ${WORK}/uneven
                 RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err TIMEOUT 60)
 if(rc EQUAL 0 OR NOT "${err}" MATCHES "batch 3 \\(rows per micro-batch, the global batch\\) is not divisible by the 2 ranks")

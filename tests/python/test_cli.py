@@ -61,6 +61,31 @@ def test_activation_offload_is_recorded_and_changes_nothing_on_the_cpu(tools, co
     assert outputs[True] == outputs[False]  # the CPU pipelines move nothing: same bits
 
 
+def test_zero_and_bucket_flags_are_recorded_replayed_and_checked(tools, corpus, tmp_path):
+    # One process: --zero 1 is plain Adam (nothing to shard), the same bits.
+    outputs = {}
+    for zero, mib in ((0, 25), (1, 2)):
+        out = tmp_path / f"zero{zero}"
+        r = run(tools[0], "pretrain", "--data", corpus, "--steps", 2, "--output", out, "--zero", zero,
+                "--bucket-mib", mib, *TINY)
+        assert r.returncode == 0, r.stderr
+        meta = json.loads((out / "metadata.json").read_text())
+        assert (meta["config"]["zero_stage"], meta["config"]["gradient_bucket_mib"]) == (zero, mib)
+        assert meta["facts"]["zero_sharded"] is False
+        outputs[zero] = (out / "model.safetensors").read_bytes()
+    assert outputs[0] == outputs[1]
+    r = run(tools[0], "pretrain", "--config", tmp_path / "zero1" / "metadata.json", "--output", tmp_path / "again",
+            "--quiet")
+    assert r.returncode == 0, r.stderr
+    config = json.loads((tmp_path / "again" / "metadata.json").read_text())["config"]
+    assert (config["zero_stage"], config["gradient_bucket_mib"]) == (1, 2)
+    for flag, value in (("--zero", 2), ("--zero", "one"), ("--bucket-mib", 0), ("--bucket-mib", 65537)):
+        r = run(tools[0], "pretrain", "--data", corpus, "--steps", 1, "--output", tmp_path / "bad", flag, value, *TINY)
+        assert r.returncode == 2, (flag, value, r.stderr)
+        assert flag in r.stderr, r.stderr
+        assert not (tmp_path / "bad").exists()
+
+
 @pytest.mark.parametrize("policy", ["attention", "mlp"])
 def test_sub_block_policies_train_the_same_model_as_disabled(tools, corpus, tmp_path, policy):
     outputs = {}

@@ -197,9 +197,18 @@ def test_checkpoint_of_a_python_block_replays_and_enforces_the_contract():
     plain.backward()
     expected = (w.grad.copy(), x.grad.copy())
     riftco.reset_checkpoint_replay_count()
-    out = riftco.sum(riftco.checkpoint(x, [w], block))
+    seen = []
+
+    def watched_block(h):
+        seen.append(riftco.checkpoint_replaying())
+        return block(h)
+
+    assert not riftco.checkpoint_replaying()
+    out = riftco.sum(riftco.checkpoint(x, [w], watched_block))
     out.backward()
     assert riftco.checkpoint_replay_count() == 1
+    assert seen == [False, True]  # the forward call, then the replay
+    assert not riftco.checkpoint_replaying()
     np.testing.assert_allclose(w.grad, expected[0], rtol=0, atol=0)
     np.testing.assert_allclose(x.grad, expected[1], rtol=0, atol=0)
 

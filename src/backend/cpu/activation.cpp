@@ -30,11 +30,11 @@ inline float gelu_derivative(float x) {
 /// Elements per OpenMP chunk: large enough to amortize the fork.
 constexpr std::int64_t kParallelElements = 16384;
 
-__attribute__((target_clones("avx2", "default"))) void silu_span(const float* x, float* out, std::int64_t n) {
+__attribute__((target_clones("avx512f", "avx2", "default"))) void silu_span(const float* x, float* out, std::int64_t n) {
   for (std::int64_t i = 0; i < n; ++i) out[i] = x[i] * sigmoid_approx(x[i]);
 }
 
-__attribute__((target_clones("avx2", "default"))) void silu_backward_span(const float* x, const float* g, float* out,
+__attribute__((target_clones("avx512f", "avx2", "default"))) void silu_backward_span(const float* x, const float* g, float* out,
                                                                            std::int64_t n) {
   for (std::int64_t i = 0; i < n; ++i) {
     const float s = sigmoid_approx(x[i]);
@@ -43,13 +43,13 @@ __attribute__((target_clones("avx2", "default"))) void silu_backward_span(const 
 }
 
 /// out = silu(gate) · up over n elements.
-__attribute__((target_clones("avx2", "default"))) void swiglu_span(const float* gate, const float* up, float* out,
+__attribute__((target_clones("avx512f", "avx2", "default"))) void swiglu_span(const float* gate, const float* up, float* out,
                                                                     std::int64_t n) {
   for (std::int64_t i = 0; i < n; ++i) out[i] = gate[i] * sigmoid_approx(gate[i]) * up[i];
 }
 
 /// d_gate = g · up · silu'(gate), d_up = g · silu(gate) over n elements.
-__attribute__((target_clones("avx2", "default"))) void swiglu_backward_span(const float* gate, const float* up,
+__attribute__((target_clones("avx512f", "avx2", "default"))) void swiglu_backward_span(const float* gate, const float* up,
                                                                              const float* g, float* d_gate,
                                                                              float* d_up, std::int64_t n) {
   for (std::int64_t i = 0; i < n; ++i) {

@@ -106,6 +106,11 @@ void run_block(std::span<const GemmProblem> chain, bool rows, std::int64_t begin
 
 }  // namespace
 
+const char* blas_core_name() {
+  single_threaded_blas();
+  return openblas_get_corename();
+}
+
 void gemm_group(std::span<const std::span<const GemmProblem>> chains) {
   single_threaded_blas();
   const int threads = omp_in_parallel() ? 1 : omp_get_max_threads();

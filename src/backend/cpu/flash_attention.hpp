@@ -22,6 +22,11 @@ using backend::FlashTiles;
 using backend::HeadView;
 using backend::MutableHeadView;
 
+/// Vector width of the tile products: 0 (the default) picks 16 lanes where
+/// the CPU has AVX-512F, else 8; tests force 8 or 16 (ValueError for 16
+/// without AVX-512F, or any other value). Both widths give the same bits.
+void flash_force_vector_lanes(int lanes);
+
 /// 64 query rows and 64 key rows; while query_rows·key_rows·D exceeds 2^18
 /// the key rows, then the query rows, are halved (down to 16), which keeps a
 /// tile's scores and operands in L1/L2: 64×64 up to D = 64, 64×32 at

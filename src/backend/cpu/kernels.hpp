@@ -15,6 +15,10 @@ namespace riftco_transformer::cpu {
 void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* a,
           std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c, std::int64_t ldc);
 
+/// The kernel set OpenBLAS runs ("Haswell", "Cooperlake", ...: its own
+/// choice, or OPENBLAS_CORETYPE's), for benchmark reports.
+const char* blas_core_name();
+
 /// One product for gemm_group, with gemm's arguments (backend/kernel_types.hpp).
 using backend::GemmProblem;
 /// Several independent products in one parallel region. Each chain is a

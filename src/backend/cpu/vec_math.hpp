@@ -4,9 +4,12 @@
 // `v8` is a GCC vector of 8 floats: kernels written with it compile to AVX2
 // in their `target_clones("avx2", "default")` clone and to pairs of SSE
 // operations in the default one. Products and sums are written as separate
-// multiplies and adds (ISO C++ mode: no FMA contraction) and no clone enables
-// FMA, so both clones give the same bits; reductions use 8 fixed lanes summed
-// in a fixed order, so results never depend on the thread count.
+// multiplies and adds; the AVX2 and default targets have no FMA, so those
+// clones give the same bits. A file that adds an AVX-512F build (which has
+// FMA: flash_attention.cpp, activation.cpp) is compiled with
+// -ffp-contract=off (CMakeLists.txt) so GCC does not contract a·b + c there
+// either. Reductions use 8 fixed lanes summed in a fixed order, so results
+// never depend on the thread count or the vector width.
 #include <bit>
 #include <cstdint>
 #include <cstring>

@@ -1,0 +1,390 @@
+// ShardedAdam: ZeRO stage 1 (include/riftco_transformer/zero_adam.hpp,
+// docs/distributed.md).
+#include "riftco_transformer/zero_adam.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <unordered_set>
+#include <utility>
+
+#include "../backend/kernels.hpp"
+#include "riftco_transformer/errors.hpp"
+
+namespace riftco_transformer {
+namespace {
+
+/// The CPU norm kernel's chunk (src/backend/cpu/optimizer.cpp): each
+/// parameter is cut from its start into chunks of this many elements, each
+/// chunk's sum of squares (in double) is one term of the total, added in
+/// order. Shards follow the same grid so every partial is computed whole on
+/// one rank and the double total is Adam's, term for term. (Another grid
+/// would change only the double's last bits, which the float norm rarely
+/// shows: the tests compare the norm and parameters bit for bit, but could
+/// not catch a drift of this constant.)
+constexpr std::int64_t kNormChunk = 32768;
+
+std::int64_t max_gap(const std::vector<std::int64_t>& bounds) {
+  std::int64_t m = 0;
+  for (std::size_t r = 0; r + 1 < bounds.size(); ++r) m = std::max(m, bounds[r + 1] - bounds[r]);
+  return m;
+}
+
+}  // namespace
+
+ShardedAdam::ShardedAdam(Communicator& communicator, std::vector<Variable> parameters, AdamOptions options)
+    : comm_(communicator), rank_(communicator.rank()), world_(communicator.world_size()), options_(options) {
+  options_.validate();
+  add_parameters(std::move(parameters));
+  groups_.push_back({"all", options_.weight_decay, 0, params_.size()});
+  weight_decay_.assign(params_.size(), options_.weight_decay);
+  layout();
+}
+
+ShardedAdam::ShardedAdam(Communicator& communicator, std::vector<ParameterGroup> groups, AdamOptions options)
+    : comm_(communicator), rank_(communicator.rank()), world_(communicator.world_size()), options_(options) {
+  options_.validate();
+  for (ParameterGroup& g : groups) {
+    const float wd = g.weight_decay.value_or(options_.weight_decay);
+    if (!(wd >= 0.0F) || !std::isfinite(wd)) {
+      throw ValueError("[ShardedAdam] parameter group '" + g.name + "': weight_decay must be finite and >= 0, got " +
+                       std::to_string(wd));
+    }
+    const std::size_t begin = params_.size();
+    add_parameters(std::move(g.parameters));
+    groups_.push_back({g.name, wd, begin, params_.size()});
+    weight_decay_.resize(params_.size(), wd);
+  }
+  layout();
+}
+
+void ShardedAdam::add_parameters(std::vector<Variable> parameters) {
+  for (Variable& p : parameters) {
+    const std::size_t i = params_.size();
+    if (!p.defined() || !p.is_leaf() || !p.requires_grad()) {
+      throw ValueError("[ShardedAdam] parameter " + std::to_string(i) + (p.defined() ? " '" + p.name() + "'" : "") +
+                       " must be a leaf that requires grad");
+    }
+    if (p.backend() != Backend::Cpu) {
+      throw BackendError("[ShardedAdam] parameter " + std::to_string(i) + " '" + p.name() + "' " +
+                         shape_string(p.shape()) + " is on " + backend_name(p.backend()) +
+                         ": the communicator works on CPU tensors");
+    }
+    params_.push_back(std::move(p));
+  }
+}
+
+void ShardedAdam::layout() {
+  std::unordered_set<const Node*> seen;
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    if (!seen.insert(params_[i].node()).second) {
+      throw ValueError("[ShardedAdam] parameter " + std::to_string(i) + " '" + params_[i].name() + "' appears twice");
+    }
+  }
+  std::int64_t total = 0;
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    const std::int64_t n = params_[i].value().numel();
+    offset_.push_back(total);
+    numel_.push_back(n);
+    for (std::int64_t b = 0; b < n; b += kNormChunk) chunks_.push_back({i, total + b, total + std::min(n, b + kNormChunk)});
+    total += n;
+  }
+  // Rank r's shard starts at the chunk boundary nearest to total * r / N:
+  // contiguous shards within half a chunk of an equal share.
+  const auto world = static_cast<std::int64_t>(world_);
+  chunk_bounds_.assign(static_cast<std::size_t>(world_) + 1, chunks_.size());
+  chunk_bounds_[0] = 0;
+  auto start_of = [&](std::size_t c) { return c < chunks_.size() ? chunks_[c].begin : total; };
+  for (int r = 1; r < world_; ++r) {
+    const std::int64_t target = total * r / world;
+    std::size_t c = chunk_bounds_[static_cast<std::size_t>(r) - 1];
+    while (c < chunks_.size() && start_of(c + 1) <= target) ++c;  // start_of(c) <= target < start_of(c + 1)
+    if (c < chunks_.size() && start_of(c + 1) - target < target - start_of(c)) ++c;
+    chunk_bounds_[static_cast<std::size_t>(r)] = c;
+  }
+  bounds_.resize(static_cast<std::size_t>(world_) + 1);
+  for (std::size_t r = 0; r <= static_cast<std::size_t>(world_); ++r) bounds_[r] = start_of(chunk_bounds_[r]);
+  const std::int64_t shard = shard_end() - shard_begin();
+  m_ = Tensor::zeros({shard});
+  v_ = Tensor::zeros({shard});
+}
+
+template <class F>
+void ShardedAdam::for_each_piece(int rank, F&& f) const {
+  const std::int64_t lo = bounds_[static_cast<std::size_t>(rank)];
+  const std::int64_t hi = bounds_[static_cast<std::size_t>(rank) + 1];
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    const std::int64_t b = std::max(lo, offset_[i]);
+    const std::int64_t e = std::min(hi, offset_[i] + numel_[i]);
+    if (b < e) f(i, b, e);
+  }
+}
+
+std::int64_t ShardedAdam::state_bytes() const { return m_.nbytes() + v_.nbytes(); }
+
+float ShardedAdam::weight_decay_of(std::size_t index) const {
+  if (index >= params_.size()) {
+    throw ValueError("[ShardedAdam] parameter index " + std::to_string(index) + " out of range (" +
+                     std::to_string(params_.size()) + " parameters)");
+  }
+  return weight_decay_[index];
+}
+
+void ShardedAdam::set_learning_rate(float lr) {
+  AdamOptions next = options_;
+  next.learning_rate = lr;
+  next.validate();
+  options_ = next;
+}
+
+void ShardedAdam::zero_grad() {
+  for (Variable& p : params_) p.clear_grad();
+}
+
+float ShardedAdam::step(Gradients kind) {
+  std::vector<const Tensor*> gradients;
+  gradients.reserve(params_.size());
+  for (const Variable& p : params_) gradients.push_back(&p.grad());
+  return update(gradients, kind);
+}
+
+float ShardedAdam::step(std::span<const Tensor> gradients, Gradients kind) {
+  if (gradients.size() != params_.size()) {
+    throw ValueError("[ShardedAdam] step got " + std::to_string(gradients.size()) + " gradients for " +
+                     std::to_string(params_.size()) + " parameters");
+  }
+  std::vector<const Tensor*> pointers;
+  pointers.reserve(gradients.size());
+  for (const Tensor& g : gradients) pointers.push_back(&g);
+  return update(pointers, kind);
+}
+
+float ShardedAdam::step(const GradientAccumulator& accumulator, Gradients kind) {
+  const std::vector<Variable>& theirs = accumulator.parameters();
+  if (theirs.size() != params_.size()) {
+    throw ValueError("[ShardedAdam] step: the GradientAccumulator holds " + std::to_string(theirs.size()) +
+                     " parameters, this ShardedAdam " + std::to_string(params_.size()) +
+                     " (build the accumulator from this optimizer's parameters)");
+  }
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    if (theirs[i].node() != params_[i].node()) {
+      throw ValueError("[ShardedAdam] step: the GradientAccumulator's parameter " + std::to_string(i) + " is '" +
+                       theirs[i].name() + "', this ShardedAdam's is '" + params_[i].name() +
+                       "' (build the accumulator from this optimizer's parameters, in their order)");
+    }
+  }
+  return step(accumulator.gradients(), kind);
+}
+
+float ShardedAdam::update(std::span<const Tensor* const> gradients, Gradients kind) {
+  const std::size_t count = params_.size();
+  // Local checks, before any communication.
+  for (std::size_t i = 0; i < count; ++i) {
+    const Tensor& value = params_[i].value();
+    if (value.backend() != Backend::Cpu || value.numel() != numel_[i]) {
+      throw ShapeError("[ShardedAdam] parameter '" + params_[i].name() + "' is now " + shape_string(value.shape()) +
+                       " on " + backend_name(value.backend()) + " but its shard was laid out for " +
+                       std::to_string(numel_[i]) + " elements on cpu: build a new ShardedAdam");
+    }
+    const Tensor& g = *gradients[i];
+    if (g.defined() && (g.shape() != value.shape() || g.backend() != Backend::Cpu)) {
+      throw ShapeError("[ShardedAdam] gradient " + shape_string(g.shape()) + " on " + backend_name(g.backend()) +
+                       " of '" + params_[i].name() + "' does not match its value " + shape_string(value.shape()) +
+                       " on cpu");
+    }
+  }
+  // Which parameters step: those with a gradient on some rank.
+  std::vector<float> present(count);
+  for (std::size_t i = 0; i < count; ++i) present[i] = gradients[i]->defined() ? 1.0F : 0.0F;
+  comm_.all_reduce_sum(present);
+  auto steps = [&](std::size_t i) { return present[i] > 0.0F; };
+
+  // 1. This rank's shard of the averaged gradient.
+  const std::int64_t begin = shard_begin();
+  const auto max_shard = static_cast<std::size_t>(max_gap(bounds_));
+  std::vector<float> grad(max_shard, 0.0F);
+  auto copy_gradient = [&](std::size_t i, std::int64_t b, std::int64_t e, float* out) {
+    const Tensor& g = *gradients[i];
+    if (!g.defined()) return;  // zeros
+    const float* in = g.values().data() + (b - offset_[i]);
+    std::copy(in, in + (e - b), out);
+  };
+  if (kind == Gradients::Local && world_ > 1) {
+    std::vector<float> send(max_shard * static_cast<std::size_t>(world_), 0.0F);
+    for (int q = 0; q < world_; ++q) {
+      float* row = send.data() + static_cast<std::size_t>(q) * max_shard;
+      for_each_piece(q, [&](std::size_t i, std::int64_t b, std::int64_t e) {
+        copy_gradient(i, b, e, row + (b - bounds_[static_cast<std::size_t>(q)]));
+      });
+    }
+    comm_.reduce_scatter_sum(send, grad);  // rank-order sums, as all_reduce_sum
+    const auto n = static_cast<float>(world_);
+    for (float& x : grad) x /= n;  // all_reduce_average's arithmetic
+  } else {
+    for_each_piece(rank_, [&](std::size_t i, std::int64_t b, std::int64_t e) {
+      copy_gradient(i, b, e, grad.data() + (b - begin));
+    });
+  }
+
+  // 2. The global norm: this rank's chunk partials, gathered, added in
+  // Adam's order (parameters in order, each from its start).
+  const backend::Kernels& kernels = backend::kernels(Backend::Cpu, "ShardedAdam");
+  std::size_t max_chunks = 0;
+  for (int r = 0; r < world_; ++r) {
+    max_chunks = std::max(max_chunks, chunk_bounds_[static_cast<std::size_t>(r) + 1] - chunk_bounds_[static_cast<std::size_t>(r)]);
+  }
+  std::vector<double> mine;
+  for (std::size_t c = chunk_bounds_[static_cast<std::size_t>(rank_)]; c < chunk_bounds_[static_cast<std::size_t>(rank_) + 1]; ++c) {
+    if (!steps(chunks_[c].param)) continue;
+    const std::span<const float> piece(grad.data() + (chunks_[c].begin - begin),
+                                       static_cast<std::size_t>(chunks_[c].end - chunks_[c].begin));
+    const std::span<const float> spans[1] = {piece};
+    mine.push_back(kernels.sum_of_squares(spans));  // one chunk: exactly its partial
+  }
+  std::vector<float> packed(2 * max_chunks, 0.0F);
+  if (!mine.empty()) std::memcpy(packed.data(), mine.data(), mine.size() * sizeof(double));
+  std::vector<float> all_packed(packed.size() * static_cast<std::size_t>(world_));
+  comm_.all_gather(packed, all_packed);  // moves bytes only
+  double squares = 0.0;
+  for (int q = 0; q < world_; ++q) {
+    std::size_t k = 0;
+    for (std::size_t c = chunk_bounds_[static_cast<std::size_t>(q)]; c < chunk_bounds_[static_cast<std::size_t>(q) + 1]; ++c) {
+      if (!steps(chunks_[c].param)) continue;
+      double partial = 0.0;
+      std::memcpy(&partial, all_packed.data() + static_cast<std::size_t>(q) * packed.size() + 2 * k, sizeof(double));
+      squares += partial;
+      ++k;
+    }
+  }
+  if (!std::isfinite(static_cast<float>(std::sqrt(squares)))) {
+    // Name the first parameter with a non-finite gradient, as Adam does.
+    float culprit = std::numeric_limits<float>::max();
+    for_each_piece(rank_, [&](std::size_t i, std::int64_t b, std::int64_t e) {
+      if (!steps(i) || culprit != std::numeric_limits<float>::max()) return;
+      const std::span<const float> piece(grad.data() + (b - begin), static_cast<std::size_t>(e - b));
+      if (!kernels.all_finite(piece)) culprit = static_cast<float>(i);
+    });
+    std::vector<float> culprits(static_cast<std::size_t>(world_));
+    comm_.all_gather(std::span<const float>(&culprit, 1), culprits);
+    const float first = *std::min_element(culprits.begin(), culprits.end());
+    throw ValueError("[ShardedAdam] the gradient norm is not finite" +
+                     (first == std::numeric_limits<float>::max()
+                          ? std::string(" (it overflowed)")
+                          : " ('" + params_[static_cast<std::size_t>(first)].name() + "' has a non-finite gradient)") +
+                     ": no parameter was changed");
+  }
+  const auto norm = static_cast<float>(std::sqrt(squares));
+  float clip = 1.0F;
+  if (options_.max_grad_norm > 0.0F && norm > options_.max_grad_norm) clip = options_.max_grad_norm / (norm + 1e-6F);
+
+  // 3. Adam on this rank's shard, in the parameters' own buffers.
+  ++steps_;
+  const auto t = static_cast<double>(steps_);
+  backend::AdamCoefficients c{};
+  c.beta1 = options_.beta1;
+  c.beta2 = options_.beta2;
+  c.bias1 = static_cast<float>(1.0 - std::pow(static_cast<double>(options_.beta1), t));
+  c.bias2 = static_cast<float>(1.0 - std::pow(static_cast<double>(options_.beta2), t));
+  c.learning_rate = options_.learning_rate;
+  c.epsilon = options_.epsilon;
+  c.clip = clip;
+  std::vector<float*> theta(count, nullptr);
+  for (std::size_t i = 0; i < count; ++i) {
+    if (!steps(i)) continue;
+    // Bumps the buffer's version on every rank (graphs that read it become stale).
+    Tensor handle = params_[i].mutable_value("updated in place by ShardedAdam::step");
+    theta[i] = const_cast<float*>(std::as_const(handle).values().data());
+  }
+  float* m = m_.data();
+  float* v = v_.data();
+  std::vector<backend::AdamUpdate> updates;
+  for_each_piece(rank_, [&](std::size_t i, std::int64_t b, std::int64_t e) {
+    if (!steps(i)) return;
+    updates.push_back({theta[i] + (b - offset_[i]), m + (b - begin), v + (b - begin), grad.data() + (b - begin),
+                       e - b, 1.0F - options_.learning_rate * weight_decay_[i]});
+  });
+  kernels.adam_update(updates, c);
+
+  // 4. Every rank gets every updated shard.
+  if (world_ > 1) {
+    std::vector<float> send(max_shard, 0.0F);
+    for_each_piece(rank_, [&](std::size_t i, std::int64_t b, std::int64_t e) {
+      const float* in = params_[i].value().values().data() + (b - offset_[i]);
+      std::copy(in, in + (e - b), send.data() + (b - begin));
+    });
+    std::vector<float> gathered(max_shard * static_cast<std::size_t>(world_));
+    comm_.all_gather(send, gathered);
+    for (int q = 0; q < world_; ++q) {
+      if (q == rank_) continue;
+      const float* row = gathered.data() + static_cast<std::size_t>(q) * max_shard;
+      for_each_piece(q, [&](std::size_t i, std::int64_t b, std::int64_t e) {
+        if (!steps(i)) return;
+        const float* in = row + (b - bounds_[static_cast<std::size_t>(q)]);
+        std::copy(in, in + (e - b), theta[i] + (b - offset_[i]));
+      });
+    }
+  }
+  return norm;
+}
+
+Adam::State ShardedAdam::state() const {
+  const auto max_shard = static_cast<std::size_t>(max_gap(bounds_));
+  Adam::State s;
+  s.steps = steps_;
+  for (const Tensor* moment : {&m_, &v_}) {
+    std::vector<float> send(max_shard, 0.0F);
+    std::copy(moment->values().begin(), moment->values().end(), send.begin());
+    std::vector<float> gathered(max_shard * static_cast<std::size_t>(world_));
+    comm_.all_gather(send, gathered);
+    std::vector<Tensor> full;
+    for (std::size_t i = 0; i < params_.size(); ++i) full.push_back(Tensor::zeros(params_[i].shape()));
+    for (int q = 0; q < world_; ++q) {
+      const float* row = gathered.data() + static_cast<std::size_t>(q) * max_shard;
+      for_each_piece(q, [&](std::size_t i, std::int64_t b, std::int64_t e) {
+        const float* in = row + (b - bounds_[static_cast<std::size_t>(q)]);
+        std::copy(in, in + (e - b), full[i].data() + (b - offset_[i]));
+      });
+    }
+    (moment == &m_ ? s.first_moment : s.second_moment) = std::move(full);
+  }
+  return s;
+}
+
+void ShardedAdam::set_state(const Adam::State& state) {
+  if (state.steps < 0 || state.first_moment.size() != params_.size() ||
+      state.second_moment.size() != params_.size()) {
+    throw ValueError("[ShardedAdam] state has " + std::to_string(state.first_moment.size()) + " and " +
+                     std::to_string(state.second_moment.size()) + " moments for " + std::to_string(params_.size()) +
+                     " parameters (steps " + std::to_string(state.steps) + ")");
+  }
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    const Shape& shape = params_[i].value().shape();
+    for (const Tensor* t : {&state.first_moment[i], &state.second_moment[i]}) {
+      if (!t->defined() || t->shape() != shape || t->backend() != Backend::Cpu ||
+          params_[i].value().numel() != numel_[i]) {
+        throw ShapeError("[ShardedAdam] state for '" + params_[i].name() + "' has shape " +
+                         (t->defined() ? shape_string(t->shape()) : std::string("(undefined)")) +
+                         ", parameter is " + shape_string(shape) + " (" + std::to_string(numel_[i]) +
+                         " elements when this ShardedAdam was built), on cpu");
+      }
+    }
+  }
+  const std::int64_t begin = shard_begin();
+  Tensor m = Tensor::zeros(m_.shape());
+  Tensor v = Tensor::zeros(v_.shape());
+  float* mp = m.data();
+  float* vp = v.data();
+  for_each_piece(rank_, [&](std::size_t i, std::int64_t b, std::int64_t e) {
+    const float* mi = state.first_moment[i].values().data() + (b - offset_[i]);
+    const float* vi = state.second_moment[i].values().data() + (b - offset_[i]);
+    std::copy(mi, mi + (e - b), mp + (b - begin));
+    std::copy(vi, vi + (e - b), vp + (b - begin));
+  });
+  m_ = std::move(m);
+  v_ = std::move(v);
+  steps_ = state.steps;
+}
+
+}  // namespace riftco_transformer
