@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Creates (once) and prints the interpreter of .venv-torch2/ (git ignores it):
-# PyTorch 2.x from PyPI for the selective-activation-checkpointing benchmark
-# (bench/run_sac_benchmark.py) only. The test command never uses it: the
-# tests compare against Debian's python3-torch 1.13 (scripts/python_env.sh).
+# PyTorch 2.x from PyPI for the benchmarks only: the PyTorch 2 columns (eager
+# and torch.compile) of bench/run_benchmarks.py, which calls this script in a
+# full run, and bench/run_sac_benchmark.py. The test command never needs it:
+# the tests compare against Debian's python3-torch 1.13
+# (scripts/python_env.sh), and `run_benchmarks.py --quick` (ctest
+# bench_suite_quick) skips the PyTorch 2 columns when .venv-torch2 is absent.
 #
 # Lean on purpose: torch's wheel with --no-deps plus its pure-Python
 # dependencies and numpy (bench/torch_reference.py imports it), not the
