@@ -97,10 +97,19 @@ def blas_dir():
     return None
 
 
+# OpenBLAS kernel-set overrides some machines set for every process (this
+# one: OPENBLAS_CORETYPE=Haswell, OPENBLAS_L2_SIZE, because older OpenBLAS
+# builds misbehave on some CPUs). "inherit" keeps them; "native" removes both
+# for every process of a run (both sides), so OpenBLAS picks its kernels for
+# this CPU (AVX-512 where it has it) as PyTorch 2's MKL does. Set by main().
+OPENBLAS_OVERRIDES = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
+openblas_coretype = "inherit"
+
+
 def base_env(threads, blas, wait_policy):
     env = dict(os.environ)
     for k in list(env):
-        if k.startswith("MALLOC_"):
+        if k.startswith("MALLOC_") or (openblas_coretype == "native" and k in OPENBLAS_OVERRIDES):
             del env[k]
     env["OMP_NUM_THREADS"] = str(threads)
     if wait_policy:
@@ -388,7 +397,8 @@ def markdown(result):
     lines.append(f"Command: `{result['command']}`  ")
     lines.append(f"Date: {result['date']}; threads: {', '.join(map(str, result['threads']))}; rounds per row: "
                  f"{', '.join(f'{n} at {t} thread(s)' for t, n in zip(result['threads'], result['rounds']))}, "
-                 f"processes alternating; OMP_WAIT_POLICY {result['omp_wait_policy']} (all sides); machine load "
+                 f"processes alternating; OMP_WAIT_POLICY {result['omp_wait_policy']} (all sides); "
+                 f"OpenBLAS kernel set {result.get('openblas_coretype', 'as in the environment')}; machine load "
                  f"average (1 min) at start {result['load_average_start']}, at end {result['load_average_end']}"
                  + (f", after each process min {result['load']['min']:.2f} / median {result['load']['median']:.2f}"
                     f" / max {result['load']['max']:.2f}" if result.get("load") else "") + ".  ")
@@ -698,9 +708,15 @@ def main():
                     help="PyTorch 2 processes' malloc: MALLOC_MMAP_THRESHOLD_/TRIM_THRESHOLD_ raised (default) or "
                          "glibc's default")
     ap.add_argument("--no-kernels", action="store_true")
+    ap.add_argument("--openblas-coretype", choices=["inherit", "native"], default="inherit",
+                    help="inherit: keep OPENBLAS_CORETYPE/OPENBLAS_L2_SIZE from the environment; native: remove "
+                         "both for every process (both sides), so OpenBLAS picks this CPU's kernels "
+                         "(docs/benchmarks.md, 'OpenBLAS kernel set')")
     ap.add_argument("--render", type=pathlib.Path, default=None,
                     help="measure nothing: rewrite the Markdown, chart and docs block from this benchmarks.json")
     args = ap.parse_args()
+    global openblas_coretype
+    openblas_coretype = args.openblas_coretype
     args.build_dir = args.build_dir.resolve()
     if args.render:
         result = json.loads(args.render.read_text())
@@ -758,6 +774,8 @@ def make_result(args, rows, kernels):
         "date": args.started,
         "threads": args.threads,
         "omp_wait_policy": args.wait_policy or os.environ.get("OMP_WAIT_POLICY", "(libgomp default)"),
+        "openblas_coretype": ("native (OPENBLAS_CORETYPE/OPENBLAS_L2_SIZE removed)" if openblas_coretype == "native"
+                              else os.environ.get("OPENBLAS_CORETYPE", "(unset: native)")),
         "rounds": args.rounds,
         "load_average_start": args.load_start,
         "load_average_end": load_average(),

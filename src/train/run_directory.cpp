@@ -126,7 +126,7 @@ void write_plots(const std::filesystem::path& dir, const std::vector<nlohmann::j
 /// (resumable while its checkpoint is there), never a directory that claims
 /// to be complete with mixed files.
 std::filesystem::path write_final_files(StageRun& r, const RunResult& result, const std::vector<nlohmann::json>& rows,
-                                        int world_size) {
+                                        int world_size, const nlohmann::json& world_size_history) {
   const std::filesystem::path dir = r.settings->output_dir;
   const std::filesystem::path metadata_path = dir / "metadata.json";
   remove_file(metadata_path);
@@ -141,6 +141,7 @@ std::filesystem::path write_final_files(StageRun& r, const RunResult& result, co
       {"stage", r.stage},
       {"config", r.config},
       {"world_size", world_size},
+      {"world_size_history", world_size_history},
       {"results",
        {{"steps", result.steps},
         {"resumed_from_step", result.resumed_from_step},

@@ -23,11 +23,11 @@ bool file_exists(const std::filesystem::path& path);
 std::vector<nlohmann::json> read_metrics(const std::filesystem::path& path, std::int64_t keep);
 
 /// Completion: the weights (r.save_weights), metrics.jsonl, loss_curve.svg
-/// and metadata.json (recording world_size), then the checkpoint and the
+/// and metadata.json (recording world_size and world_size_history), then the checkpoint and the
 /// partial log removed. Returns the weights' path. metadata.json goes first
 /// and comes back last, so a failure in between leaves an interrupted run,
 /// never a directory that claims to be complete with mixed files.
 std::filesystem::path write_final_files(StageRun& r, const RunResult& result, const std::vector<nlohmann::json>& rows,
-                                        int world_size);
+                                        int world_size, const nlohmann::json& world_size_history);
 
 }  // namespace riftco_transformer::stage

@@ -266,6 +266,9 @@ RunResult run(StageRun& r, const ProgressCallback& progress, const NoticeCallbac
   // (Communicator::abort) instead of leaving the others in a collective.
   bool raised_by_every_rank = false;
   std::int64_t step = state.step;
+  // Which steps ran at which world size (a resume may change it).
+  const nlohmann::json history_before = state.world_size_history;
+  const std::int64_t first_step = state.step + 1;
   try {
     for (; step < s.steps; ++step) {
       adam.set_learning_rate(s.learning_rate_at(step));
@@ -391,6 +394,8 @@ RunResult run(StageRun& r, const ProgressCallback& progress, const NoticeCallbac
         const std::vector<Random::State> dropout = gather_random_states(comm, model.dropout_random().state());
         state.dropout_random = dropout.front();
         state.other_ranks_dropout_random.assign(dropout.begin() + 1, dropout.end());
+        state.world_size = world;
+        state.world_size_history = extend_world_size_history(history_before, world, first_step, step + 1);
         // ZeRO-1 gathers the full moments: collective, every rank takes part.
         const Adam::State moments = adam.state();
         if (writer) save_training_checkpoint(checkpoint_path, r.trainable, moments, state, r.config);
@@ -433,7 +438,8 @@ RunResult run(StageRun& r, const ProgressCallback& progress, const NoticeCallbac
   std::exception_ptr final_error;
   if (writer) {
     try {
-      result.weights = write_final_files(r, result, rows, comm.world_size());
+      result.weights = write_final_files(r, result, rows, comm.world_size(),
+                                         extend_world_size_history(history_before, world, first_step, s.steps));
     } catch (...) {
       final_error = std::current_exception();
     }

@@ -84,7 +84,52 @@ const std::string& meta(const TensorFile& f, const std::string& key, const std::
   return it->second;
 }
 
+/// The "world_size_history" of a checkpoint at `step` made by `saved_world`
+/// ranks: contiguous entries from step 1 to `step`, the last at
+/// `saved_world`. A file without it ran every step at `saved_world`.
+nlohmann::json read_world_size_history(const TensorFile& f, std::int64_t step, std::int64_t saved_world,
+                                       const std::string& where) {
+  const auto it = f.metadata.find("world_size_history");
+  if (it == f.metadata.end()) return extend_world_size_history(nlohmann::json::array(), saved_world, 1, step);
+  const nlohmann::json h = nlohmann::json::parse(it->second, nullptr, false);
+  auto bad = [&](const std::string& why) {
+    throw ModelStateError(where + "metadata 'world_size_history' " + why);
+  };
+  if (h.is_discarded() || !h.is_array() || h.empty()) bad("is not a non-empty JSON array");
+  std::int64_t next = 1;
+  for (const nlohmann::json& e : h) {
+    for (const char* key : {"world_size", "first_step", "last_step"}) {
+      if (!e.is_object() || !e.contains(key) || !e[key].is_number_unsigned()) {
+        bad(std::string("has an entry without a whole number '") + key + "'");
+      }
+    }
+    const auto world = e["world_size"].get<std::int64_t>();
+    const auto first = e["first_step"].get<std::int64_t>();
+    const auto last = e["last_step"].get<std::int64_t>();
+    if (world < 1 || first != next || last < first) {
+      bad("is not contiguous from step 1 (entry " + e.dump() + ")");
+    }
+    next = last + 1;
+  }
+  if (next != step + 1 || h.back()["world_size"].get<std::int64_t>() != saved_world) {
+    bad("does not end at step " + std::to_string(step) + " with world_size " + std::to_string(saved_world));
+  }
+  return h;
+}
+
 }  // namespace
+
+nlohmann::json extend_world_size_history(const nlohmann::json& history, std::int64_t world_size,
+                                         std::int64_t first_step, std::int64_t last_step) {
+  nlohmann::json h = history.is_array() ? history : nlohmann::json::array();
+  if (last_step < first_step) return h;
+  if (!h.empty() && h.back()["world_size"] == world_size && h.back()["last_step"] == first_step - 1) {
+    h.back()["last_step"] = last_step;
+  } else {
+    h.push_back({{"world_size", world_size}, {"first_step", first_step}, {"last_step", last_step}});
+  }
+  return h;
+}
 
 void save_training_checkpoint(const std::filesystem::path& path, const std::vector<NamedParameter>& trainable,
                               const Adam::State& moments, const TrainingState& state, const nlohmann::json& config) {
@@ -111,7 +156,8 @@ void save_training_checkpoint(const std::filesystem::path& path, const std::vect
                                                  {"data_random", encode(state.data_random)},
                                                  {"dropout_random", encode(state.dropout_random)},
                                                  {"config", config.dump()},
-                                                 {"world_size", std::to_string(state.world_size)}};
+                                                 {"world_size", std::to_string(state.world_size)},
+                                                 {"world_size_history", state.world_size_history.dump()}};
   if (state.other_ranks_dropout_random.size() + 1 != static_cast<std::size_t>(state.world_size)) {
     throw ValueError("[save_training_checkpoint] " + std::to_string(state.other_ranks_dropout_random.size() + 1) +
                      " dropout streams for " + std::to_string(state.world_size) + " ranks");
@@ -144,18 +190,6 @@ void load_training_checkpoint(const std::filesystem::path& path, const std::vect
                                   "resume from a copy, or start the run over");
   }
 #endif
-  {
-    const auto it = f.metadata.find("world_size");
-    const std::int64_t saved_world = it == f.metadata.end() ? 1 : parse_count(it->second, "world_size", path);
-    if (saved_world != world_size) {
-      throw ModelStateError(where + "made by a job of " + std::to_string(saved_world) + " rank(s) (world_size " +
-                            std::to_string(saved_world) + "), this job has " + std::to_string(world_size) +
-                            ": every rank's rows and dropout stream depend on it; resume with " +
-                            (saved_world > 1 ? "mpirun -np " + std::to_string(saved_world)
-                                             : std::string("one process")) +
-                            " or use a new output directory");
-    }
-  }
   nlohmann::json saved;
   try {
     saved = nlohmann::json::parse(detail::parse_untrusted_json(meta(f, "config", path)).dump());
@@ -194,6 +228,24 @@ void load_training_checkpoint(const std::filesystem::path& path, const std::vect
     throw ModelStateError(where + "made with a different configuration (first difference: '" + field +
                           "'); resume with the same settings or use a new output directory");
   }
+  // Another number of ranks: the data order is the same at any N (every
+  // rank draws the whole global batch from one generator) and the Adam state
+  // is the full one, but each rank draws its own dropout masks.
+  const auto world_it = f.metadata.find("world_size");
+  const std::int64_t saved_world =
+      world_it == f.metadata.end() ? 1 : parse_count(world_it->second, "world_size", path);
+  if (saved_world < 1) throw ModelStateError(where + "metadata 'world_size' is 0");
+  const double dropout = expected.value("dropout", nlohmann::json(0.0)).get<double>();
+  if (saved_world != world_size && dropout != 0.0) {
+    throw ModelStateError(where + "made by a job of " + std::to_string(saved_world) + " rank(s) (world_size " +
+                          std::to_string(saved_world) + "), this job has " + std::to_string(world_size) +
+                          ": with dropout " + expected["dropout"].dump() +
+                          " the dropout streams are per rank (each rank draws its own masks), so the run cannot "
+                          "continue the same at another world size; resume with " +
+                          (saved_world > 1 ? "mpirun -np " + std::to_string(saved_world)
+                                           : std::string("one process")) +
+                          " or use a new output directory (a run without dropout resumes at any world size)");
+  }
   std::map<std::string, const Tensor*> by_name;
   for (const auto& [name, t] : f.tensors) by_name[name] = &t;
   auto find = [&](const std::string& name, const Shape& shape) -> const Tensor& {
@@ -225,12 +277,20 @@ void load_training_checkpoint(const std::filesystem::path& path, const std::vect
                           " steps");
   }
   loaded.data_random = decode(meta(f, "data_random", path), path);
+  loaded.world_size_history = read_world_size_history(f, loaded.step, saved_world, where);
   loaded.dropout_random = decode(meta(f, "dropout_random", path), path);
-  loaded.world_size = world_size;
-  for (std::int64_t r = 1; r < world_size; ++r) {
+  for (std::int64_t r = 1; r < saved_world; ++r) {
     loaded.other_ranks_dropout_random.push_back(decode(meta(f, "dropout_random.rank" + std::to_string(r), path), path));
   }
-  if (rank > 0) loaded.dropout_random = loaded.other_ranks_dropout_random.at(static_cast<std::size_t>(rank - 1));
+  if (saved_world != world_size) {
+    // Dropout is 0 (above): no stream is drawn from; each rank keeps its
+    // fresh one, and the next checkpoint saves this job's streams.
+    loaded.dropout_random = state.dropout_random;
+    loaded.other_ranks_dropout_random.clear();
+  } else if (rank > 0) {
+    loaded.dropout_random = loaded.other_ranks_dropout_random.at(static_cast<std::size_t>(rank - 1));
+  }
+  loaded.world_size = world_size;
   // Everything validated: apply.
   set_state(moments);
   for (std::size_t i = 0; i < trainable.size(); ++i) {

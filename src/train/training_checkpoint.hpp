@@ -23,7 +23,17 @@ struct TrainingState {
   /// ranks 1 .. world_size - 1 (each rank draws its own masks).
   std::int64_t world_size = 1;
   std::vector<Random::State> other_ranks_dropout_random;
+  /// Which steps ran at which world size, up to `step`: an array of
+  /// {"world_size", "first_step", "last_step"}, contiguous from step 1
+  /// (a run resumed at another N has several).
+  nlohmann::json world_size_history = nlohmann::json::array();
 };
+
+/// `history` with steps first..last (1-based, inclusive) run at `world_size`
+/// appended (merged into the last entry when it has the same world size and
+/// ends at first - 1). Nothing is added when last < first.
+nlohmann::json extend_world_size_history(const nlohmann::json& history, std::int64_t world_size,
+                                         std::int64_t first_step, std::int64_t last_step);
 
 inline constexpr const char* kTrainingCheckpointFile = "training_checkpoint.safetensors";
 /// The metrics log of a run in progress (metrics.jsonl appears when it completes).
@@ -41,10 +51,15 @@ void save_training_checkpoint(const std::filesystem::path& path, const std::vect
 
 /// Validates everything (format, checksum, the configuration it was made with, every
 /// parameter and moment with its shape) before changing the parameters, the
-/// optimizer or `state`. Throws ModelStateError, naming both world sizes
-/// when the checkpoint was made by a job of another number of ranks (a file
-/// without "world_size" was made by one process). `state.dropout_random`
-/// becomes rank `rank`'s stream.
+/// optimizer or `state`. A checkpoint made by a job of another number of
+/// ranks (a file without "world_size" was made by one process) resumes only
+/// when the configuration's dropout is 0: every rank draws the whole global
+/// batch from the same generator, so the data order is the same at any N,
+/// and the Adam state is the full one, but each rank's dropout stream is its
+/// own. Otherwise a ModelStateError names both world sizes and the reason.
+/// `state.dropout_random` becomes rank `rank`'s saved stream (at the same
+/// world size; at another, the caller's `state.dropout_random` stays: no
+/// stream is drawn from without dropout).
 void load_training_checkpoint(const std::filesystem::path& path, const std::vector<NamedParameter>& trainable,
                               Adam& adam, TrainingState& state, const nlohmann::json& config,
                               std::int64_t world_size = 1, std::int64_t rank = 0);

@@ -44,9 +44,10 @@ void edit_checkpoint(const fs::path& path, const std::function<void(std::map<std
 
 }  // namespace
 
-TEST(DataParallelSingle, ACheckpointRecordsTheWorldSizeAndAnotherIsRefused) {
+TEST(DataParallelSingle, ACheckpointRecordsTheWorldSizeAndAnotherIsRefusedWithDropout) {
   const fs::path dir = rt_test::fresh_dir("dp_single", "world");
   PretrainingConfig c = tiny(dir);
+  c.dropout = 0.1F;  // each rank's dropout stream is its own: N may not change
   ASSERT_FALSE(run_pretraining(c, [](const StepReport& r) { return r.step < 3; }).completed);
   const fs::path ckpt = c.output_dir / stage::kTrainingCheckpointFile;
   EXPECT_EQ(read_safetensors(ckpt).metadata.at("world_size"), "1");
@@ -64,6 +65,7 @@ TEST(DataParallelSingle, ACheckpointRecordsTheWorldSizeAndAnotherIsRefused) {
   } catch (const ModelStateError& e) {
     const std::string what = e.what();
     EXPECT_NE(what.find("made by a job of 2 rank(s) (world_size 2), this job has 1"), std::string::npos) << what;
+    EXPECT_NE(what.find("the dropout streams are per rank"), std::string::npos) << what;
     EXPECT_NE(what.find("resume with mpirun -np 2"), std::string::npos) << what;
   }
   EXPECT_TRUE(fs::exists(ckpt)) << "a refused resume keeps the checkpoint";
@@ -75,6 +77,46 @@ TEST(DataParallelSingle, ACheckpointRecordsTheWorldSizeAndAnotherIsRefused) {
   EXPECT_TRUE(r.completed);
   EXPECT_EQ(r.resumed_from_step, 2);
   EXPECT_EQ(nlohmann::json::parse(rt_test::read_file(c.output_dir / "metadata.json"))["world_size"], 1);
+}
+
+TEST(DataParallelSingle, WithoutDropoutAnotherWorldSizeResumesAndTheHistoryIsRecorded) {
+  const fs::path dir = rt_test::fresh_dir("dp_single", "history");
+  PretrainingConfig c = tiny(dir);  // dropout 0
+  ASSERT_FALSE(run_pretraining(c, [](const StepReport& r) { return r.step < 3; }).completed);
+  const fs::path ckpt = c.output_dir / stage::kTrainingCheckpointFile;
+  EXPECT_EQ(nlohmann::json::parse(read_safetensors(ckpt).metadata.at("world_size_history")),
+            nlohmann::json::parse(R"([{"world_size":1,"first_step":1,"last_step":2}])"));
+  const std::string good = rt_test::read_file(ckpt);
+  c.resume = true;
+
+  // A damaged history is refused before anything changes.
+  for (const char* bad : {R"(not json)", R"([])", R"([{"world_size":1,"first_step":2,"last_step":2}])",
+                          R"([{"world_size":2,"first_step":1,"last_step":2}])",
+                          R"([{"world_size":1,"first_step":1,"last_step":1}])", R"([{"world_size":-1}])"}) {
+    edit_checkpoint(ckpt, [bad](auto& m) { m["world_size_history"] = bad; });
+    try {
+      run_pretraining(c);
+      ADD_FAILURE() << "history " << bad << " was accepted";
+    } catch (const ModelStateError& e) {
+      EXPECT_NE(std::string(e.what()).find("metadata 'world_size_history'"), std::string::npos) << e.what();
+    }
+    std::ofstream(ckpt, std::ios::binary) << good;
+  }
+
+  // As if a 2-rank job had written it at step 2: one process continues.
+  edit_checkpoint(ckpt, [](auto& m) {
+    m["world_size"] = "2";
+    m["dropout_random.rank1"] = m.at("dropout_random");
+    m["world_size_history"] = R"([{"world_size":2,"first_step":1,"last_step":2}])";
+  });
+  const RunResult r = run_pretraining(c);
+  ASSERT_TRUE(r.completed);
+  EXPECT_EQ(r.resumed_from_step, 2);
+  const nlohmann::json meta = nlohmann::json::parse(rt_test::read_file(c.output_dir / "metadata.json"));
+  EXPECT_EQ(meta["world_size"], 1);
+  EXPECT_EQ(meta["world_size_history"],
+            nlohmann::json::parse(R"([{"world_size":2,"first_step":1,"last_step":2},
+                                      {"world_size":1,"first_step":3,"last_step":6}])"));
 }
 
 TEST(DataParallelSingle, SynchronizeGradientsOnOneProcessKeepsEveryValue) {

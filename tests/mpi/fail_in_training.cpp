@@ -17,14 +17,17 @@ int main(int argc, char** argv) {
   using namespace riftco_transformer;
   namespace fs = std::filesystem;
   Communicator& comm = Communicator::world();
-  const fs::path dir = fs::temp_directory_path() / ("riftco_dp_fail_" + std::to_string(comm.world_size()));
+  const bool setup = argc > 1 && std::strcmp(argv[1], "setup") == 0;
+  // In the working directory (CTest's: the build tree), one folder per
+  // case: concurrent jobs (ctest -j, other checkouts) must not share it.
+  const fs::path dir = fs::current_path() / (std::string("mpi_fail_in_training_") + (setup ? "setup" : "step"));
   if (comm.rank() == 0) {
     fs::remove_all(dir);
     fs::create_directories(dir);
     std::string text;
     for (int i = 0; i < 100; ++i) text += "the quick brown fox jumps over the lazy dog.\n";
     std::ofstream(dir / "corpus.txt") << text;
-    if (argc > 1 && std::strcmp(argv[1], "setup") == 0) std::ofstream(dir / "run") << "a file, not a folder";
+    if (setup) std::ofstream(dir / "run") << "a file, not a folder";
   }
   comm.barrier();
   PretrainingConfig c;
