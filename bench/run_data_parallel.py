@@ -81,6 +81,10 @@ def run_job(args, shape, policy, ranks, threads, zero, steps, warmup, reps, blas
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    missing = [r for r in range(ranks) if not (out / f"rank{r}.json").exists()]
+    if missing:
+        sys.exit(f"[run_data_parallel] rank(s) {missing} of {ranks} wrote no result (did the launcher start "
+                 f"{ranks} MPI ranks of an MPI build?): {' '.join(cmd)}")
     rows = [json.loads((out / f"rank{r}.json").read_text()) for r in range(ranks)]
     shutil.rmtree(out, ignore_errors=True)
     for r in rows:
