@@ -10,6 +10,7 @@
 #define OMPI_SKIP_MPICXX 1
 #define MPICH_SKIP_MPICXX 1
 #include <mpi.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -116,7 +117,17 @@ class MpiCommunicator final : public Communicator {
   }
 
   [[noreturn]] void abort(std::string_view message, int code) override {
-    std::cerr << "[riftco rank " << rank_ << "/" << size_ << "] " << message << std::endl;
+    // One write(2) of the whole line: ranks aborting at the same moment share
+    // mpirun's stderr, and separate writes of the pieces interleave there
+    // (seen: "[riftco rank [riftco rank 1/2] ...").
+    const std::string line =
+        "[riftco rank " + std::to_string(rank_) + "/" + std::to_string(size_) + "] " + std::string(message) + "\n";
+    std::cerr.flush();
+    for (std::size_t done = 0; done < line.size();) {
+      const ssize_t n = ::write(STDERR_FILENO, line.data() + done, line.size() - done);
+      if (n <= 0) break;
+      done += static_cast<std::size_t>(n);
+    }
     MPI_Abort(MPI_COMM_WORLD, code == 0 ? 1 : code);
     std::_Exit(code == 0 ? 1 : code);  // MPI_Abort does not return; in case it does
   }
