@@ -208,6 +208,10 @@ TEST(GradientBucketer, BadArgumentsAreValueErrors) {
   EXPECT_THROW(GradientBucketer(*comm, chain.w, BucketOptions{0.0, true}), ValueError);
   EXPECT_THROW(GradientBucketer(*comm, {chain.w[0], chain.w[0]}), ValueError);
   EXPECT_THROW(GradientBucketer(*comm, {chain.x}), ValueError);  // does not require grad
+  // Finite but past int64 as elements (clamped, not converted out of range):
+  // one bucket holds everything; a tiny size gives each parameter its own.
+  EXPECT_EQ(GradientBucketer(*comm, chain.w, BucketOptions{1e300, true}).bucket_count(), 1U);
+  EXPECT_EQ(GradientBucketer(*comm, chain.w, BucketOptions{1e-300, true}).bucket_count(), 2U);
 }
 
 TEST(GradientBucketer, StartsBucketsDuringBackwardAndCommitsThePlainGradients) {
