@@ -46,8 +46,9 @@ class BackwardHooks {
   virtual void node_done() {}
   /// After every node ran and every leaf was reported, before anything is
   /// committed: gradients that replace the pass's own (e.g. the all-reduced
-  /// ones), for any leaves, including leaves the pass did not reach; each
-  /// must have its leaf's shape and backend (ShapeError otherwise). An
+  /// ones), for any leaves that require grad, including leaves the pass did
+  /// not reach, each at most once (BackwardError otherwise); each must have
+  /// its leaf's shape and backend (ShapeError otherwise). An
   /// exception here (a failed collective) commits nothing.
   virtual std::vector<std::pair<Variable, Tensor>> finish() = 0;
 };

@@ -6,6 +6,7 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <type_traits>
 
 #include "common.hpp"
 
@@ -19,17 +20,26 @@ class ConfigClass {
   /// int, bool, double, path or nested config fields.
   template <class T, class Base>
   ConfigClass& field(const char* name, T Base::*member, const char* type, const char* doc = "") {
-    cls_.def_rw(name, static_cast<T C::*>(member), doc);
     const std::string label = name_ + "." + name + " expects " + type;
-    add(name, type,
-        [member, label](C& c, nb::handle v) {
-          try {
-            c.*member = nb::cast<T>(v);
-          } catch (const nb::cast_error&) {  // a TypeError naming the field, as attribute assignment gives
-            throw nb::type_error((label + ", got " + nb::cast<std::string>(nb::str(v.type().attr("__name__")))).c_str());
-          }
-        },
-        [member](const C& c) { return nb::cast(c.*member, nb::rv_policy::copy); });
+    auto set = [member, label](C& c, nb::handle v) {
+      // Python's bool is an int subclass: zero_stage=True or steps=False would
+      // silently be 1 or 0, so an int field refuses it (a bool field takes it).
+      const bool bool_for_number = std::is_arithmetic_v<T> && !std::is_same_v<T, bool> && nb::isinstance<nb::bool_>(v);
+      try {
+        if (bool_for_number) throw nb::cast_error();
+        c.*member = nb::cast<T>(v);
+      } catch (const nb::cast_error&) {  // a TypeError naming the field, for keywords and attributes alike
+        throw nb::type_error((label + ", got " + nb::cast<std::string>(nb::str(v.type().attr("__name__")))).c_str());
+      }
+    };
+    if constexpr (std::is_arithmetic_v<T> && !std::is_same_v<T, bool>) {
+      cls_.def_prop_rw(
+          name, [member](const C& c) { return c.*member; }, [set](C& c, nb::handle v) { set(c, v); },
+          nb::for_setter(nb::arg("value").none()), doc);  // None reaches `set`: its TypeError names the field
+    } else {
+      cls_.def_rw(name, static_cast<T C::*>(member), doc);
+    }
+    add(name, type, set, [member](const C& c) { return nb::cast(c.*member, nb::rv_policy::copy); });
     return *this;
   }
   /// Path fields: None (or "") for an empty path, which means "the default"
@@ -51,10 +61,17 @@ class ConfigClass {
   template <class Base>
   ConfigClass& real(const char* name, float Base::*member, const char* doc = "") {
     auto get = [member](const C& c) { return short_double(c.*member); };
-    auto set = [member](C& c, double v) { c.*member = static_cast<float>(v); };
-    cls_.def_prop_rw(name, get, set, doc);
-    add(name, "float", [set](C& c, nb::handle v) { set(c, nb::cast<double>(v)); },
-        [get](const C& c) { return nb::cast(get(c)); });
+    const std::string label = name_ + "." + name + " expects float";
+    auto set = [member, label](C& c, nb::handle v) {
+      if (nb::isinstance<nb::bool_>(v)) throw nb::type_error((label + ", got bool").c_str());  // not a number here
+      try {
+        c.*member = static_cast<float>(nb::cast<double>(v));
+      } catch (const nb::cast_error&) {
+        throw nb::type_error((label + ", got " + nb::cast<std::string>(nb::str(v.type().attr("__name__")))).c_str());
+      }
+    };
+    cls_.def_prop_rw(name, get, [set](C& c, nb::handle v) { set(c, v); }, nb::for_setter(nb::arg("value").none()), doc);
+    add(name, "float", set, [get](const C& c) { return nb::cast(get(c)); });
     return *this;
   }
   /// Enum fields as strings ("flash", "block", ...); ValueError lists the accepted values.

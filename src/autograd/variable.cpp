@@ -63,9 +63,14 @@ void commit_pass(PassResult pass, std::vector<std::pair<Variable, Tensor>> repla
   std::unordered_map<Node*, Tensor> replaced;
   for (auto& [leaf, g] : replacements) {
     Node* node = leaf.node();
-    if (node == nullptr || !node->is_leaf) {
+    if (node == nullptr || !node->is_leaf || !node->requires_grad) {
       throw BackwardError("[backward] a backward hook returned a gradient for " +
-                          (node == nullptr ? std::string("an undefined variable") : node->label() + ", not a leaf"));
+                          (node == nullptr    ? std::string("an undefined variable")
+                           : !node->is_leaf   ? node->label() + ", not a leaf"
+                                              : node->label() + ", a leaf that does not require grad"));
+    }
+    if (replaced.contains(node)) {
+      throw BackwardError("[backward] a backward hook returned two gradients for " + node->label());
     }
     if (!g.defined() || g.shape() != node->value.shape() || g.backend() != node->value.backend()) {
       throw ShapeError("[backward] a backward hook returned a gradient " +

@@ -44,8 +44,10 @@ GradientBucketer::GradientBucketer(Communicator& communicator, std::vector<Varia
     }
   }
   // Reverse registration order: the last parameters fill the first bucket.
-  const auto capacity =
-      std::max<std::int64_t>(1, static_cast<std::int64_t>(options_.bucket_mib * 1024.0 * 1024.0 / sizeof(float)));
+  // Clamped in double first: converting a value past int64's range (1e300
+  // MiB) is undefined behaviour; 2^62 elements is more than any model holds.
+  const double elements = std::min(options_.bucket_mib * 1024.0 * 1024.0 / sizeof(float), 0x1p62);
+  const auto capacity = std::max<std::int64_t>(1, static_cast<std::int64_t>(elements));
   slots_.resize(params_.size());
   for (std::size_t k = params_.size(); k-- > 0;) {
     const std::int64_t n = params_[k].value().numel();

@@ -13,10 +13,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <climits>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <deque>
 #include <exception>
 #include <iostream>
@@ -36,9 +38,30 @@ namespace {
 // range and the all-reduce's scratch buffer at most 64 MiB.
 constexpr std::size_t kChunk = std::size_t{1} << 24;
 
+/// A time limit in seconds from the environment, read before MPI starts:
+/// a number in (0, 1e7]. "nan" or "inf" would make a bounded wait unbounded
+/// (a comparison with NaN is never true) and "abc" (atof's 0) would fail
+/// every wait at once, so anything else is a ValueError naming the variable.
+double seconds_from_environment(const char* name, double fallback) {
+  const char* text = std::getenv(name);
+  if (text == nullptr) return fallback;
+  char* end = nullptr;
+  errno = 0;
+  const double value = std::strtod(text, &end);
+  if (end == text || *end != '\0' || errno != 0 || !(value > 0.0 && value <= 1e7)) {
+    std::string shown(text, std::min<std::size_t>(std::strlen(text), 40));
+    for (char& c : shown) c = (static_cast<unsigned char>(c) < 0x20 || c == 0x7F) ? '?' : c;
+    throw ValueError(std::string("[communicator] ") + name + " is '" + shown +
+                     "'; expected a number of seconds in (0, 1e7]");
+  }
+  return value;
+}
+
 class MpiCommunicator final : public Communicator {
  public:
-  MpiCommunicator() {
+  MpiCommunicator()
+      : wait_limit_(seconds_from_environment("RIFTCO_MPI_WAIT_TIMEOUT", 600.0)),
+        exit_limit_(seconds_from_environment("RIFTCO_MPI_EXIT_TIMEOUT", 120.0)) {
     int initialized = 0;
     MPI_Initialized(&initialized);
     if (!initialized) {
@@ -283,8 +306,7 @@ class MpiCommunicator final : public Communicator {
   /// (default 600): a rank that never joins is a CommunicationError here,
   /// not a hang.
   void wait_for(AllReduceRequest& request, const char* op) {
-    double limit = 600.0;
-    if (const char* text = std::getenv("RIFTCO_MPI_WAIT_TIMEOUT")) limit = std::atof(text);
+    const double limit = wait_limit_;
     const double start = MPI_Wtime();
     for (std::uint64_t spins = 0; !request.done(); ++spins) {
       progress();
@@ -373,8 +395,7 @@ class MpiCommunicator final : public Communicator {
       self_->abort("exiting with status " + std::to_string(status) + " (see the message above); ending every rank",
                    status);
     }
-    double limit = 120.0;
-    if (const char* text = std::getenv("RIFTCO_MPI_EXIT_TIMEOUT")) limit = std::atof(text);
+    const double limit = self_->exit_limit_;
     MPI_Request request = MPI_REQUEST_NULL;
     int done = 0;
     if (MPI_Ibarrier(self_->comm_, &request) == MPI_SUCCESS) {
@@ -408,6 +429,8 @@ class MpiCommunicator final : public Communicator {
   }
 
   static inline MpiCommunicator* self_ = nullptr;
+  double wait_limit_;  // RIFTCO_MPI_WAIT_TIMEOUT
+  double exit_limit_;  // RIFTCO_MPI_EXIT_TIMEOUT
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0;
   int size_ = 1;

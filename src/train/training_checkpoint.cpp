@@ -2,6 +2,7 @@
 
 #include <charconv>
 #include <cstring>
+#include <limits>
 
 #include "../io/hash.hpp"
 #include "../io/json_read.hpp"
@@ -91,25 +92,36 @@ nlohmann::json read_world_size_history(const TensorFile& f, std::int64_t step, s
                                        const std::string& where) {
   const auto it = f.metadata.find("world_size_history");
   if (it == f.metadata.end()) return extend_world_size_history(nlohmann::json::array(), saved_world, 1, step);
-  const nlohmann::json h = nlohmann::json::parse(it->second, nullptr, false);
   auto bad = [&](const std::string& why) {
     throw ModelStateError(where + "metadata 'world_size_history' " + why);
   };
-  if (h.is_discarded() || !h.is_array() || h.empty()) bad("is not a non-empty JSON array");
+  nlohmann::json h;
+  try {  // bounded depth, no duplicate keys
+    h = nlohmann::json::parse(detail::parse_untrusted_json(it->second).dump());
+  } catch (const detail::JsonReadError& e) {
+    bad(e.what());
+  }
+  if (!h.is_array() || h.empty()) bad("is not a non-empty JSON array");
   std::int64_t next = 1;
   for (const nlohmann::json& e : h) {
+    if (!e.is_object() || e.size() != 3) {
+      bad("has an entry that is not {\"world_size\", \"first_step\", \"last_step\"}: " + detail::quote(e.dump()));
+    }
     for (const char* key : {"world_size", "first_step", "last_step"}) {
-      if (!e.is_object() || !e.contains(key) || !e[key].is_number_unsigned()) {
+      if (!e.contains(key) || !e[key].is_number_unsigned()) {
         bad(std::string("has an entry without a whole number '") + key + "'");
       }
     }
-    const auto world = e["world_size"].get<std::int64_t>();
-    const auto first = e["first_step"].get<std::int64_t>();
-    const auto last = e["last_step"].get<std::int64_t>();
-    if (world < 1 || first != next || last < first) {
-      bad("is not contiguous from step 1 (entry " + e.dump() + ")");
+    // Unsigned JSON numbers: compared before any conversion or addition.
+    const auto world = e["world_size"].get<std::uint64_t>();
+    const auto first = e["first_step"].get<std::uint64_t>();
+    const auto last = e["last_step"].get<std::uint64_t>();
+    if (world < 1 || world > static_cast<std::uint64_t>(std::numeric_limits<int>::max()) ||
+        first != static_cast<std::uint64_t>(next) || last < first || last > static_cast<std::uint64_t>(step)) {
+      bad("is not contiguous from step 1 to step " + std::to_string(step) + " (entry " + detail::quote(e.dump()) +
+          ")");
     }
-    next = last + 1;
+    next = static_cast<std::int64_t>(last) + 1;
   }
   if (next != step + 1 || h.back()["world_size"].get<std::int64_t>() != saved_world) {
     bad("does not end at step " + std::to_string(step) + " with world_size " + std::to_string(saved_world));

@@ -208,6 +208,10 @@ TEST(GradientBucketer, BadArgumentsAreValueErrors) {
   EXPECT_THROW(GradientBucketer(*comm, chain.w, BucketOptions{0.0, true}), ValueError);
   EXPECT_THROW(GradientBucketer(*comm, {chain.w[0], chain.w[0]}), ValueError);
   EXPECT_THROW(GradientBucketer(*comm, {chain.x}), ValueError);  // does not require grad
+  // Finite but past int64 as elements (clamped, not converted out of range):
+  // one bucket holds everything; a tiny size gives each parameter its own.
+  EXPECT_EQ(GradientBucketer(*comm, chain.w, BucketOptions{1e300, true}).bucket_count(), 1U);
+  EXPECT_EQ(GradientBucketer(*comm, chain.w, BucketOptions{1e-300, true}).bucket_count(), 2U);
 }
 
 TEST(GradientBucketer, StartsBucketsDuringBackwardAndCommitsThePlainGradients) {
@@ -292,4 +296,34 @@ TEST(GradientBucketer, AccumulationReducesTheAccumulatorsSumsBitForBit) {
   wrong[0] = Tensor::zeros({2, 2});
   EXPECT_THROW(bucketer.backward(chain.loss(log), wrong, 1.0F), ShapeError);
   EXPECT_EQ(chain.w[0].grad().storage_id(), committed.storage_id());
+}
+
+TEST(BackwardHooks, AReplacementForAConstantOrTwiceForOneLeafIsRefusedAndCommitsNothing) {
+  Chain chain(2);
+  std::vector<std::string> log;
+  chain.loss(log).backward();
+  const std::vector<Tensor> before = grads_of(chain.w);
+  // chain.x is a leaf that does not require grad: it never gets a gradient.
+  Recorder constant;
+  constant.log = &log;
+  constant.replacements = {{chain.x, Tensor::full({3, 4}, 1.0F)}};
+  try {
+    chain.loss(log).backward(constant);
+    ADD_FAILURE() << "a gradient for a leaf that does not require grad was committed";
+  } catch (const BackwardError& e) {
+    EXPECT_NE(std::string(e.what()).find("'x'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("does not require grad"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(chain.x.grad().defined());
+  // Two gradients for one leaf: which one the hook meant is unknown.
+  Recorder twice;
+  twice.log = &log;
+  twice.replacements = {{chain.w[0], Tensor::full({4, 4}, 1.0F)}, {chain.w[0], Tensor::full({4, 4}, 2.0F)}};
+  try {
+    chain.loss(log).backward(twice);
+    ADD_FAILURE() << "two gradients for one leaf were accepted";
+  } catch (const BackwardError& e) {
+    EXPECT_NE(std::string(e.what()).find("two gradients"), std::string::npos) << e.what();
+  }
+  for (std::size_t k = 0; k < chain.w.size(); ++k) EXPECT_TRUE(same_bits(chain.w[k].grad(), before[k]));
 }

@@ -102,6 +102,33 @@ TEST(DataParallelSingle, WithoutDropoutAnotherWorldSizeResumesAndTheHistoryIsRec
     }
     std::ofstream(ckpt, std::ios::binary) << good;
   }
+  // Hostile entries: a last step at the int64 limit (no overflow), beyond
+  // the checkpoint's step, a world size no job has, duplicate or extra keys
+  // (a padded entry must not make a megabyte message), deep nesting.
+  const std::string pad(200000, 'x');
+  for (const std::string bad :
+       {std::string(R"([{"world_size":1,"first_step":1,"last_step":9223372036854775807}])"),
+        std::string(R"([{"world_size":1,"first_step":1,"last_step":18446744073709551615}])"),
+        std::string(R"([{"world_size":1,"first_step":1,"last_step":1},{"world_size":1,"first_step":2,"last_step":9}])"),
+        std::string(R"([{"world_size":4294967298,"first_step":1,"last_step":1},)") +
+            R"({"world_size":1,"first_step":2,"last_step":2}])",
+        std::string(R"([{"world_size":1,"world_size":1,"first_step":1,"last_step":2}])"),
+        std::string(R"([{"world_size":1,"first_step":1,"last_step":2,"pad":")") + pad + "\"}]",
+        std::string(R"([{"world_size":1,"first_step":1,"last_step":2.0}])"),
+        std::string(100000, '[') + std::string(100000, ']')}) {
+    edit_checkpoint(ckpt, [&bad](auto& m) { m["world_size_history"] = bad; });
+    const std::string edited = rt_test::read_file(ckpt);
+    try {
+      run_pretraining(c);
+      ADD_FAILURE() << "history " << bad.substr(0, 120) << " was accepted";
+    } catch (const ModelStateError& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("metadata 'world_size_history'"), std::string::npos) << what.substr(0, 300);
+      EXPECT_LT(what.size(), 1000U) << what.substr(0, 300);
+    }
+    EXPECT_EQ(rt_test::read_file(ckpt), edited) << "the refused checkpoint was changed";
+    std::ofstream(ckpt, std::ios::binary) << good;
+  }
 
   // As if a 2-rank job had written it at step 2: one process continues.
   edit_checkpoint(ckpt, [](auto& m) {

@@ -261,3 +261,34 @@ TEST(MpiZero, AParameterWithoutAGradientAnywhereIsSkipped) {
     EXPECT_TRUE(same_bits(params[k].value().values(), plain_params[k].value().values())) << k;
   }
 }
+
+TEST(MpiZero, EmptyShardsAndAZeroElementParameterAreStillPlainAdam) {
+  // Ten elements over the ranks (a shard of a few elements, at 3 ranks one
+  // piece of a parameter each) and a (0, 3) parameter with no elements at all.
+  Random init(5);
+  std::vector<Variable> params{Variable(Tensor::normal({3, 2}, init, 0.0F, 0.2F), true, "w"),
+                               Variable(Tensor::zeros({0, 3}), true, "empty"),
+                               Variable(Tensor::normal({4}, init, 0.0F, 0.2F), true, "b")};
+  const auto plain_params = copies(params);
+  ShardedAdam zero(comm(), params, options());
+  Adam plain(plain_params, options());
+  EXPECT_EQ(zero.total_elements(), 10);
+  for (int step = 1; step <= 3; ++step) {
+    auto local = local_gradients(params, step);
+    EXPECT_TRUE(same_bits(zero.step(local), plain.step(averaged(local)))) << step;
+  }
+  for (std::size_t k = 0; k < params.size(); ++k) {
+    EXPECT_TRUE(same_bits(params[k].value().values(), plain_params[k].value().values())) << k;
+  }
+  expect_identical_on_every_rank(params);
+  const Adam::State gathered = zero.state();
+  const Adam::State reference = plain.state();
+  ASSERT_EQ(gathered.first_moment.size(), 3U);
+  for (std::size_t k = 0; k < 3; ++k) {
+    EXPECT_TRUE(same_bits(gathered.first_moment[k].values(), reference.first_moment[k].values())) << k;
+    EXPECT_TRUE(same_bits(gathered.second_moment[k].values(), reference.second_moment[k].values())) << k;
+  }
+  ShardedAdam resumed(comm(), copies(params), options());
+  resumed.set_state(gathered);
+  EXPECT_EQ(resumed.step_count(), 3);
+}

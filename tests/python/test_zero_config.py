@@ -24,6 +24,11 @@ def test_defaults_and_keywords():
     (dict(zero_stage="1"), r"PretrainingConfig.zero_stage expects int, got str"),
     (dict(zero_stage=1.0), r"PretrainingConfig.zero_stage expects int, got float"),
     (dict(gradient_bucket_mib=None), r"PretrainingConfig.gradient_bucket_mib expects int, got NoneType"),
+    # bool is an int subclass: True would silently be ZeRO-1, False a 0 MiB bucket.
+    (dict(zero_stage=True), r"PretrainingConfig.zero_stage expects int, got bool"),
+    (dict(gradient_bucket_mib=False), r"PretrainingConfig.gradient_bucket_mib expects int, got bool"),
+    (dict(steps=True), r"PretrainingConfig.steps expects int, got bool"),
+    (dict(dropout=True), r"PretrainingConfig.dropout expects float, got bool"),
 ])
 def test_wrong_types_are_type_errors_naming_the_field(kwargs, needle):
     with pytest.raises(TypeError, match=needle):
@@ -58,3 +63,23 @@ def test_one_process_zero_1_is_plain_adam_and_recorded(tmp_path):
     assert zero.final_validation_loss == plain.final_validation_loss
     config = json.loads((out / "metadata.json").read_text())["config"]
     assert (config["zero_stage"], config["gradient_bucket_mib"]) == (1, 1)
+
+
+@pytest.mark.parametrize("cls", [riftco.PretrainingConfig, riftco.PostTrainingConfig])
+@pytest.mark.parametrize("field, value, kind", [
+    ("zero_stage", True, "bool"), ("zero_stage", "1", "str"), ("zero_stage", 1.0, "float"), ("zero_stage", None, "NoneType"),
+    ("gradient_bucket_mib", False, "bool"), ("learning_rate", True, "bool"), ("learning_rate", "0.1", "str"),
+])
+def test_attribute_assignment_refuses_the_same_types_and_keeps_the_value(cls, field, value, kind):
+    c = cls()
+    before = getattr(c, field)
+    with pytest.raises(TypeError, match=rf"{cls.__name__}.{field} expects (int|float), got {kind}"):
+        setattr(c, field, value)
+    assert getattr(c, field) == before
+    c.zero_stage = 1
+    assert c.zero_stage == 1 and type(c.zero_stage) is int
+
+
+def test_int_fields_out_of_range_are_errors_not_wraparound():
+    with pytest.raises((TypeError, OverflowError, ValueError)):
+        riftco.PretrainingConfig(zero_stage=2**64)
