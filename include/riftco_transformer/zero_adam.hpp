@@ -19,6 +19,7 @@
 // any N, or into a plain Adam. docs/distributed.md.
 #include <cstdint>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "riftco_transformer/adam.hpp"
@@ -79,7 +80,15 @@ class ShardedAdam {
   Adam::State state() const;
   /// Every rank passes the full state (as saved); each keeps its shard.
   /// Validates shapes first (ValueError / ShapeError; nothing changes).
+  /// Also clears a failed step (below): restoring a saved state together
+  /// with its parameters is how a caller recovers.
   void set_state(const Adam::State& state);
+
+  /// A step whose final parameter all-gather failed has updated this rank's
+  /// shard but not the others': the ranks' parameters now differ. From then
+  /// on step() and state() are a CommunicationError naming that step, until
+  /// set_state() restores a saved state. Empty when no step failed so.
+  const std::string& failed_step() const { return failure_; }
 
  private:
   struct Chunk {  // a piece of the norm's chunk grid
@@ -107,6 +116,7 @@ class ShardedAdam {
   std::vector<std::size_t> chunk_bounds_;  // rank r's chunks: [chunk_bounds_[r], chunk_bounds_[r+1])
   std::vector<std::int64_t> bounds_;       // rank r's shard: [bounds_[r], bounds_[r+1])
   std::int64_t steps_ = 0;
+  std::string failure_;  // set when a step's parameter all-gather failed (failed_step())
   Tensor m_;  // (shard)
   Tensor v_;  // (shard)
 };

@@ -178,7 +178,15 @@ float ShardedAdam::step(const GradientAccumulator& accumulator, Gradients kind) 
   return step(accumulator.gradients(), kind);
 }
 
+namespace {
+[[noreturn]] void refuse_after_failure(const std::string& failure, const char* call) {
+  throw CommunicationError("[ShardedAdam] " + std::string(call) + " refused: " + failure +
+                           "; restore a saved state (set_state) with its parameters first");
+}
+}  // namespace
+
 float ShardedAdam::update(std::span<const Tensor* const> gradients, Gradients kind) {
+  if (!failure_.empty()) refuse_after_failure(failure_, "step");
   const std::size_t count = params_.size();
   // Local checks, before any communication.
   for (std::size_t i = 0; i < count; ++i) {
@@ -315,7 +323,13 @@ float ShardedAdam::update(std::span<const Tensor* const> gradients, Gradients ki
       std::copy(in, in + (e - b), send.data() + (b - begin));
     });
     std::vector<float> gathered(max_shard * static_cast<std::size_t>(world_));
-    comm_.all_gather(send, gathered);
+    try {
+      comm_.all_gather(send, gathered);
+    } catch (const std::exception& e) {
+      failure_ = "step " + std::to_string(steps_) + "'s parameter all-gather failed (" + e.what() +
+                 "): this rank's shard was updated, the others' were not, so the ranks' parameters differ";
+      throw;
+    }
     for (int q = 0; q < world_; ++q) {
       if (q == rank_) continue;
       const float* row = gathered.data() + static_cast<std::size_t>(q) * max_shard;
@@ -330,6 +344,7 @@ float ShardedAdam::update(std::span<const Tensor* const> gradients, Gradients ki
 }
 
 Adam::State ShardedAdam::state() const {
+  if (!failure_.empty()) refuse_after_failure(failure_, "state()");
   const auto max_shard = static_cast<std::size_t>(max_gap(bounds_));
   Adam::State s;
   s.steps = steps_;
@@ -385,6 +400,7 @@ void ShardedAdam::set_state(const Adam::State& state) {
   m_ = std::move(m);
   v_ = std::move(v);
   steps_ = state.steps;
+  failure_.clear();
 }
 
 }  // namespace riftco_transformer

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "model_fixtures.hpp"
@@ -100,5 +101,68 @@ TEST(ShardedAdamSingle, StepsWithAnAccumulatorOfItsOwnParametersOnly) {
   EXPECT_EQ(std::memcmp(&zn, &pn, sizeof(float)), 0);
   for (std::size_t k = 0; k < a.size(); ++k) EXPECT_TRUE(same_bits(a[k].value().values(), b[k].value().values()));
   EXPECT_THROW(zero.step(acc_b), ValueError);  // another optimizer's parameters
+  EXPECT_EQ(zero.step_count(), 1);
+}
+
+namespace {
+
+// Rank 0 of a pretend 2-rank world whose collectives succeed (sums are the
+// identity, a reduce-scatter keeps block 0, a gather moves nothing) except
+// all-gather number `fail_at` (counted from 1), which fails as a broken
+// link would. A step gathers twice: the norm's partials, then the parameters.
+class GatherFailsCommunicator final : public Communicator {
+ public:
+  int rank() const override { return 0; }
+  int world_size() const override { return 2; }
+  std::string_view kind() const override { return "test"; }
+  void all_reduce_sum(std::span<float>) override {}
+  void reduce_scatter_sum(std::span<const float> input, std::span<float> output) override {
+    std::copy(input.begin(), input.begin() + static_cast<std::ptrdiff_t>(output.size()), output.begin());
+  }
+  void all_gather(std::span<const float>, std::span<float>) override {
+    if (++gathers == fail_at) throw CommunicationError("[all_gather] the link to rank 1 is down (test)");
+  }
+  void broadcast(std::span<float>, int) override {}
+  void barrier() override {}
+  [[noreturn]] void abort(std::string_view, int) override { std::abort(); }
+  int gathers = 0;
+  int fail_at = 0;
+};
+
+}  // namespace
+
+TEST(ShardedAdamSingle, AFailedParameterGatherRefusesLaterStepsAndStateUntilARestore) {
+  GatherFailsCommunicator comm;
+  std::vector<Variable> p = params_from(21);
+  ShardedAdam zero(comm, p, clipped());
+  const Adam::State saved = zero.state();
+  std::vector<Tensor> grads;
+  for (const Variable& v : p) grads.push_back(randn(v.shape(), 99));
+  // A failure before the shard is updated (the norm's gather) changes nothing.
+  comm.gathers = 0;
+  comm.fail_at = 1;
+  EXPECT_THROW(zero.step(grads), CommunicationError);
+  EXPECT_TRUE(zero.failed_step().empty());
+  EXPECT_EQ(zero.step_count(), 0);
+  // A failure of the parameter gather: this rank's shard moved, the others' did not.
+  comm.gathers = 0;
+  comm.fail_at = 2;
+  EXPECT_THROW(zero.step(grads), CommunicationError);
+  ASSERT_FALSE(zero.failed_step().empty());
+  EXPECT_NE(zero.failed_step().find("step 1"), std::string::npos) << zero.failed_step();
+  // The ranks' parameters differ now: no further step, no state to save.
+  comm.fail_at = 0;
+  try {
+    zero.step(grads);
+    FAIL() << "a step after a failed parameter gather was accepted";
+  } catch (const CommunicationError& e) {
+    EXPECT_NE(std::string(e.what()).find("step 1's parameter all-gather failed"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("link to rank 1 is down"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW((void)zero.state(), CommunicationError);
+  // Restoring a saved state is the way back.
+  zero.set_state(saved);
+  EXPECT_TRUE(zero.failed_step().empty());
+  EXPECT_NO_THROW(zero.step(grads));
   EXPECT_EQ(zero.step_count(), 1);
 }
