@@ -1,6 +1,7 @@
-// synchronize_gradients: one all-reduce of the flattened gradients. The
-// bucketed, overlapped reduction (issue 17, item 3) replaces the inside of
-// this call; its contract (data_parallel.hpp) stays.
+// synchronize_gradients: one all-reduce of the flattened gradients after
+// backward, for callers that do not reduce during backward. The pipelines
+// use GradientBucketer (gradient_buckets.hpp: buckets started inside
+// backward), which gives the same bits.
 #include <algorithm>
 #include <string>
 

@@ -397,8 +397,11 @@ RunResult run(StageRun& r, const ProgressCallback& progress, const NoticeCallbac
         state.world_size = world;
         state.world_size_history = extend_world_size_history(history_before, world, first_step, step + 1);
         // ZeRO-1 gathers the full moments: collective, every rank takes part.
-        const Adam::State moments = adam.state();
-        if (writer) save_training_checkpoint(checkpoint_path, r.trainable, moments, state, r.config);
+        // Plain Adam's copy is only needed where it is written.
+        if (writer || adam.sharded()) {
+          const Adam::State moments = adam.state();
+          if (writer) save_training_checkpoint(checkpoint_path, r.trainable, moments, state, r.config);
+        }
       }
       result.steps = step + 1;
       result.final_train_loss = last_loss;
