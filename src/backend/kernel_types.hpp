@@ -7,6 +7,13 @@
 
 namespace riftco_transformer::backend {
 
+/// The gradient norm's chunk grid, on every backend and in ShardedAdam: each
+/// parameter is cut from its start into chunks of this many elements, each
+/// chunk's sum of squares (in double) is one term of the total, added in
+/// order. It fixes the summation order (not the thread count), so changing
+/// it changes the norm's bits.
+inline constexpr std::int64_t kNormChunk = 32768;
+
 /// One product C(M,N) = alpha·op(A)·op(B) + beta·C for gemm_group, with
 /// gemm's arguments (row-major; op transposes when set).
 struct GemmProblem {

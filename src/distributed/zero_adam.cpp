@@ -16,15 +16,13 @@
 namespace riftco_transformer {
 namespace {
 
-/// The CPU norm kernel's chunk (src/backend/cpu/optimizer.cpp): each
+/// The norm kernels' chunk (backend::kNormChunk): each
 /// parameter is cut from its start into chunks of this many elements, each
 /// chunk's sum of squares (in double) is one term of the total, added in
 /// order. Shards follow the same grid so every partial is computed whole on
-/// one rank and the double total is Adam's, term for term. (Another grid
-/// would change only the double's last bits, which the float norm rarely
-/// shows: the tests compare the norm and parameters bit for bit, but could
-/// not catch a drift of this constant.)
-constexpr std::int64_t kNormChunk = 32768;
+/// one rank and the double total is Adam's, term for term: the grid is the
+/// backends' own constant (backend/kernel_types.hpp), not a copy of it.
+constexpr std::int64_t kNormChunk = backend::kNormChunk;
 
 std::int64_t max_gap(const std::vector<std::int64_t>& bounds) {
   std::int64_t m = 0;

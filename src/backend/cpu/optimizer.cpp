@@ -13,7 +13,7 @@ namespace {
 
 /// Elements per chunk: a chunk's partial sum is one term of the total, so
 /// this constant (not the thread count) fixes the summation order.
-constexpr std::int64_t kChunk = 32768;
+constexpr std::int64_t kChunk = backend::kNormChunk;
 
 struct Chunk {
   std::size_t span;

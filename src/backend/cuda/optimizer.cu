@@ -14,7 +14,7 @@
 namespace riftco_transformer::cuda {
 namespace {
 
-constexpr std::int64_t kChunk = 32768;
+constexpr std::int64_t kChunk = backend::kNormChunk;
 constexpr int kChunkThreads = 256;
 
 struct SquaresChunk {

@@ -11,7 +11,7 @@
 namespace riftco_transformer::cuda {
 namespace {
 
-constexpr std::int64_t kChunk = 32768;
+constexpr std::int64_t kChunk = backend::kNormChunk;
 constexpr int kChunkThreads = 256;
 
 __global__ void sum_kernel(const float* x, std::int64_t n, double* partial) {
