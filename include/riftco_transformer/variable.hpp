@@ -60,9 +60,10 @@ enum class GraphAfterBackward : std::uint8_t {
   Keep,
   /// Free the graph as the pass goes (PyTorch's backward without
   /// retain_graph): right after a node's backward ran, its closure, the
-  /// tensors it saved and its edges to its inputs go, and so does the node,
-  /// value included, unless something outside the graph (a Variable the
-  /// caller holds, retain_grad) keeps it. A training step's peak is then
+  /// tensors it saved and its edges to its inputs go, and so does the node
+  /// unless something outside the graph (a Variable the caller holds,
+  /// retain_grad) keeps it; such a node's value goes before its backward
+  /// runs (closures keep what they read). A training step's peak is then
   /// the gradients plus what is not yet differentiated, not every
   /// activation plus every gradient. The commit is unchanged: all or
   /// nothing. A later pass that reaches a released node throws

@@ -203,6 +203,12 @@ PassResult run_backward_pass(const Variable& root_var, const Tensor& seed, const
       if (release_graph) release(*it);
       continue;
     }
+    // Released: a node only `order` still holds goes after its backward, and
+    // its backward never reads its value through the node (closures keep
+    // what they need), so the value goes first: the pass never holds a
+    // node's output and its gradient's temporaries at once (a block's
+    // gate/up projections while their gradient is taken).
+    if (release_graph && it->use_count() == 1) node->value = Tensor();
     std::vector<Tensor> parent_grads;
     {
       const Tensor grad = node->retain_grad ? *grad_ptr : ctx.take(node);  // freed with this scope unless retained

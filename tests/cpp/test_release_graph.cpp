@@ -175,6 +175,35 @@ TEST(ReleaseGraph, AChainIsFreedAsThePassGoes) {
   EXPECT_LE(release_peak, 4 * buffer + 4096);  // the seed's expansion, a gradient in, a temporary, one out
 }
 
+// A node that only the graph holds is destroyed after its backward anyway;
+// its value goes before the backward runs (closures keep what they read),
+// so its output and its gradients are never alive together. A node the
+// caller holds keeps its value.
+TEST(ReleaseGraph, ANodeOnlyTheGraphHoldsGivesUpItsValueBeforeItsBackward) {
+  constexpr std::int64_t n = 1 << 14;
+  constexpr std::int64_t buffer = n * 4;
+  Variable x(randn({n}, 10), true, "x");
+  Variable w(randn({n}, 11), true, "w");
+  auto pass_peak = [&](const Variable& loss) {
+    const std::int64_t before = memory_stats().live_bytes;
+    reset_peak_memory();
+    loss.backward(GraphAfterBackward::Release);
+    return memory_stats().peak_bytes - before;
+  };
+  // sum's gradient (n), then mul's two (2n) once its output (n) is gone.
+  Variable loss = sum(mul(x, w));  // mul's node: held by sum's edge only (the temporary is gone)
+  const std::int64_t dropped = pass_peak(loss);
+  Variable y = mul(x, w);
+  const Tensor y_before = y.value().clone();
+  const std::int64_t held = pass_peak(sum(y));
+  RecordProperty("peak_dropped", std::to_string(dropped));
+  RecordProperty("peak_held", std::to_string(held));
+  EXPECT_LE(dropped, 2 * buffer + 4096);
+  EXPECT_GE(held, 3 * buffer);  // here the output stays: the caller reads it
+  EXPECT_LT(dropped, held);
+  EXPECT_TRUE(bit_equal(y.value(), y_before));
+}
+
 // A checkpoint's replay graph is private: its nested pass always releases
 // it. As in a transformer block, each replayed step reads a weight (a
 // dependency), so the weights' gradients pile up while the pass runs; the
