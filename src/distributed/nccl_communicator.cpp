@@ -247,7 +247,7 @@ class NcclCommunicator final : public Communicator {
   void device_all_reduce(Tensor& tensor, bool average) override {
     const char* op = average ? "all_reduce_average" : "all_reduce_sum";
     Pending pending = enqueue_all_reduce(tensor, average, op);
-    wait_for(pending.done, op, static_cast<std::size_t>(tensor.numel()));
+    keeping(pending.scratch, [&] { wait_for(pending.done, op, static_cast<std::size_t>(tensor.numel())); });
     cudaEventDestroy(pending.done);
   }
 
@@ -263,16 +263,18 @@ class NcclCommunicator final : public Communicator {
     float* out = device_pointer(output, op);
     const auto m = static_cast<std::size_t>(output.numel());
     Scratch scratch(m * static_cast<std::size_t>(size_));  // (world, m): row r is rank r's block for this rank
-    begin(op);
-    group(op, [&] {
-      for (int r = 0; r < size_ && m != 0; ++r) {
-        nccl(ncclSend(in + static_cast<std::size_t>(r) * m, m, ncclFloat, r, comm_, stream_), op, "ncclSend");
-        nccl(ncclRecv(scratch.get() + static_cast<std::size_t>(r) * m, m, ncclFloat, r, comm_, stream_), op,
-             "ncclRecv");
-      }
+    keeping(scratch, [&] {
+      begin(op);
+      group(op, [&] {
+        for (int r = 0; r < size_ && m != 0; ++r) {
+          nccl(ncclSend(in + static_cast<std::size_t>(r) * m, m, ncclFloat, r, comm_, stream_), op, "ncclSend");
+          nccl(ncclRecv(scratch.get() + static_cast<std::size_t>(r) * m, m, ncclFloat, r, comm_, stream_), op,
+               "ncclRecv");
+        }
+      });
+      sum_rows(scratch.get(), m, false, out, op);
+      finish_blocking(op, m);
     });
-    sum_rows(scratch.get(), m, false, out, op);
-    finish_blocking(op, m);
   }
 
   void device_all_gather(const Tensor& input, Tensor& output) override {
@@ -314,12 +316,26 @@ class NcclCommunicator final : public Communicator {
     const auto world = static_cast<std::size_t>(size_);
     const std::size_t largest_block = (std::min(n, kChunk) + world - 1) / world;
     pending.scratch = Scratch(largest_block * world);  // (world, block) of one chunk, reused by the next
-    begin(op);
-    for (std::size_t start = 0; start < n; start += kChunk) {
-      all_reduce_chunk(values + start, std::min(kChunk, n - start), average, pending.scratch.get(), op);
-    }
-    pending.done = record(op);
+    keeping(pending.scratch, [&] {
+      begin(op);
+      for (std::size_t start = 0; start < n; start += kChunk) {
+        all_reduce_chunk(values + start, std::min(kChunk, n - start), average, pending.scratch.get(), op);
+      }
+      pending.done = record(op);
+    });
     return pending;
+  }
+
+  /// Runs `f`; when it throws, NCCL may still write into `scratch` (an
+  /// aborted collective), so it is kept, never freed.
+  template <class F>
+  static void keeping(Scratch& scratch, F&& f) {
+    try {
+      f();
+    } catch (...) {
+      scratch.release();
+      throw;
+    }
   }
 
   // Rank r sums block r in rank order (received from every rank), then every
