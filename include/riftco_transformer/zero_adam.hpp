@@ -119,18 +119,6 @@ class ShardedAdam {
   std::string failure_;  // set when a step's parameter all-gather failed (failed_step())
   Tensor m_;  // (shard)
   Tensor v_;  // (shard)
-  /// A step's buffers, kept across steps so that a step allocates nothing
-  /// model-sized (sized by the first step; host memory, not tensors).
-  struct Scratch {
-    std::vector<float> present;   // (parameters): how many ranks have each one's gradient
-    std::vector<float> grad;      // (max shard): this rank's shard of the averaged gradient
-    std::vector<float> exchange;  // (world × max shard): Local gradients to reduce-scatter; the gathered shards
-    std::vector<float> shard;     // (max shard): this rank's updated shard, sent to every rank
-    std::vector<float> packed;    // the norm's chunk partials, doubles as float pairs: this rank's
-    std::vector<float> all_packed;  // every rank's
-    std::vector<float*> theta;    // each stepped parameter's buffer
-  };
-  Scratch scratch_;
 };
 
 }  // namespace riftco_transformer

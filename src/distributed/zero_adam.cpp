@@ -202,46 +202,38 @@ float ShardedAdam::update(std::span<const Tensor* const> gradients, Gradients ki
                        " on cpu");
     }
   }
-  // The step's buffers are kept across steps (sized by the first): a step
-  // allocates nothing model-sized.
-  Scratch& k = scratch_;
   // Which parameters step: those with a gradient on some rank.
-  k.present.resize(count);
-  for (std::size_t i = 0; i < count; ++i) k.present[i] = gradients[i]->defined() ? 1.0F : 0.0F;
-  comm_.all_reduce_sum(k.present);
-  auto steps = [&](std::size_t i) { return k.present[i] > 0.0F; };
+  std::vector<float> present(count);
+  for (std::size_t i = 0; i < count; ++i) present[i] = gradients[i]->defined() ? 1.0F : 0.0F;
+  comm_.all_reduce_sum(present);
+  auto steps = [&](std::size_t i) { return present[i] > 0.0F; };
 
   // 1. This rank's shard of the averaged gradient.
   const std::int64_t begin = shard_begin();
   const auto max_shard = static_cast<std::size_t>(max_gap(bounds_));
-  k.grad.resize(max_shard);
+  std::vector<float> grad(max_shard, 0.0F);
   auto copy_gradient = [&](std::size_t i, std::int64_t b, std::int64_t e, float* out) {
     const Tensor& g = *gradients[i];
-    if (!g.defined()) {
-      std::fill(out, out + (e - b), 0.0F);  // counts as zeros
-      return;
-    }
+    if (!g.defined()) return;  // zeros
     const float* in = g.values().data() + (b - offset_[i]);
     std::copy(in, in + (e - b), out);
   };
   if (kind == Gradients::Local && world_ > 1) {
-    // (world, max shard): row q is rank q's shard of this rank's gradient.
-    k.exchange.resize(max_shard * static_cast<std::size_t>(world_));
+    std::vector<float> send(max_shard * static_cast<std::size_t>(world_), 0.0F);
     for (int q = 0; q < world_; ++q) {
-      float* row = k.exchange.data() + static_cast<std::size_t>(q) * max_shard;
+      float* row = send.data() + static_cast<std::size_t>(q) * max_shard;
       for_each_piece(q, [&](std::size_t i, std::int64_t b, std::int64_t e) {
         copy_gradient(i, b, e, row + (b - bounds_[static_cast<std::size_t>(q)]));
       });
     }
-    comm_.reduce_scatter_sum(k.exchange, k.grad);  // rank-order sums, as all_reduce_sum
+    comm_.reduce_scatter_sum(send, grad);  // rank-order sums, as all_reduce_sum
     const auto n = static_cast<float>(world_);
-    for (float& x : k.grad) x /= n;  // all_reduce_average's arithmetic
+    for (float& x : grad) x /= n;  // all_reduce_average's arithmetic
   } else {
     for_each_piece(rank_, [&](std::size_t i, std::int64_t b, std::int64_t e) {
-      copy_gradient(i, b, e, k.grad.data() + (b - begin));
+      copy_gradient(i, b, e, grad.data() + (b - begin));
     });
   }
-  const std::vector<float>& grad = k.grad;
 
   // 2. The global norm: this rank's chunk partials, gathered, added in
   // Adam's order (parameters in order, each from its start).
@@ -250,27 +242,27 @@ float ShardedAdam::update(std::span<const Tensor* const> gradients, Gradients ki
   for (int r = 0; r < world_; ++r) {
     max_chunks = std::max(max_chunks, chunk_bounds_[static_cast<std::size_t>(r) + 1] - chunk_bounds_[static_cast<std::size_t>(r)]);
   }
-  k.packed.assign(2 * max_chunks, 0.0F);  // this rank's partials, as doubles
-  std::size_t partials = 0;
+  std::vector<double> mine;
   for (std::size_t c = chunk_bounds_[static_cast<std::size_t>(rank_)]; c < chunk_bounds_[static_cast<std::size_t>(rank_) + 1]; ++c) {
     if (!steps(chunks_[c].param)) continue;
     const std::span<const float> piece(grad.data() + (chunks_[c].begin - begin),
                                        static_cast<std::size_t>(chunks_[c].end - chunks_[c].begin));
     const std::span<const float> spans[1] = {piece};
-    const double partial = kernels.sum_of_squares(spans);  // one chunk: exactly its partial
-    std::memcpy(k.packed.data() + 2 * partials++, &partial, sizeof partial);
+    mine.push_back(kernels.sum_of_squares(spans));  // one chunk: exactly its partial
   }
-  k.all_packed.resize(k.packed.size() * static_cast<std::size_t>(world_));
-  comm_.all_gather(k.packed, k.all_packed);  // moves bytes only
+  std::vector<float> packed(2 * max_chunks, 0.0F);
+  if (!mine.empty()) std::memcpy(packed.data(), mine.data(), mine.size() * sizeof(double));
+  std::vector<float> all_packed(packed.size() * static_cast<std::size_t>(world_));
+  comm_.all_gather(packed, all_packed);  // moves bytes only
   double squares = 0.0;
   for (int q = 0; q < world_; ++q) {
-    std::size_t j = 0;
+    std::size_t k = 0;
     for (std::size_t c = chunk_bounds_[static_cast<std::size_t>(q)]; c < chunk_bounds_[static_cast<std::size_t>(q) + 1]; ++c) {
       if (!steps(chunks_[c].param)) continue;
       double partial = 0.0;
-      std::memcpy(&partial, k.all_packed.data() + static_cast<std::size_t>(q) * k.packed.size() + 2 * j, sizeof(double));
+      std::memcpy(&partial, all_packed.data() + static_cast<std::size_t>(q) * packed.size() + 2 * k, sizeof(double));
       squares += partial;
-      ++j;
+      ++k;
     }
   }
   if (!std::isfinite(static_cast<float>(std::sqrt(squares)))) {
@@ -292,33 +284,33 @@ float ShardedAdam::update(std::span<const Tensor* const> gradients, Gradients ki
   // 3. Adam on this rank's shard, in the parameters' own buffers.
   ++steps_;
   const backend::AdamCoefficients c = detail::adam_coefficients(options_, steps_, detail::adam_clip_factor(options_, norm));
-  k.theta.assign(count, nullptr);
+  std::vector<float*> theta(count, nullptr);
   for (std::size_t i = 0; i < count; ++i) {
     if (!steps(i)) continue;
     // Bumps the buffer's version on every rank (graphs that read it become stale).
     Tensor handle = params_[i].mutable_value("updated in place by ShardedAdam::step");
-    k.theta[i] = const_cast<float*>(std::as_const(handle).values().data());
+    theta[i] = const_cast<float*>(std::as_const(handle).values().data());
   }
   float* m = m_.data();
   float* v = v_.data();
   std::vector<backend::AdamUpdate> updates;
   for_each_piece(rank_, [&](std::size_t i, std::int64_t b, std::int64_t e) {
     if (!steps(i)) return;
-    updates.push_back({k.theta[i] + (b - offset_[i]), m + (b - begin), v + (b - begin), grad.data() + (b - begin),
+    updates.push_back({theta[i] + (b - offset_[i]), m + (b - begin), v + (b - begin), grad.data() + (b - begin),
                        e - b, detail::adam_decay_factor(options_, weight_decay_[i])});
   });
   kernels.adam_update(updates, c);
 
   // 4. Every rank gets every updated shard.
   if (world_ > 1) {
-    k.shard.resize(max_shard);
+    std::vector<float> send(max_shard, 0.0F);
     for_each_piece(rank_, [&](std::size_t i, std::int64_t b, std::int64_t e) {
       const float* in = params_[i].value().values().data() + (b - offset_[i]);
-      std::copy(in, in + (e - b), k.shard.data() + (b - begin));
+      std::copy(in, in + (e - b), send.data() + (b - begin));
     });
-    k.exchange.resize(max_shard * static_cast<std::size_t>(world_));
+    std::vector<float> gathered(max_shard * static_cast<std::size_t>(world_));
     try {
-      comm_.all_gather(k.shard, k.exchange);
+      comm_.all_gather(send, gathered);
     } catch (const std::exception& e) {
       failure_ = "step " + std::to_string(steps_) + "'s parameter all-gather failed (" + e.what() +
                  "): this rank's shard was updated, the others' were not, so the ranks' parameters differ";
@@ -326,11 +318,11 @@ float ShardedAdam::update(std::span<const Tensor* const> gradients, Gradients ki
     }
     for (int q = 0; q < world_; ++q) {
       if (q == rank_) continue;
-      const float* row = k.exchange.data() + static_cast<std::size_t>(q) * max_shard;
+      const float* row = gathered.data() + static_cast<std::size_t>(q) * max_shard;
       for_each_piece(q, [&](std::size_t i, std::int64_t b, std::int64_t e) {
         if (!steps(i)) return;
         const float* in = row + (b - bounds_[static_cast<std::size_t>(q)]);
-        std::copy(in, in + (e - b), k.theta[i] + (b - offset_[i]));
+        std::copy(in, in + (e - b), theta[i] + (b - offset_[i]));
       });
     }
   }

@@ -2,14 +2,10 @@
 // parameters bit-identical on every rank and to plain data-parallel Adam
 // (all_reduce_average of each gradient, then Adam::step), the same norm
 // bits, Adam state per rank about 1/N by the allocator's counters, and the
-// gathered state resuming into a plain Adam or a new ShardedAdam, and a step
-// allocating nothing model-sized once the first has sized its buffers.
+// gathered state resuming into a plain Adam or a new ShardedAdam.
 #include <gtest/gtest.h>
 
-#include <atomic>
 #include <cmath>
-#include <cstdlib>
-#include <new>
 #include <cstdio>
 #include <cstring>
 #include <vector>
@@ -22,21 +18,6 @@
 #include "riftco_transformer/zero_adam.hpp"
 
 using namespace riftco_transformer;
-
-// Every byte this program asks of operator new (std::vector's buffers
-// included; Tensor buffers go through riftco's allocator, whose own counters
-// memory_stats() reads).
-namespace {
-std::atomic<std::int64_t> g_heap_bytes{0};
-}  // namespace
-
-void* operator new(std::size_t bytes) {
-  g_heap_bytes.fetch_add(static_cast<std::int64_t>(bytes), std::memory_order_relaxed);
-  if (void* p = std::malloc(bytes == 0 ? 1 : bytes)) return p;
-  throw std::bad_alloc();
-}
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t /*bytes*/) noexcept { std::free(p); }
 
 namespace {
 
@@ -202,36 +183,6 @@ TEST(MpiZero, StateBytesPerRankAreAboutOneNthByTheAllocatorsCounters) {
   }
   EXPECT_LE(ratio, 1.0 / comm().world_size() + 0.01);
   if (comm().world_size() == 2) EXPECT_LE(ratio, 0.55);  // issue 17's target
-}
-
-TEST(MpiZero, AStepAfterTheFirstAllocatesNothingModelSized) {
-  // Host memory asked of operator new and tensor bytes from riftco's
-  // allocator during steps 2 and 3 (step 1 sizes the buffers), with this
-  // rank's own gradients and with averaged ones.
-  for (const auto kind : {ShardedAdam::Gradients::Local, ShardedAdam::Gradients::Averaged}) {
-    const std::vector<Variable> params = make_parameters();
-    std::int64_t model_bytes = 0;
-    for (const Variable& p : params) model_bytes += p.value().nbytes();
-    ShardedAdam zero(comm(), groups_of(params), options());
-    for (int step = 1; step <= 3; ++step) {
-      const std::vector<Tensor> local = local_gradients(params, step);
-      const std::vector<Tensor> grads = kind == ShardedAdam::Gradients::Local ? local : averaged(local);
-      const std::int64_t heap_before = g_heap_bytes.load();
-      const std::int64_t tensors_before = memory_stats().allocation_count;
-      zero.step(grads, kind);
-      const std::int64_t heap = g_heap_bytes.load() - heap_before;
-      const std::int64_t tensors = memory_stats().allocation_count - tensors_before;
-      if (comm().rank() == 0) {
-        std::printf("[zero] N = %d, %s gradients, step %d: %lld heap bytes, %lld tensor allocations (model %lld B)\n",
-                    comm().world_size(), kind == ShardedAdam::Gradients::Local ? "local" : "averaged", step,
-                    static_cast<long long>(heap), static_cast<long long>(tensors),
-                    static_cast<long long>(model_bytes));
-      }
-      if (step == 1) continue;
-      EXPECT_LT(heap, model_bytes / 100) << "step " << step;
-      EXPECT_EQ(tensors, 0) << "step " << step;
-    }
-  }
 }
 
 TEST(MpiZero, GatheredStateResumesIntoPlainAdamOrANewShardedAdam) {
