@@ -6,10 +6,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <string>
 
 #include "collective_checks.hpp"
+#include "gather_words.hpp"
 #include "riftco_transformer/errors.hpp"
 
 namespace riftco_transformer::distributed_detail {
@@ -40,18 +42,15 @@ void broadcast_bytes(Communicator& comm, std::span<unsigned char> bytes, int roo
 }
 
 LocalPlacement local_placement(Communicator& comm, std::string_view host) {
-  std::vector<unsigned char> mine(kHostNameBytes, 0);
-  std::copy_n(host.begin(), std::min(host.size(), kHostNameBytes), mine.begin());
-  const std::vector<float> local = bytes_as_floats(mine);
-  const auto world = static_cast<std::size_t>(comm.world_size());
-  std::vector<float> all(kHostNameBytes * world);
-  comm.all_gather(std::span<const float>(local), std::span<float>(all));
+  constexpr std::size_t kWords = kHostNameBytes / sizeof(std::uint64_t);
+  std::vector<std::uint64_t> mine(kWords, 0);
+  std::memcpy(mine.data(), host.data(), std::min(host.size(), kHostNameBytes));
+  const std::vector<std::uint64_t> all = all_gather_words(comm, mine);
   LocalPlacement placement;
   placement.host = std::string(host);
   placement.local_size = 0;
-  for (std::size_t r = 0; r < world; ++r) {
-    const bool same = std::equal(local.begin(), local.end(), all.begin() + static_cast<std::ptrdiff_t>(r * kHostNameBytes));
-    if (!same) continue;
+  for (std::size_t r = 0; r < static_cast<std::size_t>(comm.world_size()); ++r) {
+    if (!std::equal(mine.begin(), mine.end(), all.begin() + static_cast<std::ptrdiff_t>(r * kWords))) continue;
     if (static_cast<int>(r) < comm.rank()) ++placement.local_rank;
     ++placement.local_size;
   }

@@ -33,8 +33,8 @@ struct LocalPlacement {
   int local_size = 1;  ///< ranks on this host
   std::string host;    ///< this rank's host name
 };
-/// Collective (one all_gather over `comm`): ranks whose `host` names are
-/// equal share a host.
+/// Collective (one all_gather_words over `comm`): ranks whose `host` names
+/// are equal share a host.
 LocalPlacement local_placement(Communicator& comm, std::string_view host);
 /// gethostname(), or "localhost" when it fails.
 std::string this_host_name();
