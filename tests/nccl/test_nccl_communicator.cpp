@@ -80,6 +80,14 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
 
 }  // namespace
 
+// Not skipped: CTest says how many ranks it started (a launch that lost
+// mpirun would otherwise skip as "needs 1 GPU" and pass for the 2-rank entry).
+TEST(NcclCommunicator, RunsAtTheRankCountCTestStarted) {
+  const char* wanted = std::getenv("RIFTCO_TEST_NCCL_RANKS");
+  if (wanted == nullptr) GTEST_SKIP() << "RIFTCO_TEST_NCCL_RANKS not set (run by hand)";
+  EXPECT_EQ(host().world_size(), std::atoi(wanted));
+}
+
 TEST(NcclCommunicator, IsNcclOverTheHostsRanks) {
   SKIP_WITHOUT_GPUS();
   EXPECT_EQ(nccl().kind(), "nccl");
