@@ -66,10 +66,10 @@ if [ -n "$nvcc" ]; then
   build-cuda/tests/test_cuda_model --gtest_brief=1
   build-cuda/tests/test_nccl_bootstrap --gtest_brief=1
   if [ -n "$nccl_targets" ]; then
-    build-cuda/tests/test_nccl_communicator  # N = 1 NCCL world: skips, "needs 1 GPU", without one
+    RIFTCO_TEST_NCCL_RANKS=1 build-cuda/tests/test_nccl_communicator  # N = 1 NCCL world: skips, "needs 1 GPU", without one
     if command -v mpirun >/dev/null; then    # NCCL over MPI: skips, "needs 2 GPUs", with fewer
-      OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl_vader_single_copy_mechanism=none \
-        mpirun -np 2 --oversubscribe build-cuda/tests/test_nccl_communicator
+      RIFTCO_TEST_NCCL_RANKS=2 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+        OMPI_MCA_btl_vader_single_copy_mechanism=none mpirun -np 2 --oversubscribe build-cuda/tests/test_nccl_communicator
     fi
   fi
 else
