@@ -161,6 +161,7 @@ RunResult run(StageRun& r, const ProgressCallback& progress, const NoticeCallbac
   // Measured with the allocator: the moments are allocated here.
   r.facts["optimizer_state_bytes_per_rank"] = memory_stats().live_bytes - live_before_optimizer;
   r.facts["zero_sharded"] = adam.sharded();
+  r.facts["communicator"] = std::string(comm.kind());  // "single-process", "mpi" or "nccl"
   // Adam holds the groups' order; checkpoints pair moments with names in it.
   r.trainable = in_adam_order(r.trainable, adam);
   r.facts["parameter_groups"] = groups_json(r.trainable, adam);

@@ -72,6 +72,7 @@ def test_zero_and_bucket_flags_are_recorded_replayed_and_checked(tools, corpus, 
         meta = json.loads((out / "metadata.json").read_text())
         assert (meta["config"]["zero_stage"], meta["config"]["gradient_bucket_mib"]) == (zero, mib)
         assert meta["facts"]["zero_sharded"] is False
+        assert meta["facts"]["communicator"] == "single-process"
         outputs[zero] = (out / "model.safetensors").read_bytes()
     assert outputs[0] == outputs[1]
     r = run(tools[0], "pretrain", "--config", tmp_path / "zero1" / "metadata.json", "--output", tmp_path / "again",
