@@ -292,7 +292,7 @@ RunResult run(StageRun& r, const ProgressCallback& progress, const NoticeCallbac
       float grad_norm = 0.0F;
       if (world > 1) {
         const ShardedStep done =
-            data_parallel_step(comm, model, adam, accumulator, buckets ? &*buckets : nullptr, batches, start_pass,
+            data_parallel_step(comm, model, adam, accumulator, *buckets, batches, start_pass,
                                end_pass, diverged);
         last_loss = done.loss;
         grad_norm = done.grad_norm;
