@@ -278,7 +278,8 @@ void pack_rows(const float* src, std::int64_t stride, std::int64_t rows, std::in
 /// floats each), columns rows..ld-1 zero. Whole 8 × 8 blocks go through
 /// registers (a scalar scatter was 9% of the forward's samples); the ragged
 /// rows and columns element by element.
-void pack_transposed(const float* src, std::int64_t stride, std::int64_t rows, std::int64_t width, float* dst,
+[[gnu::always_inline]] inline void pack_transposed(const float* src, std::int64_t stride, std::int64_t rows,
+                                                   std::int64_t width, float* dst,
                      std::int64_t ld) {
   const std::int64_t rows8 = rows / kLanes * kLanes, width8 = width / kLanes * kLanes;
   for (std::int64_t t = 0; t < rows8; t += kLanes) {
