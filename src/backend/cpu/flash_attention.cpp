@@ -227,10 +227,15 @@ template <class V, bool TransA, bool Accumulate>
 
 // ---- row helpers ------------------------------------------------------------
 
-/// x[c] = exp(x[c]·pre − shift) for c < valid, 0 for valid <= c < n.
-[[gnu::always_inline]] inline void exp_row(float* x, std::int64_t valid, std::int64_t n, float pre, float shift) {
-  for (std::int64_t c = 0; c < valid; ++c) x[c] = vec::exp_approx(x[c] * pre - shift);
-  for (std::int64_t c = valid; c < n; ++c) x[c] = 0.0F;
+/// x[c] = exp(x[c]·pre − shift) for c < valid, 0 for valid <= c < n. The
+/// loop runs whole vectors over [0, n) and masks by selection (entries from
+/// `valid` on may be unwritten, and are never multiplied).
+[[gnu::always_inline]] inline void exp_row(float* __restrict x, std::int64_t valid, std::int64_t n, float pre,
+                                           float shift) {
+  for (std::int64_t c = 0; c < n; ++c) {
+    const float e = vec::exp_approx(x[c] * pre - shift);
+    x[c] = c < valid ? e : 0.0F;
+  }
 }
 
 /// Σ_d a[d]·b[d] over 8 lanes reduced in a fixed order.
@@ -315,7 +320,7 @@ struct PairGeometry {
         br(std::min(tiles.query_rows, t)),
         brq(round_up(std::min(tiles.query_rows, t), kQueryBlock)),
         bc(std::min(tiles.key_rows, t)),
-        bcp(round_up(std::min(tiles.key_rows, t), kLanes)) {}
+        bcp(round_up(std::min(tiles.key_rows, t), kQueryBlock)) {}
   /// K, Q, V and dO rows are read in place as product operands when D is a
   /// multiple of 8 (the products load whole 8-float vectors of a row);
   /// otherwise they are packed zero-padded to Dp.
@@ -466,6 +471,7 @@ template <class V>
   for (std::int64_t j0 = 0; j0 < T; j0 += bc) {
     const std::int64_t cols = std::min(bc, T - j0);
     const std::int64_t n = round_up(cols, kLanes);
+    const std::int64_t n16 = round_up(cols, kQueryBlock);  // the row loops run whole 16-lane blocks
     // Query tiles that can see key j0 or later: i >= j0.
     for (std::int64_t i0 = (j0 / br) * br; i0 < T; i0 += br) {
       const std::int64_t rows = std::min(br, T - i0);
@@ -474,7 +480,7 @@ template <class V>
                               diag);  // S = Q Kᵀ
       for (std::int64_t r = 0; r < rows; ++r) {
         const std::int64_t valid = std::clamp<std::int64_t>(r + diag + 1, 0, cols);  // keys j <= i
-        exp_row(p + r * bcp, valid, n, scale, lse[i0 + r]);  // P = exp(S·scale − L), 0 from `valid` to n
+        exp_row(p + r * bcp, valid, n16, scale, lse[i0 + r]);  // P = exp(S·scale − L), 0 from `valid` on
       }
       tile_gemm<V, true, true>(cols, Dp, rows, p, bcp, dop + i0 * lddo, lddo, dva + j0 * Dp, Dp, Causal::InnerFrom,
                             diag);  // dV += Pᵀ dO
@@ -485,8 +491,10 @@ template <class V>
         float* dsr = ds + r * bcp;
         const float di = delta[i0 + r];
         const std::int64_t valid = std::clamp<std::int64_t>(r + diag + 1, 0, cols);
-        for (std::int64_t c = 0; c < valid; ++c) dsr[c] = pr[c] * (dsr[c] - di) * scale;  // dS = P ∘ (dP − Δ) · scale
-        std::fill(dsr + valid, dsr + n, 0.0F);  // masked (and possibly unwritten) entries
+        for (std::int64_t c = 0; c < n16; ++c) {  // dS = P ∘ (dP − Δ) · scale; masked (maybe unwritten) entries 0
+          const float d = pr[c] * (dsr[c] - di) * scale;
+          dsr[c] = c < valid ? d : 0.0F;
+        }
       }
       tile_gemm<V, false, true>(rows, Dp, cols, ds, bcp, kp + j0 * ldk, ldk, dqa + i0 * Dp, Dp, Causal::Inner,
                              diag);  // dQ += dS K
