@@ -284,8 +284,7 @@ void pack_rows(const float* src, std::int64_t stride, std::int64_t rows, std::in
 /// registers (a scalar scatter was 9% of the forward's samples); the ragged
 /// rows and columns element by element.
 [[gnu::always_inline]] inline void pack_transposed(const float* src, std::int64_t stride, std::int64_t rows,
-                                                   std::int64_t width, float* dst,
-                     std::int64_t ld) {
+                                                   std::int64_t width, float* dst, std::int64_t ld) {
   const std::int64_t rows8 = rows / kLanes * kLanes, width8 = width / kLanes * kLanes;
   for (std::int64_t t = 0; t < rows8; t += kLanes) {
     for (std::int64_t d = 0; d < width8; d += kLanes) {
@@ -306,8 +305,9 @@ void pack_rows(const float* src, std::int64_t stride, std::int64_t rows, std::in
 
 // ---- one (b, h) pair ---------------------------------------------------------
 
-/// The forward's query lanes come in blocks of this many (two 8-float
-/// vectors, one 16-float one): its per-query loops run whole vectors.
+/// Lanes per block of the softmax loops (two 8-float vectors, one 16-float
+/// one): the forward's query lanes and the backward's score-tile columns are
+/// padded to it, so those loops run whole vectors.
 constexpr std::int64_t kQueryBlock = 16;
 
 struct PairGeometry {
