@@ -208,7 +208,7 @@ int run(int argc, char** argv) {
   const auto step = [&]() -> float {
     if (world > 1) {
       const stage::ShardedStep done =
-          stage::data_parallel_step(comm, model, opt, accumulator, buckets ? &*buckets : nullptr,
+          stage::data_parallel_step(comm, model, opt, accumulator, *buckets,
                                     batches, no_op, no_op, diverged);
       opt.zero_grad();
       return done.loss;

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """riftco vs PyTorch: training-step benchmark suite (one command).
 
-    /usr/bin/python3 bench/run_benchmarks.py --threads 2,1 --rounds 3,1   # full run, writes docs/benchmarks.md
+    /usr/bin/python3 bench/run_benchmarks.py --threads 2,1 --rounds 2,1   # full run, writes docs/benchmarks.md
     /usr/bin/python3 bench/run_benchmarks.py --quick --out-dir /tmp/q     # smoke run (< 60 s)
     /usr/bin/python3 bench/run_benchmarks.py --render bench/results/benchmarks.json   # re-render, no measuring
 
@@ -343,7 +343,8 @@ def bench_kernels(args, blas):
         rate_key = "GFLOP/s" if "GFLOP/s" in b else ("GB/s" if "GB/s" in b else None)
         rows.append({"name": name, "real_time": b["real_time"], "time_unit": b["time_unit"],
                      "rate": b.get(rate_key) if rate_key else None, "unit": rate_key,
-                     "of_peak": b.get("of_peak"), "one_thread_gflops": b.get("one_thread_GFLOP/s")})
+                     "of_peak": b.get("of_peak"), "one_thread_gflops": b.get("one_thread_GFLOP/s"),
+                     "avx512_gflops": b.get("avx512_GFLOP/s")})
     return {"context": data.get("context", {}), "rows": rows, "repetitions": 1 if args.quick else 3}
 
 
@@ -537,7 +538,7 @@ def markdown(result):
         reps = k.get("repetitions", 1)
         lines.append(f"Kernel micro-benchmarks (`rt-bench-kernels`, same run, {result['threads'][0]} threads, "
                      "libgomp's default wait policy, "
-                     + (f"best of {reps} repetitions" if reps > 1 else "one repetition") + " (the peaks are best of 5); `of peak` is against the FMA peak for GFLOP/s rows and the STREAM triad over 64 MiB arrays for GB/s rows — operands that fit "
+                     + (f"best of {reps} repetitions" if reps > 1 else "one repetition") + " (the peaks are best of 5); `of peak` is against the widest FMA peak the CPU has for GFLOP/s rows (512-bit where it has AVX-512F, as OpenBLAS's native kernels and our flash/SwiGLU kernels use) and the STREAM triad over 64 MiB arrays for GB/s rows — operands that fit "
                      "in L2/L3 can exceed that DRAM figure):")
         lines.append("")
         lines.append("| benchmark | time | rate | of peak |")
@@ -545,7 +546,9 @@ def markdown(result):
         for b in k["rows"]:
             rate = "—" if b["rate"] is None else f"{b['rate']:.1f} {b['unit']}"
             if b["name"].startswith("BM_PeakFma"):
-                rate += f" (one thread {b['one_thread_gflops']:.1f})"
+                rate += f" (256-bit; one thread {b['one_thread_gflops']:.1f})"
+                if b.get("avx512_gflops"):
+                    rate += f"; 512-bit {b['avx512_gflops']:.1f} GFLOP/s"
             peak = "—" if b["of_peak"] is None else f"{100 * b['of_peak']:.0f}%"
             lines.append(f"| `{b['name']}` | {b['real_time']:.1f} {b['time_unit']} | {rate} | {peak} |")
         lines.append("")
@@ -708,15 +711,16 @@ def main():
                     help="PyTorch 2 processes' malloc: MALLOC_MMAP_THRESHOLD_/TRIM_THRESHOLD_ raised (default) or "
                          "glibc's default")
     ap.add_argument("--no-kernels", action="store_true")
-    ap.add_argument("--openblas-coretype", choices=["inherit", "native"], default="inherit",
-                    help="inherit: keep OPENBLAS_CORETYPE/OPENBLAS_L2_SIZE from the environment; native: remove "
-                         "both for every process (both sides), so OpenBLAS picks this CPU's kernels "
+    ap.add_argument("--openblas-coretype", choices=["inherit", "native"], default=None,
+                    help="native (default of a full run): remove OPENBLAS_CORETYPE/OPENBLAS_L2_SIZE for every "
+                         "process (both sides), so OpenBLAS picks this CPU's kernels as PyTorch 2's MKL does; "
+                         "inherit (default of --quick, which ctest runs): keep them from the environment "
                          "(docs/benchmarks.md, 'OpenBLAS kernel set')")
     ap.add_argument("--render", type=pathlib.Path, default=None,
                     help="measure nothing: rewrite the Markdown, chart and docs block from this benchmarks.json")
     args = ap.parse_args()
     global openblas_coretype
-    openblas_coretype = args.openblas_coretype
+    openblas_coretype = args.openblas_coretype or ("inherit" if args.quick else "native")
     args.build_dir = args.build_dir.resolve()
     if args.render:
         result = json.loads(args.render.read_text())

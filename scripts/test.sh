@@ -6,8 +6,9 @@
 # kill -9 crash-safety trials), the installed-wheel test, the C++ suite again
 # under AddressSanitizer + UBSan, and a bounded
 # run of every libFuzzer harness (RIFTCO_FUZZ_SECONDS each, default 60), and,
-# where nvcc is found, a compile check of the CUDA backend (build-cuda: the
-# library and the GPU test binaries, whose tests skip without a device).
+# where nvcc is found, a compile check of the CUDA backend and the NCCL
+# communicator (build-cuda: the library and the GPU test binaries, whose tests
+# skip without a device).
 # Every other build is CPU-only (-DRIFTCO_CUDA=OFF), as before the CUDA backend.
 # The release build picks up MPI (RIFTCO_MPI=AUTO: Open MPI from setup.sh) and
 # runs the communicator tests under mpirun; the Python wheel is built without
@@ -56,11 +57,21 @@ bash fuzz/run.sh build-fuzz build "${RIFTCO_FUZZ_SECONDS:-60}"
 
 nvcc=$(command -v nvcc || { [ -x /usr/local/cuda/bin/nvcc ] && echo /usr/local/cuda/bin/nvcc; } || true)
 if [ -n "$nvcc" ]; then
-  echo "== CUDA backend compile check ($nvcc; docs/cuda.md): library + test_cuda_kernels + test_cuda_model, run (skip without a GPU) =="
+  echo "== CUDA backend + NCCL communicator compile check ($nvcc; docs/cuda.md, docs/distributed.md): library, CUDA and NCCL tests, run (GPU tests skip without a GPU) =="
+  # RIFTCO_NCCL=AUTO: the NCCL communicator where nccl.h and libnccl are found (CUDA's own folders here).
   cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release -DRIFTCO_CUDA=ON -DCMAKE_CUDA_COMPILER="$nvcc" >/dev/null
-  cmake --build build-cuda -j "$jobs" --target riftco_transformer test_cuda_kernels test_cuda_model
+  nccl_targets=$(grep -Eq '^NCCL_LIBRARY:FILEPATH=/' build-cuda/CMakeCache.txt && echo test_nccl_communicator || true)
+  cmake --build build-cuda -j "$jobs" --target riftco_transformer test_cuda_kernels test_cuda_model test_nccl_bootstrap $nccl_targets
   build-cuda/tests/test_cuda_kernels --gtest_brief=1
   build-cuda/tests/test_cuda_model --gtest_brief=1
+  build-cuda/tests/test_nccl_bootstrap --gtest_brief=1
+  if [ -n "$nccl_targets" ]; then
+    RIFTCO_TEST_NCCL_RANKS=1 build-cuda/tests/test_nccl_communicator  # N = 1 NCCL world: skips, "needs 1 GPU", without one
+    if command -v mpirun >/dev/null; then    # NCCL over MPI: skips, "needs 2 GPUs", with fewer
+      RIFTCO_TEST_NCCL_RANKS=2 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+        OMPI_MCA_btl_vader_single_copy_mechanism=none mpirun -np 2 --oversubscribe build-cuda/tests/test_nccl_communicator
+    fi
+  fi
 else
   echo "== CUDA backend compile check: skipped (no nvcc) =="
 fi

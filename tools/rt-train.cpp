@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 #include <memory>
 #include <type_traits>
@@ -27,6 +28,7 @@ struct StageText {
   std::string attention, activation_checkpointing, checkpoint_segment_blocks = "sqrt", data, output, tokenizer;
   std::string activation_memory_budget = "0";
   bool quiet = false;
+  std::int64_t stop_after = 0;  // --stop-after: not a setting of the run (not in metadata.json)
 };
 
 template <typename T>
@@ -149,6 +151,12 @@ void add_stage_options(CLI::App& app, StageSettings& s, StageText& t) {
   app.add_flag("--resume", s.resume, "continue from DIR/training_checkpoint.safetensors if present")
       ->group(training);
   app.add_flag("--quiet", t.quiet, "no progress line")->group(training);
+  add_number(app, "--stop-after", t.stop_after,
+             "stop once step N is done, as if interrupted there: no final files; the last training checkpoint "
+             "(--checkpoint-interval) and the partial metrics stay for --resume (0: no stop)")
+      ->type_name("N")
+      ->check(rt_cli::integer_at_least(0))
+      ->group(training);
   rt_cli::add_config_option(app);
 }
 
@@ -171,14 +179,16 @@ void apply_stage_text(const CLI::App& app, const StageText& t, StageSettings& s)
   s.output_dir = t.output;
 }
 
-/// A live progress line on a terminal; periodic plain lines otherwise.
-ProgressCallback progress_printer(const std::string& stage, bool quiet) {
+/// A live progress line on a terminal; periodic plain lines otherwise. The
+/// run goes on until step `stop_after` is done (0: to the end).
+ProgressCallback progress_printer(const std::string& stage, bool quiet, std::int64_t stop_after) {
   const bool tty = isatty(STDERR_FILENO) != 0;
-  return [stage, quiet, tty](const StepReport& r) {
-    if (quiet) return true;
+  return [stage, quiet, tty, stop_after](const StepReport& r) {
+    const bool go_on = stop_after == 0 || r.step < stop_after;
+    if (quiet) return go_on;
     const std::int64_t every = std::max<std::int64_t>(1, r.total_steps / 20);
-    const bool last = r.step == r.total_steps;
-    if (!tty && !last && !r.validation_loss && r.step % every != 0) return true;
+    const bool last = r.step == r.total_steps || !go_on;
+    if (!tty && !last && !r.validation_loss && r.step % every != 0) return go_on;
     char line[256];
     std::snprintf(line, sizeof line, "[%s] step %lld/%lld  loss %.4f%s  lr %.2e  %.0f tok/s  ETA %s  peak %s",
                   stage.c_str(), static_cast<long long>(r.step), static_cast<long long>(r.total_steps), r.loss,
@@ -190,7 +200,7 @@ ProgressCallback progress_printer(const std::string& stage, bool quiet) {
     } else {
       std::cerr << line << "\n";
     }
-    return true;
+    return go_on;
   };
 }
 
@@ -221,6 +231,15 @@ std::string policy_text(const StageSettings& s) {
 }
 
 void print_result(const RunResult& r) {
+  if (!r.completed) {  // --stop-after
+    const bool resumable = std::filesystem::exists(r.output_dir / "training_checkpoint.safetensors");
+    std::cout << "stopped after step " << r.steps << " (--stop-after), final train loss " << r.final_train_loss
+              << "; no final files written; "
+              << (resumable ? "--resume continues from " + (r.output_dir / "training_checkpoint.safetensors").string()
+                            : std::string("no training checkpoint (--checkpoint-interval): --resume starts over"))
+              << "\n";
+    return;
+  }
   std::cout << "done: " << r.steps << " steps";
   if (r.resumed_from_step > 0) std::cout << " (resumed from step " << r.resumed_from_step << ")";
   std::cout << ", final train loss " << r.final_train_loss << ", validation loss " << r.final_validation_loss
@@ -283,7 +302,8 @@ int pretrain(const CLI::App& sub, Commands& c, bool& running) {
               << p.output_dir.string() << "\n";
   }
   running = true;
-  const RunResult r = run_pretraining(p, progress_printer("pretrain", c.pretrain_text.quiet || !print), print_notice);
+  const RunResult r = run_pretraining(
+      p, progress_printer("pretrain", c.pretrain_text.quiet || !print, c.pretrain_text.stop_after), print_notice);
   if (print) print_result(r);
   return 0;
 }
@@ -343,7 +363,8 @@ int post_train(const CLI::App& sub, Commands& c, bool& running) {
               << p.output_dir.string() << "\n";
   }
   running = true;
-  const RunResult r = run_post_training(p, progress_printer("post-train", c.post_text.quiet || !print), print_notice);
+  const RunResult r = run_post_training(
+      p, progress_printer("post-train", c.post_text.quiet || !print, c.post_text.stop_after), print_notice);
   if (print) print_result(r);
   return 0;
 }

@@ -29,9 +29,9 @@ namespace riftco_transformer {
 /// (and one flag per parameter).
 void synchronize_gradients(Communicator& comm, std::span<const Variable> parameters, std::vector<Tensor>& gradients);
 
-/// FNV-1a 64 over every parameter's shape and value bytes, in order: equal
-/// on two ranks exactly when their parameters are bit-identical (up to
-/// hash collisions).
+/// A 64-bit hash (the checkpoints' Hash64) of every parameter's shape and
+/// value bytes, in order: equal on two ranks exactly when their parameters
+/// are bit-identical (up to hash collisions).
 std::uint64_t parameter_checksum(std::span<const Variable> parameters);
 
 /// Compares parameter_checksum across the ranks (one all-gather of 4 floats

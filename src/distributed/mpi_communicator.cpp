@@ -38,25 +38,6 @@ namespace {
 // range and the all-reduce's scratch buffer at most 64 MiB.
 constexpr std::size_t kChunk = std::size_t{1} << 24;
 
-/// A time limit in seconds from the environment, read before MPI starts:
-/// a number in (0, 1e7]. "nan" or "inf" would make a bounded wait unbounded
-/// (a comparison with NaN is never true) and "abc" (atof's 0) would fail
-/// every wait at once, so anything else is a ValueError naming the variable.
-double seconds_from_environment(const char* name, double fallback) {
-  const char* text = std::getenv(name);
-  if (text == nullptr) return fallback;
-  char* end = nullptr;
-  errno = 0;
-  const double value = std::strtod(text, &end);
-  if (end == text || *end != '\0' || errno != 0 || !(value > 0.0 && value <= 1e7)) {
-    std::string shown(text, std::min<std::size_t>(std::strlen(text), 40));
-    for (char& c : shown) c = (static_cast<unsigned char>(c) < 0x20 || c == 0x7F) ? '?' : c;
-    throw ValueError(std::string("[communicator] ") + name + " is '" + shown +
-                     "'; expected a number of seconds in (0, 1e7]");
-  }
-  return value;
-}
-
 class MpiCommunicator final : public Communicator {
  public:
   MpiCommunicator()

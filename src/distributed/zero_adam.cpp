@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "../backend/kernels.hpp"
+#include "../optim/adam_coefficients.hpp"
 #include "riftco_transformer/errors.hpp"
 
 namespace riftco_transformer {
@@ -275,27 +276,14 @@ float ShardedAdam::update(std::span<const Tensor* const> gradients, Gradients ki
     std::vector<float> culprits(static_cast<std::size_t>(world_));
     comm_.all_gather(std::span<const float>(&culprit, 1), culprits);
     const float first = *std::min_element(culprits.begin(), culprits.end());
-    throw ValueError("[ShardedAdam] the gradient norm is not finite" +
-                     (first == std::numeric_limits<float>::max()
-                          ? std::string(" (it overflowed)")
-                          : " ('" + params_[static_cast<std::size_t>(first)].name() + "' has a non-finite gradient)") +
-                     ": no parameter was changed");
+    detail::throw_non_finite_gradient_norm(
+        "ShardedAdam", first == std::numeric_limits<float>::max() ? "" : params_[static_cast<std::size_t>(first)].name());
   }
   const auto norm = static_cast<float>(std::sqrt(squares));
-  float clip = 1.0F;
-  if (options_.max_grad_norm > 0.0F && norm > options_.max_grad_norm) clip = options_.max_grad_norm / (norm + 1e-6F);
 
   // 3. Adam on this rank's shard, in the parameters' own buffers.
   ++steps_;
-  const auto t = static_cast<double>(steps_);
-  backend::AdamCoefficients c{};
-  c.beta1 = options_.beta1;
-  c.beta2 = options_.beta2;
-  c.bias1 = static_cast<float>(1.0 - std::pow(static_cast<double>(options_.beta1), t));
-  c.bias2 = static_cast<float>(1.0 - std::pow(static_cast<double>(options_.beta2), t));
-  c.learning_rate = options_.learning_rate;
-  c.epsilon = options_.epsilon;
-  c.clip = clip;
+  const backend::AdamCoefficients c = detail::adam_coefficients(options_, steps_, detail::adam_clip_factor(options_, norm));
   std::vector<float*> theta(count, nullptr);
   for (std::size_t i = 0; i < count; ++i) {
     if (!steps(i)) continue;
@@ -309,7 +297,7 @@ float ShardedAdam::update(std::span<const Tensor* const> gradients, Gradients ki
   for_each_piece(rank_, [&](std::size_t i, std::int64_t b, std::int64_t e) {
     if (!steps(i)) return;
     updates.push_back({theta[i] + (b - offset_[i]), m + (b - begin), v + (b - begin), grad.data() + (b - begin),
-                       e - b, 1.0F - options_.learning_rate * weight_decay_[i]});
+                       e - b, detail::adam_decay_factor(options_, weight_decay_[i])});
   });
   kernels.adam_update(updates, c);
 

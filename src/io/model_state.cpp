@@ -6,7 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "riftco_transformer/model_state.hpp"
-#include "hash.hpp"
+#include "../tensor/hash.hpp"
 #include "model_metadata.hpp"
 #include "safetensors_header.hpp"
 

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "../backend/kernels.hpp"
+#include "adam_coefficients.hpp"
 #include "riftco_transformer/gradient_accumulator.hpp"
 
 namespace riftco_transformer {
@@ -162,24 +163,12 @@ float Adam::update(std::span<const Tensor* const> gradients) {
     for (std::size_t k = 0; k < with_grad.size() && culprit.empty(); ++k) {
       if (!kernels.all_finite(grads[k])) culprit = params_[with_grad[k]].name();
     }
-    throw ValueError("[Adam] the gradient norm is not finite" +
-                     (culprit.empty() ? std::string(" (it overflowed)") : " ('" + culprit + "' has a non-finite gradient)") +
-                     ": no parameter was changed");
+    detail::throw_non_finite_gradient_norm("Adam", culprit);
   }
   const auto norm = static_cast<float>(std::sqrt(squares));
-  float clip = 1.0F;
-  if (options_.max_grad_norm > 0.0F && norm > options_.max_grad_norm) clip = options_.max_grad_norm / (norm + 1e-6F);
-
   ++steps_;
-  const auto t = static_cast<double>(steps_);
-  backend::AdamCoefficients c{};
-  c.beta1 = options_.beta1;
-  c.beta2 = options_.beta2;
-  c.bias1 = static_cast<float>(1.0 - std::pow(static_cast<double>(options_.beta1), t));
-  c.bias2 = static_cast<float>(1.0 - std::pow(static_cast<double>(options_.beta2), t));
-  c.learning_rate = options_.learning_rate;
-  c.epsilon = options_.epsilon;
-  c.clip = clip;
+  const backend::AdamCoefficients c =
+      detail::adam_coefficients(options_, steps_, detail::adam_clip_factor(options_, norm));
   std::vector<backend::AdamUpdate> updates;
   updates.reserve(with_grad.size());
   for (std::size_t k = 0; k < with_grad.size(); ++k) {
@@ -189,7 +178,7 @@ float Adam::update(std::span<const Tensor* const> gradients) {
     Tensor theta_handle = params_[i].mutable_value("updated in place by Adam::step");
     auto* theta = const_cast<float*>(std::as_const(theta_handle).device_data());
     updates.push_back({theta, m_[i].device_data(), v_[i].device_data(), grads[k].data(), params_[i].value().numel(),
-                       1.0F - options_.learning_rate * weight_decay_[i]});
+                       detail::adam_decay_factor(options_, weight_decay_[i])});
   }
   kernels.adam_update(updates, c);
   return norm;
@@ -230,5 +219,37 @@ void Adam::set_state(const State& state) {
   v_ = std::move(v);
   steps_ = state.steps;
 }
+
+namespace detail {
+
+float adam_clip_factor(const AdamOptions& options, float norm) {
+  if (options.max_grad_norm > 0.0F && norm > options.max_grad_norm) return options.max_grad_norm / (norm + 1e-6F);
+  return 1.0F;
+}
+
+backend::AdamCoefficients adam_coefficients(const AdamOptions& options, std::int64_t step, float clip) {
+  const auto t = static_cast<double>(step);
+  backend::AdamCoefficients c{};
+  c.beta1 = options.beta1;
+  c.beta2 = options.beta2;
+  c.bias1 = static_cast<float>(1.0 - std::pow(static_cast<double>(options.beta1), t));
+  c.bias2 = static_cast<float>(1.0 - std::pow(static_cast<double>(options.beta2), t));
+  c.learning_rate = options.learning_rate;
+  c.epsilon = options.epsilon;
+  c.clip = clip;
+  return c;
+}
+
+float adam_decay_factor(const AdamOptions& options, float weight_decay) {
+  return 1.0F - options.learning_rate * weight_decay;
+}
+
+void throw_non_finite_gradient_norm(std::string_view op, const std::string& culprit) {
+  throw ValueError("[" + std::string(op) + "] the gradient norm is not finite" +
+                   (culprit.empty() ? std::string(" (it overflowed)") : " ('" + culprit + "' has a non-finite gradient)") +
+                   ": no parameter was changed");
+}
+
+}  // namespace detail
 
 }  // namespace riftco_transformer

@@ -4,7 +4,6 @@
 #include "rank_shards.hpp"
 #include "stage_optimizer.hpp"
 #include "riftco_transformer/adam.hpp"
-#include "riftco_transformer/data_parallel.hpp"
 #include "riftco_transformer/gradient_accumulator.hpp"
 #include "riftco_transformer/gradient_buckets.hpp"
 #include "riftco_transformer/transformer.hpp"
@@ -12,7 +11,7 @@
 namespace riftco_transformer::stage {
 
 ShardedStep data_parallel_step(Communicator& comm, DecoderOnlyTransformer& model, StageOptimizer& adam,
-                               GradientAccumulator& accumulator, GradientBucketer* buckets,
+                               GradientAccumulator& accumulator, GradientBucketer& buckets,
                                const std::vector<TokenBatch>& batches,
                                const std::function<void()>& start_pass, const std::function<void()>& end_pass,
                                const std::function<Error(const std::string&)>& diverged) {
@@ -25,10 +24,10 @@ ShardedStep data_parallel_step(Communicator& comm, DecoderOnlyTransformer& model
   // (1-based) whose loss was not finite on rank r, 0 when none.
   std::vector<float> summary(1 + static_cast<std::size_t>(world), 0.0F);
   double loss_share = 0.0;
-  // With buckets, the last micro-batch's backward reduces the accumulated
-  // sums plus its own weighted gradient as they become final; a rank that
-  // runs no such pass (no rows, or a diverged loss) still joins the same
-  // bucket collectives after the loop (reduce).
+  // The last micro-batch's backward reduces the accumulated sums plus its
+  // own weighted gradient in buckets as they become final; a rank that runs
+  // no such pass (no rows, or a diverged loss) still joins the same bucket
+  // collectives after the loop (reduce).
   bool reduced_in_backward = false;
   for (std::int64_t k = 0; k < micro_batches; ++k) {
     const TokenBatch part = rank_rows(batches[static_cast<std::size_t>(k)], rank, world);
@@ -45,8 +44,8 @@ ShardedStep data_parallel_step(Communicator& comm, DecoderOnlyTransformer& model
     // This rank's share of the step's targets; × world, since the ranks' sum is averaged.
     const double share = step_targets > 0 ? static_cast<double>(mine) / static_cast<double>(step_targets)
                                           : 1.0 / static_cast<double>(micro_batches * world);
-    if (buckets != nullptr && k + 1 == micro_batches) {
-      buckets->backward(loss, accumulator.gradients(), static_cast<float>(share * world));
+    if (k + 1 == micro_batches) {
+      buckets.backward(loss, accumulator.gradients(), static_cast<float>(share * world));
       reduced_in_backward = true;
       end_pass();
       loss_share += share * static_cast<double>(value);
@@ -63,8 +62,8 @@ ShardedStep data_parallel_step(Communicator& comm, DecoderOnlyTransformer& model
   if (reduced_in_backward) {
     for (const Variable& p : adam.parameters()) gradients.push_back(p.grad());
     adam.zero_grad();
-  } else if (buckets != nullptr) {
-    gradients = buckets->reduce(accumulator.gradients());
+  } else {
+    gradients = buckets.reduce(accumulator.gradients());
   }
   summary[0] = static_cast<float>(loss_share);
   comm.all_reduce_sum(std::span<float>(summary));
@@ -77,10 +76,6 @@ ShardedStep data_parallel_step(Communicator& comm, DecoderOnlyTransformer& model
   }
   ShardedStep result;
   result.loss = summary[0];
-  if (buckets == nullptr) {
-    gradients = accumulator.gradients();
-    synchronize_gradients(comm, adam.parameters(), gradients);
-  }
   accumulator.clear();
   try {
     // The same averaged gradients on every rank: the same outcome (ZeRO-1:

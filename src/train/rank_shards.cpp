@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "../distributed/gather_words.hpp"
 #include "riftco_transformer/errors.hpp"
 
 namespace riftco_transformer::stage {
@@ -43,54 +44,39 @@ std::uint64_t rank_dropout_seed(std::uint64_t seed, int rank) {
 
 namespace {
 
-// A Random::State as 16 floats of 16 bits each (exact): the communicator moves floats.
-constexpr std::size_t kStateFloats = 16;
+// A Random::State as 4 words; the spare normal by its bytes.
+constexpr std::size_t kStateWords = 4;
 
-void pack(const Random::State& s, float* out) {
-  std::uint64_t words[4] = {s.state, s.increment, s.has_spare_normal ? 1U : 0U, 0};
-  std::memcpy(&words[3], &s.spare_normal, sizeof words[3]);
-  for (std::size_t w = 0; w < 4; ++w) {
-    for (std::size_t i = 0; i < 4; ++i) out[4 * w + i] = static_cast<float>((words[w] >> (16 * i)) & 0xFFFFU);
-  }
+void pack(const Random::State& s, std::uint64_t* words) {
+  words[0] = s.state;
+  words[1] = s.increment;
+  words[2] = s.has_spare_normal ? 1U : 0U;
+  words[3] = 0;
+  std::memcpy(&words[3], &s.spare_normal, sizeof s.spare_normal);
 }
 
-Random::State unpack(const float* in) {
-  std::uint64_t words[4] = {};
-  for (std::size_t w = 0; w < 4; ++w) {
-    for (std::size_t i = 0; i < 4; ++i) words[w] |= static_cast<std::uint64_t>(in[4 * w + i]) << (16 * i);
-  }
+Random::State unpack(const std::uint64_t* words) {
   Random::State s;
   s.state = words[0];
   s.increment = words[1];
   s.has_spare_normal = words[2] != 0;
-  std::memcpy(&s.spare_normal, &words[3], sizeof words[3]);
+  std::memcpy(&s.spare_normal, &words[3], sizeof s.spare_normal);
   return s;
 }
 
 }  // namespace
 
 std::vector<Random::State> gather_random_states(Communicator& comm, const Random::State& mine) {
-  float packed[kStateFloats];
+  std::uint64_t packed[kStateWords];
   pack(mine, packed);
-  const auto world = static_cast<std::size_t>(comm.world_size());
-  std::vector<float> all(kStateFloats * world);
-  comm.all_gather(std::span<const float>(packed, kStateFloats), std::span<float>(all));
+  const std::vector<std::uint64_t> all = distributed_detail::all_gather_words(comm, packed);
   std::vector<Random::State> states;
-  for (std::size_t r = 0; r < world; ++r) states.push_back(unpack(all.data() + kStateFloats * r));
+  for (std::size_t w = 0; w < all.size(); w += kStateWords) states.push_back(unpack(all.data() + w));
   return states;
 }
 
 std::vector<std::uint64_t> gather_counts(Communicator& comm, std::uint64_t mine) {
-  float pieces[4];  // 16 bits each: exact as floats
-  for (std::size_t i = 0; i < 4; ++i) pieces[i] = static_cast<float>((mine >> (16 * i)) & 0xFFFFU);
-  const auto world = static_cast<std::size_t>(comm.world_size());
-  std::vector<float> all(4 * world);
-  comm.all_gather(std::span<const float>(pieces, 4), std::span<float>(all));
-  std::vector<std::uint64_t> counts(world, 0);
-  for (std::size_t r = 0; r < world; ++r) {
-    for (std::size_t i = 0; i < 4; ++i) counts[r] |= static_cast<std::uint64_t>(all[4 * r + i]) << (16 * i);
-  }
-  return counts;
+  return distributed_detail::all_gather_words(comm, {&mine, 1});
 }
 
 void agree(Communicator& comm, const std::exception_ptr& error, const std::string& op, const std::string& phase) {

@@ -57,10 +57,9 @@ namespace riftco_transformer::stage {
 /// holds the step's K global micro-batches; each trains on its rows of each
 /// (rank_rows), weights micro-batch k's gradient by world_size × its share of
 /// the step's real targets, and the gradients are averaged over the ranks
-/// (with `buckets`: GradientBucketer, reduced in buckets during the last
-/// micro-batch's backward over the accumulated sums; without: one
-/// synchronize_gradients after backward; the same bits), so the update is that of one process on the
-/// whole batch up to summation order. The loss is the global one on every
+/// by `buckets` during the last micro-batch's backward (over the
+/// accumulated sums), so the update is that of one process on the whole
+/// batch up to summation order. The loss is the global one on every
 /// rank. A non-finite loss or gradient anywhere is `diverged(...)` thrown on
 /// every rank alike, before the weights change. start_pass / end_pass wrap
 /// each forward + backward (memory accounting).
@@ -70,7 +69,7 @@ struct ShardedStep {
 };
 class StageOptimizer;
 ShardedStep data_parallel_step(Communicator& comm, DecoderOnlyTransformer& model, StageOptimizer& adam,
-                               GradientAccumulator& accumulator, GradientBucketer* buckets,
+                               GradientAccumulator& accumulator, GradientBucketer& buckets,
                                const std::vector<TokenBatch>& batches,
                                const std::function<void()>& start_pass, const std::function<void()>& end_pass,
                                const std::function<Error(const std::string&)>& diverged);

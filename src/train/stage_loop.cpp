@@ -161,6 +161,7 @@ RunResult run(StageRun& r, const ProgressCallback& progress, const NoticeCallbac
   // Measured with the allocator: the moments are allocated here.
   r.facts["optimizer_state_bytes_per_rank"] = memory_stats().live_bytes - live_before_optimizer;
   r.facts["zero_sharded"] = adam.sharded();
+  r.facts["communicator"] = std::string(comm.kind());  // "single-process", "mpi" or "nccl"
   // Adam holds the groups' order; checkpoints pair moments with names in it.
   r.trainable = in_adam_order(r.trainable, adam);
   r.facts["parameter_groups"] = groups_json(r.trainable, adam);
@@ -292,7 +293,7 @@ RunResult run(StageRun& r, const ProgressCallback& progress, const NoticeCallbac
       float grad_norm = 0.0F;
       if (world > 1) {
         const ShardedStep done =
-            data_parallel_step(comm, model, adam, accumulator, buckets ? &*buckets : nullptr, batches, start_pass,
+            data_parallel_step(comm, model, adam, accumulator, *buckets, batches, start_pass,
                                end_pass, diverged);
         last_loss = done.loss;
         grad_norm = done.grad_norm;

@@ -1,6 +1,10 @@
 // StageOptimizer: Adam or ZeRO-1's ShardedAdam behind one interface.
 #include "stage_optimizer.hpp"
 
+#include <string>
+
+#include "riftco_transformer/errors.hpp"
+
 namespace riftco_transformer::stage {
 
 StageOptimizer::StageOptimizer(Communicator& communicator, std::vector<ParameterGroup> groups,
@@ -36,12 +40,19 @@ void StageOptimizer::zero_grad() {
   }
 }
 
-float StageOptimizer::step() {
-  return zero_ ? zero_->step(ShardedAdam::Gradients::Local) : adam_->step();
+Adam& StageOptimizer::one_process(const char* call) {
+  if (zero_) {
+    throw Error(std::string("[StageOptimizer] ") + call +
+                " is the one-process step, but this optimizer is ZeRO-1's ShardedAdam (world size > 1): "
+                "a data-parallel step calls step_averaged");
+  }
+  return *adam_;
 }
 
+float StageOptimizer::step() { return one_process("step()").step(); }
+
 float StageOptimizer::step(const GradientAccumulator& accumulator) {
-  return zero_ ? zero_->step(accumulator, ShardedAdam::Gradients::Local) : adam_->step(accumulator);
+  return one_process("step(accumulator)").step(accumulator);
 }
 
 float StageOptimizer::step_averaged(std::span<const Tensor> gradients) {

@@ -26,7 +26,8 @@ class StageOptimizer {
   const std::vector<Adam::GroupInfo>& groups() const;
   void set_learning_rate(float lr);
   void zero_grad();
-  /// One process: the parameters' own gradients, or the accumulator's.
+  /// One process (never sharded, since sharding needs world size > 1): the
+  /// parameters' own gradients, or the accumulator's. An Error when sharded.
   float step();
   float step(const GradientAccumulator& accumulator);
   /// Data parallelism: gradients already averaged over the ranks
@@ -40,6 +41,7 @@ class StageOptimizer {
   std::int64_t state_bytes() const;
 
  private:
+  Adam& one_process(const char* call);
   std::optional<Adam> adam_;
   std::optional<ShardedAdam> zero_;
 };

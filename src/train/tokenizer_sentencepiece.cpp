@@ -9,7 +9,7 @@
 #include <mutex>
 #include <unordered_map>
 
-#include "../io/hash.hpp"
+#include "../tensor/hash.hpp"
 #include "riftco_transformer/atomic_file.hpp"
 #include "riftco_transformer/data.hpp"
 

@@ -4,7 +4,7 @@
 #include <cstring>
 #include <limits>
 
-#include "../io/hash.hpp"
+#include "../tensor/hash.hpp"
 #include "../io/json_read.hpp"
 #include "riftco_transformer/model_state.hpp"
 

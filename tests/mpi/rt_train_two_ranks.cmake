@@ -34,6 +34,10 @@ string(JSON world GET "${meta}" world_size)
 if(NOT world EQUAL 2)
   message(FATAL_ERROR "metadata.json records world_size ${world}, expected 2")
 endif()
+string(JSON kind GET "${meta}" facts communicator)
+if(NOT kind STREQUAL "mpi")
+  message(FATAL_ERROR "metadata.json records facts.communicator '${kind}', expected 'mpi'")
+endif()
 
 execute_process(COMMAND ${mpirun} ${RT_TRAIN} post-train --base-model ${WORK}/pre/model.safetensors
                         --data ${SOURCE_DIR}/data/chat_example.jsonl --steps 4 --batch 4 --sequence-length 32

@@ -9,11 +9,9 @@
 #include <iostream>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
-#include <unistd.h>
 
+#include "job_dir.hpp"
 #include "riftco_transformer/data_parallel.hpp"
 #include "riftco_transformer/errors.hpp"
 #include "riftco_transformer/model_state.hpp"
@@ -24,47 +22,10 @@ namespace fs = std::filesystem;
 
 namespace {
 
-Communicator& world() { return Communicator::world(); }
+using riftco_mpi_test::read_file;
+using riftco_mpi_test::world;
 
-std::string read_file(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-/// One scratch folder for the whole job, named after rank 0's process id
-/// (broadcast), so every rank writes to and reads from the same place.
-fs::path job_dir() {
-  static const fs::path dir = [] {
-    float pid[2] = {static_cast<float>(::getpid() & 0xFFFF), static_cast<float>(::getpid() >> 16)};
-    world().broadcast(std::span<float>(pid, 2), 0);
-    const auto id = static_cast<long>(pid[0]) + (static_cast<long>(pid[1]) << 16);
-    const fs::path d = fs::temp_directory_path() / ("riftco_dp_" + std::to_string(id));
-    if (world().rank() == 0) {
-      fs::remove_all(d);
-      fs::create_directories(d);
-      std::string text;
-      for (int i = 0; i < 200; ++i) {
-        text += "the quick brown fox " + std::to_string(i % 7) + " jumps over the lazy dog.\n";
-      }
-      std::ofstream(d / "corpus.txt") << text;
-    }
-    world().barrier();
-    return d;
-  }();
-  return dir;
-}
-
-/// Removes the job's scratch folder when every rank is done.
-class RemoveJobDir : public ::testing::Environment {
- public:
-  void TearDown() override {
-    world().barrier();
-    if (world().rank() == 0) fs::remove_all(job_dir());
-  }
-};
-[[maybe_unused]] const auto* const kRemoveJobDir = ::testing::AddGlobalTestEnvironment(new RemoveJobDir);
+fs::path job_dir() { return riftco_mpi_test::job_dir("riftco_dp_"); }
 
 /// A folder only this rank uses (for one-process reference runs).
 fs::path own_dir(const std::string& name) {

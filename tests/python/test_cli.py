@@ -72,6 +72,7 @@ def test_zero_and_bucket_flags_are_recorded_replayed_and_checked(tools, corpus, 
         meta = json.loads((out / "metadata.json").read_text())
         assert (meta["config"]["zero_stage"], meta["config"]["gradient_bucket_mib"]) == (zero, mib)
         assert meta["facts"]["zero_sharded"] is False
+        assert meta["facts"]["communicator"] == "single-process"
         outputs[zero] = (out / "model.safetensors").read_bytes()
     assert outputs[0] == outputs[1]
     r = run(tools[0], "pretrain", "--config", tmp_path / "zero1" / "metadata.json", "--output", tmp_path / "again",
@@ -84,6 +85,24 @@ def test_zero_and_bucket_flags_are_recorded_replayed_and_checked(tools, corpus, 
         assert r.returncode == 2, (flag, value, r.stderr)
         assert flag in r.stderr, r.stderr
         assert not (tmp_path / "bad").exists()
+
+
+def test_stop_after_leaves_a_run_that_resumes_to_the_uninterrupted_bits(tools, corpus, tmp_path):
+    common = ["--data", corpus, "--steps", 4, "--checkpoint-interval", 2, "--dropout", 0.1, *TINY]
+    assert run(tools[0], "pretrain", *common, "--output", tmp_path / "whole").returncode == 0
+    out = tmp_path / "stopped"
+    r = run(tools[0], "pretrain", *common, "--stop-after", 3, "--output", out)
+    assert r.returncode == 0, r.stderr
+    assert "stopped after step 3 (--stop-after)" in r.stdout and "--resume continues from" in r.stdout, r.stdout
+    # As a kill after step 3: the step-2 checkpoint and the partial metrics, no final files.
+    assert (out / "training_checkpoint.safetensors").exists() and (out / "metrics.partial.jsonl").exists()
+    assert not (out / "metadata.json").exists() and not (out / "model.safetensors").exists()
+    r = run(tools[0], "pretrain", *common, "--resume", "--output", out)
+    assert r.returncode == 0 and "done: 4 steps (resumed from step 2)" in r.stdout, r.stdout + r.stderr
+    assert (out / "model.safetensors").read_bytes() == (tmp_path / "whole" / "model.safetensors").read_bytes()
+    assert "stop_after" not in json.loads((out / "metadata.json").read_text())["config"]
+    r = run(tools[0], "pretrain", *common, "--stop-after", -1, "--output", tmp_path / "bad")
+    assert r.returncode == 2 and "--stop-after" in r.stderr, r.stderr
 
 
 @pytest.mark.parametrize("policy", ["attention", "mlp"])

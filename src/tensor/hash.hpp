@@ -1,8 +1,10 @@
 #pragma once
 // A 64-bit streaming hash for integrity checks (checkpoint checksums, model
-// fingerprints): not cryptographic, but every bit of the input moves about
-// half of the output bits, so a flipped bit or an edited number is caught
-// with probability 1 - 2^-64. Eight bytes per round (several GB/s).
+// fingerprints, the data-parallel ranks' parameter checksum): not
+// cryptographic, but every bit of the input moves about half of the output
+// bits, so a flipped bit or an edited number is caught with probability
+// 1 - 2^-64. Eight bytes per round (several GB/s). In the tensor layer (it
+// knows Tensor only), so every layer above may use it.
 #include <cstdint>
 #include <string>
 #include <string_view>

@@ -1,0 +1,32 @@
+#pragma once
+// What one Adam step computes besides the kernel, shared by Adam and ZeRO-1's
+// ShardedAdam (src/distributed/zero_adam.cpp), whose parameters must match
+// Adam's bit for bit: the clipping factor, the step's kernel coefficients
+// and each parameter's decay factor, and the error for a non-finite norm.
+// Private to the optim and distributed layers.
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "../backend/kernel_types.hpp"
+#include "riftco_transformer/adam.hpp"
+
+namespace riftco_transformer::detail {
+
+/// The gradient's scale for global-norm clipping: max_grad_norm / (norm +
+/// 1e-6) when clipping is on and the norm exceeds it, else 1.
+float adam_clip_factor(const AdamOptions& options, float norm);
+
+/// The kernel's coefficients for step `step` (1-based: bias corrections
+/// 1 - beta^step, computed in double).
+backend::AdamCoefficients adam_coefficients(const AdamOptions& options, std::int64_t step, float clip);
+
+/// θ's factor for decoupled weight decay: 1 - learning_rate · weight_decay.
+float adam_decay_factor(const AdamOptions& options, float weight_decay);
+
+/// The ValueError for a non-finite gradient norm: "[op] the gradient norm is
+/// not finite ('name' has a non-finite gradient): no parameter was changed",
+/// or "(it overflowed)" when `culprit` is empty.
+[[noreturn]] void throw_non_finite_gradient_norm(std::string_view op, const std::string& culprit);
+
+}  // namespace riftco_transformer::detail
