@@ -161,17 +161,20 @@ TEST(PointwiseExp, TheFastestBuildRunsWhereTheCpuAndLibmHaveIt) {
 
 TEST(PointwiseExp, RowPiecesEqualTheScalarLoopsOnRaggedRows) {
   for (const std::int64_t n : kWidths) {
-    const Tensor x = hard_logits(1, n, 10 + static_cast<std::uint64_t>(n), true);
-    const float* px = x.data();
-    std::vector<float> got(static_cast<std::size_t>(n)), want(static_cast<std::size_t>(n));
-    float want_max = 0.0F;
-    const float want_total = softmax_row_reference(px, want.data(), n, want_max);
-    const float m = cpu::row_max(px, n);
-    ASSERT_EQ(bits(m), bits(want_max)) << "n " << n;
-    const float total = cpu::exp_shifted_row(px, m, got.data(), n);
-    ASSERT_EQ(bits(total), bits(want_total)) << "n " << n;
-    cpu::scale_row(got.data(), 1.0F / total, got.data(), n);
-    expect_same_bits(got.data(), want.data(), n, "softmax row n " + std::to_string(n));
+    for (const bool hard : {false, true}) {  // plain logits (no exp underflows to 0), then ±100, −inf and ties
+      const Tensor x = hard ? hard_logits(1, n, 10 + static_cast<std::uint64_t>(n), true)
+                            : randn({1, n}, 20 + static_cast<std::uint64_t>(n), 3.0F);
+      const float* px = x.data();
+      std::vector<float> got(static_cast<std::size_t>(n)), want(static_cast<std::size_t>(n));
+      float want_max = 0.0F;
+      const float want_total = softmax_row_reference(px, want.data(), n, want_max);
+      const float m = cpu::row_max(px, n);
+      ASSERT_EQ(bits(m), bits(want_max)) << "n " << n;
+      const float total = cpu::exp_shifted_row(px, m, got.data(), n);
+      ASSERT_EQ(bits(total), bits(want_total)) << "n " << n;
+      cpu::scale_row(got.data(), 1.0F / total, got.data(), n);
+      expect_same_bits(got.data(), want.data(), n, "softmax row n " + std::to_string(n));
+    }
   }
   // NaNs are never taken as the max; an empty row's max is −inf.
   const std::vector<float> with_nan{std::nanf(""), 1.0F, std::nanf(""), -2.0F, 3.0F, std::nanf(""), 0.5F, 2.0F, 1.0F};
