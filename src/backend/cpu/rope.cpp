@@ -74,11 +74,10 @@ std::shared_ptr<const RopeTable> rope_table(std::int64_t d, float base, std::int
 template <bool kInverse>
 [[gnu::always_inline]] inline void rotate_row(const float* x, float* out, const float* c2, const float* s2,
                                               std::int64_t d) {
-  using v8i = std::int32_t __attribute__((vector_size(32)));
   std::int64_t j = 0;
   for (; j + kLanes <= d; j += kLanes) {
     const v8 xv = vec::load(x + j);
-    const v8 swapped = __builtin_shuffle(xv, v8i{1, 0, 3, 2, 5, 4, 7, 6});
+    const v8 swapped = __builtin_shufflevector(xv, xv, 1, 0, 3, 2, 5, 4, 7, 6);
     const v8 p = xv * vec::load(c2 + j);
     const v8 q = swapped * vec::load(s2 + j);
     vec::store(out + j, kInverse ? p - q : p + q);
