@@ -6,7 +6,7 @@
 //                    the lanes may meet ±0 in another order, which no caller
 //                    can see (x − (±0) and m + log(Σ) are the same numbers);
 //   exp_shifted_row  out[j] = std::exp(x[j] − shift) and Σ out[j] added in
-//                    j order in float. The AVX-512F build computes glibc's
+//                    j order in float (a NaN sum may carry another payload). The AVX-512F build computes glibc's
 //                    expf (the FMA variant its ifunc picks on CPUs with
 //                    AVX2 and FMA: double precision, a 32-entry 2^(i/32)
 //                    table) on eight double lanes, the AVX2 + FMA build on
