@@ -50,6 +50,13 @@ struct ActivationMemoryProfile {
   std::int64_t block_input_bytes = 0;
   /// Extra working set per additional block of a segment while it replays.
   std::int64_t segment_extra_per_block = 0;
+  /// Whether the block-boundary inputs of checkpointed groups (block,
+  /// segment, attention) leave the device (activation offload on a cuda
+  /// model; profile_activation_memory sets it). The probes run without
+  /// offload; the prediction then counts those inputs as 0 in what groups
+  /// keep, adds the (at most two) inputs back on the device to each replay's
+  /// term, and predicts the pinned host bytes separately.
+  bool activation_offload = false;
   /// Forward FLOPs each option recomputes for one block.
   std::array<double, 4> recompute_flops{};
   /// FLOPs of one whole forward (blocks + head), for scale.
@@ -60,13 +67,22 @@ struct ActivationMemoryProfile {
 };
 
 /// Probes 1- and 2-layer copies of `model` (nine forward + backward passes of
-/// one or two blocks at this batch and sequence length). The model itself is
-/// not touched.
+/// one or two blocks at this batch and sequence length, without offload).
+/// The model itself is not touched. activation_offload is the model's
+/// setting on a cuda model (on the CPU offload moves nothing).
 ActivationMemoryProfile profile_activation_memory(const DecoderOnlyTransformer& model, std::int64_t batch,
                                                   std::int64_t sequence_length);
 
-/// Predicted activation peak of a plan (its blocks must add up to profile.layers).
+/// Predicted activation peak of a plan on the model's device (its blocks
+/// must add up to profile.layers). With profile.activation_offload, an
+/// offloaded group's input is not kept on the device; while a group
+/// replays, its own input and the prefetched input of the group before it
+/// are (two inputs; one for a group that is not offloaded itself, once any
+/// group is).
 std::int64_t predicted_activation_peak(const ActivationMemoryProfile& profile, const ActivationCheckpointingPlan& plan);
+/// Pinned host bytes activation offload holds for the plan during a step:
+/// one block input (B·T·C floats) per offloaded group; 0 without offload.
+std::int64_t predicted_pinned_host_bytes(const ActivationMemoryProfile& profile, const ActivationCheckpointingPlan& plan);
 /// Forward FLOPs the plan's backward replays per step.
 double plan_recompute_flops(const ActivationMemoryProfile& profile, const ActivationCheckpointingPlan& plan);
 
@@ -77,6 +93,7 @@ struct ActivationMemoryPlan {
   double recompute_flops = 0;             // per step
   std::int64_t smallest_feasible_bytes = 0;  // the least any plan needs
   std::int64_t disabled_peak_bytes = 0;      // what keeping everything needs
+  std::int64_t pinned_host_bytes = 0;        // host memory activation offload holds (0 without offload)
 };
 
 /// The plan with the least recompute FLOPs whose predicted peak fits the

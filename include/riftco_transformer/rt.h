@@ -1,4 +1,4 @@
-/* riftco C ABI 2.0: a stable C interface over the C++ library.
+/* riftco C ABI 2.x (2.0 and what 2.1-2.4 appended): a stable C interface over the C++ library.
  *
  * Plain C11 (also valid C++). Every function returns an rt_status; on failure
  * rt_last_error_message() gives the calling thread's message. Exceptions never
@@ -24,7 +24,7 @@ extern "C" {
 #endif
 
 #define RT_ABI_VERSION_MAJOR 2
-#define RT_ABI_VERSION_MINOR 3
+#define RT_ABI_VERSION_MINOR 4
 
 /* ---- status and errors ---------------------------------------------------- */
 
@@ -215,6 +215,24 @@ RT_API rt_status rt_model_set_attention(rt_model* model, rt_attention attention)
 RT_API rt_status rt_model_attention(const rt_model* model, rt_attention* attention);
 RT_API rt_status rt_model_set_dropout(rt_model* model, float probability, uint64_t seed);
 RT_API rt_status rt_model_set_training(rt_model* model, int training);
+
+/* Appended in ABI 2.4. rt_model_to moves every parameter (base weights and
+ * adapters, with their gradients) to `backend`, as C++
+ * DecoderOnlyTransformer::to: each move bumps the parameter's version, so
+ * variables computed before and decode sessions opened before are stale
+ * (RT_ERROR_STALE_GRAPH when used; open a new session). Moving to the
+ * backend the model is on changes nothing. A backend this library is not
+ * built with (or has no usable device for) is RT_ERROR_BACKEND and nothing
+ * moves; a value that is not an rt_backend is RT_ERROR_INVALID_ARGUMENT. */
+RT_API rt_status rt_model_to(rt_model* model, rt_backend backend);
+RT_API rt_status rt_model_backend(const rt_model* model, rt_backend* backend);
+/* Appended in ABI 2.4: activation offload (docs/checkpointing.md), 0 by
+ * default. Nonzero keeps every checkpointed group's block-boundary input in
+ * pinned host memory between its forward and its replay (cuda models; on
+ * the CPU nothing moves; gradients are bit-identical either way). Affects
+ * later forwards only. */
+RT_API rt_status rt_model_set_activation_offload(rt_model* model, int offload);
+RT_API rt_status rt_model_activation_offload(const rt_model* model, int* offload);
 
 /* Parameters in the model's fixed order (base weights; not LoRA adapters). */
 RT_API rt_status rt_model_parameter_count(const rt_model* model, size_t* count);

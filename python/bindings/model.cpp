@@ -2,6 +2,7 @@
 #include <nanobind/operators.h>
 
 #include "common.hpp"
+#include "riftco_transformer/memory.hpp"
 #include "riftco_transformer/memory_plan.hpp"
 #include "config_fields.hpp"
 #include "riftco_transformer/attention.hpp"
@@ -171,6 +172,7 @@ void init_model(nb::module_& m) {
             out["budget_bytes"] = plan.budget_bytes;
             out["predicted_peak_bytes"] = plan.predicted_peak_bytes;
             out["disabled_peak_bytes"] = plan.disabled_peak_bytes;
+            out["pinned_host_bytes"] = plan.pinned_host_bytes;
             out["smallest_feasible_bytes"] = plan.smallest_feasible_bytes;
             out["recompute_flops"] = plan.recompute_flops;
             out["forward_flops"] = profile.forward_flops;
@@ -201,7 +203,12 @@ void init_model(nb::module_& m) {
             return model;
           },
           "backend"_a, nb::rv_policy::reference,
-          "Moves every parameter to `backend` and returns the model. BackendError for a backend this build lacks.")
+          "Moves every parameter (base and adapters, with their gradients) to `backend` and returns the model. "
+          "Earlier graphs and decode sessions become stale (StaleGraphError). BackendError for a backend this build "
+          "lacks or has no device for; nothing moves then.")
+      .def_prop_ro(
+          "backend", [](const DecoderOnlyTransformer& model) { return std::string(rt::backend_name(model.backend())); },
+          "'cpu' or 'cuda': where the parameters live.")
       .def("parameters", [](const DecoderOnlyTransformer& model) {
         std::vector<rt::Variable> out;
         for (rt::NamedParameter& p : all_parameters(model)) out.push_back(p.variable);

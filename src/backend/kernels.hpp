@@ -94,6 +94,13 @@ class Kernels {
   /// Entries j > i + offset of each (Tq, Tk) matrix set to `fill`.
   virtual Tensor causal_fill(const Tensor& x, std::int64_t offset, float fill) const = 0;
 
+  // ---- dropout ------------------------------------------------------------
+  /// The dropout mask of `shape`: 0 or keep_scale (1/(1-p)) per element, a
+  /// pure function of (seed, element index) through Philox4x32-10
+  /// (backend/philox.hpp), so every backend gives the same bits and the
+  /// device makes its mask without a host copy.
+  virtual Tensor dropout_mask(const Shape& shape, std::uint64_t seed, float p, float keep_scale) const = 0;
+
   // ---- rotary embedding ---------------------------------------------------
   virtual Tensor rope_apply(const Tensor& x, std::int64_t offset, float base, bool inverse) const = 0;
   /// Strided rows of `width` floats (src may equal dst).

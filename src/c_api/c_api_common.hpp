@@ -162,6 +162,10 @@ void write_struct(T* out, T value, const char* function, const char* name) {
 
 riftco_transformer::ActivationCheckpointingKind policy(const rt_activation_checkpointing& kind, const char* function);
 riftco_transformer::FullSequenceAttentionKind attention(const rt_attention& kind, const char* function);
+/// An rt_backend argument (ArgumentError for another value; whether it is
+/// built is the caller's check).
+riftco_transformer::Backend backend(const rt_backend& kind, const char* function);
+rt_backend to_c(riftco_transformer::Backend backend);
 rt_activation_checkpointing to_c(riftco_transformer::ActivationCheckpointingKind kind);
 rt_attention to_c(riftco_transformer::FullSequenceAttentionKind kind);
 /// The architecture fields of `config` (the fields appended after ABI 2.0

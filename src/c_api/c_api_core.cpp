@@ -43,6 +43,17 @@ riftco_transformer::FullSequenceAttentionKind attention(const rt_attention& kind
   bad_argument(function, "attention " + std::to_string(value) + " is not an rt_attention value (0 materialized, 1 flash)");
 }
 
+riftco_transformer::Backend backend(const rt_backend& kind, const char* function) {
+  const int value = enum_value(kind);
+  if (value == RT_BACKEND_CPU) return riftco_transformer::Backend::Cpu;
+  if (value == RT_BACKEND_CUDA) return riftco_transformer::Backend::Cuda;
+  bad_argument(function, "backend " + std::to_string(value) + " is not an rt_backend value (0 cpu, 1 cuda)");
+}
+
+rt_backend to_c(riftco_transformer::Backend backend) {
+  return backend == riftco_transformer::Backend::Cuda ? RT_BACKEND_CUDA : RT_BACKEND_CPU;
+}
+
 rt_activation_checkpointing to_c(riftco_transformer::ActivationCheckpointingKind kind) {
   return static_cast<rt_activation_checkpointing>(static_cast<int>(kind));
 }
@@ -186,12 +197,7 @@ rt_status rt_generation_options_init(rt_generation_options* options, size_t stru
 
 rt_status rt_memory_stats_get(rt_backend backend, rt_memory_stats* stats) {
   return guard("rt_memory_stats_get", [&] {
-    const int value = enum_value(backend);
-    if (value != RT_BACKEND_CPU && value != RT_BACKEND_CUDA) {
-      bad_argument("rt_memory_stats_get",
-                   "backend " + std::to_string(value) + " is not an rt_backend value (0 cpu, 1 cuda)");
-    }
-    const rt::Backend b = value == RT_BACKEND_CPU ? rt::Backend::Cpu : rt::Backend::Cuda;
+    const rt::Backend b = rt_c::backend(backend, "rt_memory_stats_get");
     if (!rt::backend_available(b)) {
       throw rt::BackendError(std::string("[rt_memory_stats_get] the ") + rt::backend_name(b) +
                              " backend is not built in this library");

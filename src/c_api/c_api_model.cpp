@@ -115,6 +115,35 @@ rt_status rt_model_set_training(rt_model* model, int training) {
   return guard(f, [&] { model_of(model, f).set_training(training != 0); });
 }
 
+rt_status rt_model_to(rt_model* model, rt_backend backend) {
+  constexpr const char* f = "rt_model_to";
+  return guard(f, [&] {
+    rt::DecoderOnlyTransformer& m = model_of(model, f);
+    m.to(rt_c::backend(backend, f));  // BackendError before anything moves when not built
+  });
+}
+
+rt_status rt_model_backend(const rt_model* model, rt_backend* backend) {
+  constexpr const char* f = "rt_model_backend";
+  return guard(f, [&] {
+    const rt::DecoderOnlyTransformer& m = model_of(model, f);
+    require(backend, f, "backend") = to_c(m.backend());
+  });
+}
+
+rt_status rt_model_set_activation_offload(rt_model* model, int offload) {
+  constexpr const char* f = "rt_model_set_activation_offload";
+  return guard(f, [&] { model_of(model, f).set_activation_offload(offload != 0); });
+}
+
+rt_status rt_model_activation_offload(const rt_model* model, int* offload) {
+  constexpr const char* f = "rt_model_activation_offload";
+  return guard(f, [&] {
+    const rt::DecoderOnlyTransformer& m = model_of(model, f);
+    require(offload, f, "offload") = m.activation_offload() ? 1 : 0;
+  });
+}
+
 rt_status rt_model_parameter_count(const rt_model* model, size_t* count) {
   constexpr const char* f = "rt_model_parameter_count";
   return guard(f, [&] {

@@ -65,6 +65,71 @@ std::int64_t group_base(const ActivationMemoryProfile& p, const CheckpointGroup&
   return g.recompute == BlockRecompute::Whole ? base + (g.blocks - 1) * p.segment_extra_per_block : base;
 }
 
+/// Whether offload parks this group's input: it starts at a block boundary
+/// and is checkpointed (a block, a segment, an attention group).
+bool offloaded(const ActivationMemoryProfile& p, const CheckpointGroup& g) {
+  return p.activation_offload && (g.recompute == BlockRecompute::Whole || g.recompute == BlockRecompute::Attention);
+}
+
+/// What the group keeps on the device between its forward and its backward.
+std::int64_t group_kept(const ActivationMemoryProfile& p, const CheckpointGroup& g) {
+  const std::int64_t kept = group_bytes(p, g) - g.blocks * p.block_gradient_bytes;
+  return offloaded(p, g) ? kept - p.block_input_bytes : kept;
+}
+
+/// The group's replay term beside the gradients: its base, plus the offloaded
+/// inputs on the device while it runs (its own, back for the replay, and the
+/// previous group's, prefetched; only the prefetched one for a group that is
+/// not offloaded) once `any` group is offloaded.
+std::int64_t group_replay(const ActivationMemoryProfile& p, const CheckpointGroup& g, bool any) {
+  const std::int64_t inputs = !any ? 0 : offloaded(p, g) ? 2 : 1;
+  return group_base(p, g) + inputs * p.block_input_bytes;
+}
+
+/// `count` equal groups side by side: a candidate plan is at most five runs
+/// (segments of k, one shorter segment, mlp, attention, keep).
+struct Run {
+  std::int64_t count;
+  CheckpointGroup group;
+};
+
+bool any_offloaded(const ActivationMemoryProfile& p, const std::vector<Run>& runs) {
+  return std::any_of(runs.begin(), runs.end(), [&](const Run& r) { return offloaded(p, r.group); });
+}
+
+/// The runs in the order that gives the lowest peak: the group replayed last
+/// holds only its own gradients beside its working set, so the largest
+/// working sets go last (nearest the head). Stable: equal terms keep the
+/// candidate's order.
+void order_runs(const ActivationMemoryProfile& p, std::vector<Run>& runs) {
+  const bool any = any_offloaded(p, runs);
+  std::stable_sort(runs.begin(), runs.end(), [&](const Run& x, const Run& y) {
+    return group_replay(p, x.group, any) < group_replay(p, y.group, any);
+  });
+}
+
+/// predicted_activation_peak of the expanded runs, in O(runs): while group g
+/// replays, every group's kept values are live, the groups after g (and g
+/// itself) hold their gradients, and g's replay term sits on top:
+/// peak = Σ kept + max_g (gradients of groups ≥ g + replay_g). Within a run
+/// the first group has the largest suffix of gradients, so it sets the run's term.
+std::int64_t runs_peak(const ActivationMemoryProfile& p, const std::vector<Run>& runs) {
+  const bool any = any_offloaded(p, runs);
+  std::int64_t kept = 0, gradients = 0, top = 0;
+  for (const Run& r : runs) kept += r.count * group_kept(p, r.group);
+  for (auto r = runs.rbegin(); r != runs.rend(); ++r) {
+    gradients += r->count * r->group.blocks * p.block_gradient_bytes;
+    top = std::max(top, gradients + group_replay(p, r->group, any));
+  }
+  return kept + top;
+}
+
+ActivationCheckpointingPlan expand(const std::vector<Run>& runs) {
+  ActivationCheckpointingPlan plan;
+  for (const Run& r : runs) plan.insert(plan.end(), static_cast<std::size_t>(r.count), r.group);
+  return plan;
+}
+
 }  // namespace
 
 std::int64_t parse_byte_size(const std::string& text, const char* op) {
@@ -172,6 +237,7 @@ ActivationMemoryProfile profile_activation_memory(const DecoderOnlyTransformer& 
     }
   }
   p.block_input_bytes = n * d.model_width * static_cast<std::int64_t>(sizeof(float));
+  p.activation_offload = model.activation_offload() && model.backend() == Backend::Cuda;
   const CheckpointGroup segment{2, BlockRecompute::Whole};
   p.segment_extra_per_block = 0;
   const std::int64_t without_extra = group_bytes(p, segment) + group_base(p, segment);
@@ -190,27 +256,23 @@ ActivationMemoryProfile profile_activation_memory(const DecoderOnlyTransformer& 
 }
 
 std::int64_t predicted_activation_peak(const ActivationMemoryProfile& profile, const ActivationCheckpointingPlan& plan) {
-  // Backward runs from the last group to the first and frees nothing the
-  // graph keeps, so while group g replays, everything is kept, the groups
-  // after g (and g itself) hold their gradients, and g's working set sits on
-  // top: peak = Σ kept + max_g (gradients of groups ≥ g + base_g).
-  std::int64_t kept = 0;
   std::int64_t blocks = 0;
+  std::vector<Run> runs;
   for (const CheckpointGroup& g : plan) {
-    kept += group_bytes(profile, g) - g.blocks * profile.block_gradient_bytes;
     blocks += g.blocks;
+    runs.push_back({1, g});
   }
   if (blocks != profile.layers) {
     throw ValueError("[predicted_activation_peak] the plan covers " + std::to_string(blocks) + " blocks, the profile " +
                      std::to_string(profile.layers));
   }
-  std::int64_t gradients = 0;
-  std::int64_t top = 0;
-  for (auto g = plan.rbegin(); g != plan.rend(); ++g) {
-    gradients += g->blocks * profile.block_gradient_bytes;
-    top = std::max(top, gradients + group_base(profile, *g));
-  }
-  return kept + top;
+  return runs_peak(profile, runs);
+}
+
+std::int64_t predicted_pinned_host_bytes(const ActivationMemoryProfile& profile, const ActivationCheckpointingPlan& plan) {
+  std::int64_t bytes = 0;
+  for (const CheckpointGroup& g : plan) bytes += offloaded(profile, g) ? profile.block_input_bytes : 0;
+  return bytes;
 }
 
 double plan_recompute_flops(const ActivationMemoryProfile& profile, const ActivationCheckpointingPlan& plan) {
@@ -218,44 +280,6 @@ double plan_recompute_flops(const ActivationMemoryProfile& profile, const Activa
   for (const CheckpointGroup& g : plan) flops += static_cast<double>(g.blocks) * profile.recompute_flops[index_of(g.recompute)];
   return flops;
 }
-
-namespace {
-
-/// `count` equal groups side by side: a candidate plan is at most five runs
-/// (segments of k, one shorter segment, mlp, attention, keep).
-struct Run {
-  std::int64_t count;
-  CheckpointGroup group;
-};
-
-/// The runs in the order that gives the lowest peak: the group replayed last
-/// holds only its own gradients beside its working set, so the largest
-/// working sets go last (nearest the head). Stable: equal bases keep the
-/// candidate's order.
-void order_runs(const ActivationMemoryProfile& p, std::vector<Run>& runs) {
-  std::stable_sort(runs.begin(), runs.end(),
-                   [&](const Run& x, const Run& y) { return group_base(p, x.group) < group_base(p, y.group); });
-}
-
-/// predicted_activation_peak of the expanded runs, in O(runs): within a run
-/// the first group has the largest suffix of gradients, so it sets the run's term.
-std::int64_t runs_peak(const ActivationMemoryProfile& p, const std::vector<Run>& runs) {
-  std::int64_t kept = 0, gradients = 0, top = 0;
-  for (const Run& r : runs) kept += r.count * (group_bytes(p, r.group) - r.group.blocks * p.block_gradient_bytes);
-  for (auto r = runs.rbegin(); r != runs.rend(); ++r) {
-    gradients += r->count * r->group.blocks * p.block_gradient_bytes;
-    top = std::max(top, gradients + group_base(p, r->group));
-  }
-  return kept + top;
-}
-
-ActivationCheckpointingPlan expand(const std::vector<Run>& runs) {
-  ActivationCheckpointingPlan plan;
-  for (const Run& r : runs) plan.insert(plan.end(), static_cast<std::size_t>(r.count), r.group);
-  return plan;
-}
-
-}  // namespace
 
 ActivationMemoryPlan plan_activation_memory(const ActivationMemoryProfile& profile, std::int64_t budget_bytes) {
   const std::int64_t layers = profile.layers;
@@ -319,6 +343,7 @@ ActivationMemoryPlan plan_activation_memory(const ActivationMemoryProfile& profi
                      std::to_string(profile.sequence_length) + "; ask for at least that, or a smaller batch");
   }
   best.plan = expand(best_runs);
+  best.pinned_host_bytes = predicted_pinned_host_bytes(profile, best.plan);
   return best;
 }
 
@@ -334,6 +359,11 @@ std::string describe_activation_memory_plan(const ActivationMemoryProfile& profi
                 format_bytes(static_cast<double>(plan.disabled_peak_bytes)).c_str(),
                 format_bytes(static_cast<double>(plan.smallest_feasible_bytes)).c_str());
   out += line;
+  if (profile.activation_offload) {
+    std::snprintf(line, sizeof line, "  activation offload: %s of block inputs in pinned host memory\n",
+                  format_bytes(static_cast<double>(plan.pinned_host_bytes)).c_str());
+    out += line;
+  }
   std::snprintf(line, sizeof line, "  recompute %.3g GFLOP per step (%.1f%% of the forward)\n", plan.recompute_flops / 1e9,
                 profile.forward_flops > 0 ? 100.0 * plan.recompute_flops / profile.forward_flops : 0.0);
   out += line;
@@ -343,8 +373,9 @@ std::string describe_activation_memory_plan(const ActivationMemoryProfile& profi
     std::size_t j = i;
     while (j < plan.plan.size() && plan.plan[j] == g) ++j;  // a run of equal groups: one line
     const std::int64_t blocks = static_cast<std::int64_t>(j - i) * g.blocks;
-    const std::int64_t kept = g.recompute == BlockRecompute::Whole ? profile.block_input_bytes
-                                                                   : profile.kept_bytes(g.recompute);
+    const std::int64_t saved = g.recompute == BlockRecompute::Whole ? profile.block_input_bytes
+                                                                    : profile.kept_bytes(g.recompute);
+    const std::int64_t kept = offloaded(profile, g) ? saved - profile.block_input_bytes : saved;  // on the device
     const std::string which = blocks == 1 ? "block " + std::to_string(first)
                                           : "blocks " + std::to_string(first) + "-" + std::to_string(first + blocks - 1);
     const std::string what = g.blocks > 1 ? "segments of " + std::to_string(g.blocks) + " blocks"

@@ -1,4 +1,4 @@
-/* The C ABI 2.0 from C11: every function, the policy parity through the ABI,
+/* The C ABI 2.x from C11: every function, the policy parity through the ABI,
  * graph lifetime after rt_model_destroy, decode independence of the policy,
  * and every documented error status (NULL handles, bad enums, wrong buffer
  * sizes, stale graphs, corrupt files), each leaving the handles usable.
@@ -148,8 +148,8 @@ static void test_struct_init(void) {
 }
 
 static void test_version_and_names(void) {
-  CHECK(rt_abi_version() == ((2u << 16) | 3u));
-  CHECK(RT_ABI_VERSION_MAJOR == 2 && RT_ABI_VERSION_MINOR == 3);
+  CHECK(rt_abi_version() == ((2u << 16) | 4u));
+  CHECK(RT_ABI_VERSION_MAJOR == 2 && RT_ABI_VERSION_MINOR == 4);
   CHECK(strcmp(rt_status_name(RT_ERROR_STALE_GRAPH), "RT_ERROR_STALE_GRAPH") == 0);
   CHECK(strcmp(rt_status_name((rt_status)99), "unknown") == 0);
 }
@@ -1193,6 +1193,83 @@ static void test_zero_stage_and_buckets(void) {
   FAILS(rt_run_post_training(&p, NULL, NULL, &zero), RT_ERROR_VALUE, "zero_stage");
 }
 
+/* Model transfer and the model's activation offload (ABI 2.4, appended).
+ * Without a usable CUDA device a move to cuda is RT_ERROR_BACKEND and leaves
+ * the model untouched (its earlier graph still differentiates); with one,
+ * the move makes earlier graphs and decode sessions stale and the losses
+ * agree with the CPU's. Offload: 0 by default, the same loss bits on. */
+static void test_model_transfer_and_offload(void) {
+  rt_transformer_config c = tiny_config();
+  rt_model* model = NULL;
+  OK(rt_model_create(&c, 42, RT_ATTENTION_FLASH, RT_ACTIVATION_CHECKPOINTING_TRANSFORMER_BLOCK, &model));
+  rt_backend where = RT_BACKEND_CUDA;
+  OK(rt_model_backend(model, &where));
+  CHECK(where == RT_BACKEND_CPU);
+  rt_variable* loss = NULL;
+  OK(rt_model_loss(model, g_tokens, g_targets, B, T, &loss));
+  float cpu_loss = 0;
+  OK(rt_variable_item(loss, &cpu_loss));
+  OK(rt_model_to(model, RT_BACKEND_CPU)); /* already there: nothing moves, nothing is stale */
+  OK(rt_variable_backward(loss));
+  rt_decode_session* session = NULL;
+  OK(rt_decode_session_create(model, &session));
+  float logits[256];
+  OK(rt_decode_session_decode(session, 5, logits, 256));
+
+  rt_memory_stats stats;
+  stats.struct_size = sizeof stats;
+  const int have_cuda = rt_memory_stats_get(RT_BACKEND_CUDA, &stats) == RT_OK;
+  if (!have_cuda) {
+    FAILS(rt_model_to(model, RT_BACKEND_CUDA), RT_ERROR_BACKEND, "cuda");
+    OK(rt_model_backend(model, &where));
+    CHECK(where == RT_BACKEND_CPU);
+    OK(rt_variable_backward(loss)); /* untouched: the graph is not stale */
+    OK(rt_decode_session_decode(session, 6, logits, 256));
+  } else {
+    OK(rt_model_to(model, RT_BACKEND_CUDA));
+    OK(rt_model_backend(model, &where));
+    CHECK(where == RT_BACKEND_CUDA);
+    FAILS(rt_variable_backward(loss), RT_ERROR_STALE_GRAPH, "stale graph");
+    FAILS(rt_decode_session_decode(session, 6, logits, 256), RT_ERROR_STALE_GRAPH, "reset()");
+    rt_variable* device_loss = NULL;
+    OK(rt_model_loss(model, g_tokens, g_targets, B, T, &device_loss));
+    float cuda_loss = 0;
+    OK(rt_variable_item(device_loss, &cuda_loss));
+    CHECK(fabsf(cuda_loss - cpu_loss) <= 1e-4f * fabsf(cpu_loss));
+    OK(rt_variable_backward(device_loss));
+    rt_variable_destroy(device_loss);
+    OK(rt_model_to(model, RT_BACKEND_CPU));
+    OK(rt_model_backend(model, &where));
+    CHECK(where == RT_BACKEND_CPU);
+  }
+  FAILS(rt_model_to(model, (rt_backend)7), RT_ERROR_INVALID_ARGUMENT, "not an rt_backend value");
+  FAILS(rt_model_to(NULL, RT_BACKEND_CPU), RT_ERROR_INVALID_ARGUMENT, "model is NULL");
+  FAILS(rt_model_backend(model, NULL), RT_ERROR_INVALID_ARGUMENT, "backend is NULL");
+
+  int offload = -1;
+  OK(rt_model_activation_offload(model, &offload));
+  CHECK(offload == 0);
+  OK(rt_model_set_activation_offload(model, 1));
+  OK(rt_model_activation_offload(model, &offload));
+  CHECK(offload == 1);
+  rt_variable* offloaded = NULL;
+  OK(rt_model_loss(model, g_tokens, g_targets, B, T, &offloaded));
+  float offloaded_loss = 0;
+  OK(rt_variable_item(offloaded, &offloaded_loss));
+  CHECK(memcmp(&offloaded_loss, &cpu_loss, sizeof(float)) == 0);
+  OK(rt_variable_backward(offloaded));
+  OK(rt_model_set_activation_offload(model, 0));
+  OK(rt_model_activation_offload(model, &offload));
+  CHECK(offload == 0);
+  FAILS(rt_model_activation_offload(model, NULL), RT_ERROR_INVALID_ARGUMENT, "offload is NULL");
+  FAILS(rt_model_set_activation_offload(NULL, 1), RT_ERROR_INVALID_ARGUMENT, "model is NULL");
+
+  rt_variable_destroy(offloaded);
+  rt_decode_session_destroy(session);
+  rt_variable_destroy(loss);
+  rt_model_destroy(model);
+}
+
 int main(void) {
   snprintf(g_dir, sizeof g_dir, "/tmp/rt_c_abi_XXXXXX");
   if (mkdtemp(g_dir) == NULL) return 2;
@@ -1212,6 +1289,7 @@ int main(void) {
   test_activation_memory_budget();
   test_activation_offload();
   test_zero_stage_and_buckets();
+  test_model_transfer_and_offload();
   char command[600];
   snprintf(command, sizeof command, "rm -rf '%s'", g_dir);
   if (system(command) != 0) fprintf(stderr, "could not remove %s\n", g_dir);

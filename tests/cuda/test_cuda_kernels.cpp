@@ -505,6 +505,21 @@ std::vector<Pair> cache_write_pairs() {
   return {{"cache_write rows 0 and 19", cache, gcache}};
 }
 
+/// The Philox dropout mask: the device's equals the CPU's bit for bit (sizes
+/// that leave 1, 2 and 3 elements in the last group of four).
+std::vector<Pair> dropout_pairs() {
+  std::vector<Pair> out;
+  for (const Shape& shape : {Shape{7}, Shape{3, 5, 2}, Shape{4, 257}, Shape{2, 100003}}) {
+    for (const float p : {0.1F, 0.5F}) {
+      const std::uint64_t seed = 0x9E3779B97F4A7C15ULL ^ static_cast<std::uint64_t>(shape.back());
+      out.push_back({"dropout_mask " + shape_string(shape) + " p " + std::to_string(p),
+                     cpu::dropout_mask(shape, seed, p, 1.0F / (1.0F - p)),
+                     cuda::dropout_mask(shape, seed, p, 1.0F / (1.0F - p))});
+    }
+  }
+  return out;
+}
+
 const std::vector<KernelCase>& kernel_table() {
   static const std::vector<KernelCase> table = {
       {"gemm", kReduction, 1e-4F, gemm_pairs},
@@ -531,6 +546,7 @@ const std::vector<KernelCase>& kernel_table() {
       {"repeat_heads", 0.0F, 0.0F, repeat_heads_pairs},
       {"sum_all_all_finite", 1e-6F, 0.0F, reduction_pairs},
       {"cache_write", 0.0F, 0.0F, cache_write_pairs},
+      {"dropout_mask", 0.0F, 0.0F, dropout_pairs},
   };
   return table;
 }

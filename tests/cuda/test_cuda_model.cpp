@@ -3,8 +3,10 @@
 // attention, grouped-query attention, LoRA); every checkpointing policy bit
 // for bit against the ordinary graph on CUDA; an Adam step; decode with the
 // K/V cache on the device; the CUDA allocator's accounting; stale graphs
-// after model.to(); an activation memory budget met on CUDA; and activation
-// offload (same bits, the boundary activations in pinned host memory).
+// after model.to(); an activation memory budget met on CUDA, with and
+// without activation offload; activation offload (same bits, the boundary
+// activations in pinned host memory); and dropout masks made on the device
+// with the CPU's bits.
 // Every test skips, saying why, when no CUDA device is present.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
@@ -23,6 +25,7 @@
 #include "riftco_transformer/decode.hpp"
 #include "riftco_transformer/memory.hpp"
 #include "riftco_transformer/memory_plan.hpp"
+#include "riftco_transformer/ops.hpp"
 #include "riftco_transformer/transformer.hpp"
 
 using namespace riftco_transformer;
@@ -414,6 +417,88 @@ TEST(CudaMemoryPlan, MeasuredPeakMeetsTheBudget) {
                                 << plan.predicted_peak_bytes;
     for (Variable& p : trainable(*model)) p.clear_grad();
   }
+}
+
+// With offload on, the prediction leaves the offloaded inputs out of what
+// groups keep on the device, counts the two inputs back during each replay,
+// and predicts the pinned host bytes apart: never below the allocator's
+// device peak, at most two block inputs plus 10% above it, and the host
+// bytes exact.
+TEST(CudaMemoryPlan, OffloadPredictionBoundsTheAllocatorPeak) {
+  SKIP_WITHOUT_CUDA();
+  const Config c{"budget offload", FullSequenceAttentionKind::Flash, 0, false};
+  auto model = make_model(c, Backend::Cuda, 6);
+  const std::int64_t batch = 2;
+  const std::int64_t t = 24;
+  model->set_activation_offload(true);
+  const ActivationMemoryProfile profile = profile_activation_memory(*model, batch, t);
+  ASSERT_TRUE(profile.activation_offload);
+  ActivationMemoryProfile without = profile;
+  without.activation_offload = false;
+  const auto b = random_batch(batch, t, 48, 41);
+  const ActivationCheckpointingPlan plans[] = {
+      ActivationCheckpointingPlan(6, CheckpointGroup{1, BlockRecompute::Whole}),
+      ActivationCheckpointingPlan(3, CheckpointGroup{2, BlockRecompute::Whole}),
+      {{1, BlockRecompute::Attention}, {1, BlockRecompute::Whole}, {1, BlockRecompute::Mlp},
+       {2, BlockRecompute::Whole}, {1, BlockRecompute::Nothing}},
+      ActivationCheckpointingPlan(6, CheckpointGroup{1, BlockRecompute::Attention})};
+  // Host bytes live once the loss exists and the device peak of the step, offload on or off.
+  const auto step = [&](bool offload, std::int64_t& host_live, std::int64_t& device_peak) {
+    model->set_activation_offload(offload);
+    const std::int64_t host_before = memory_stats(Backend::Cpu).live_bytes;
+    const std::int64_t device_before = memory_stats(Backend::Cuda).live_bytes;
+    reset_peak_memory(Backend::Cuda);
+    {
+      Variable loss = model->loss(b.tokens, b.targets, b.batch);
+      host_live = memory_stats(Backend::Cpu).live_bytes - host_before;
+      loss.backward();
+    }
+    device_peak = memory_stats(Backend::Cuda).peak_bytes - device_before;
+    for (Variable& p : trainable(*model)) p.clear_grad();
+  };
+  for (const ActivationCheckpointingPlan& plan : plans) {
+    model->set_activation_checkpointing_plan(plan);
+    std::int64_t host_off = 0;
+    std::int64_t peak_off = 0;
+    std::int64_t host_on = 0;
+    std::int64_t measured = 0;
+    step(false, host_off, peak_off);
+    step(true, host_on, measured);
+    const std::int64_t host_pinned = host_on - host_off;
+    const std::int64_t predicted = predicted_activation_peak(profile, plan);
+    const std::string what = describe_plan(plan) + ": predicted " + std::to_string(predicted) + ", measured " +
+                             std::to_string(measured) + "; without offload predicted " +
+                             std::to_string(predicted_activation_peak(without, plan)) + ", measured " +
+                             std::to_string(peak_off);
+    EXPECT_LE(measured, predicted) << what;
+    EXPECT_LE(predicted - measured, 2 * profile.block_input_bytes + predicted / 10) << what;
+    EXPECT_EQ(host_pinned, predicted_pinned_host_bytes(profile, plan)) << what;
+  }
+  // A budget: the plan chosen under offload meets it on the device.
+  const ActivationMemoryPlan loose = plan_activation_memory(profile, std::int64_t{1} << 40);
+  const std::int64_t budget = (loose.smallest_feasible_bytes + loose.disabled_peak_bytes) / 2;
+  const ActivationMemoryPlan plan = plan_activation_memory(profile, budget);
+  model->set_activation_checkpointing_plan(plan.plan);
+  model->set_activation_offload(true);
+  EXPECT_LE(measure_activation_peak(*model, b.tokens, b.targets, batch), budget) << describe_plan(plan.plan);
+  for (Variable& p : trainable(*model)) p.clear_grad();
+  release_cached_memory(Backend::Cpu);
+}
+
+// ---- dropout: the Philox mask made on the device --------------------------------
+
+TEST(CudaDropout, MaskIsMadeOnTheDeviceWithTheCpuBits) {
+  SKIP_WITHOUT_CUDA();
+  const Tensor x = rt_test::randn({4, 1001}, 43);
+  const Tensor xc = x.to(Backend::Cuda);
+  Random on_device(5);
+  Random on_host(5);
+  const std::int64_t host_allocations = memory_stats(Backend::Cpu).allocation_count;
+  const Variable yc = dropout(Variable(xc), 0.3F, on_device);
+  EXPECT_EQ(memory_stats(Backend::Cpu).allocation_count, host_allocations);  // no host mask, no copy
+  const Variable y = dropout(Variable(x), 0.3F, on_host);
+  EXPECT_TRUE(same_bits(y.value(), yc.value()));
+  EXPECT_EQ(on_device.state(), on_host.state());
 }
 
 }  // namespace

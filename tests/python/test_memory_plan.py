@@ -77,6 +77,11 @@ def test_model_plans_and_the_planner():
 
     loose = model.plan_activation_memory("1GiB", batch=3, sequence_length=32, apply=False)
     assert loose["plan"] == [(1, "keep")] * 4 and loose["recompute_flops"] == 0
+    assert loose["pinned_host_bytes"] == 0  # offload off
+    model.activation_offload = True  # a cpu model: offload moves nothing, so the plan keeps no host bytes either
+    with_offload = model.plan_activation_memory("1GiB", batch=3, sequence_length=32, apply=False)
+    assert with_offload["pinned_host_bytes"] == 0 and with_offload["plan"] == loose["plan"]
+    model.activation_offload = False
     middle = (loose["smallest_feasible_bytes"] + loose["disabled_peak_bytes"]) // 2
     planned = model.plan_activation_memory(middle, batch=3, sequence_length=32)
     assert planned["predicted_peak_bytes"] <= middle and model.activation_checkpointing == "planned"

@@ -57,13 +57,15 @@ def test_policy_is_a_settable_property_and_seed_and_epsilon_are_keywords():
 
 @pytest.mark.parametrize("backend", ["cuda", "metal"])
 def test_absent_backend_is_a_backend_error_naming_what_the_build_has(backend):
+    if backend in riftco.available_backends():
+        pytest.skip(f"this build has a usable {backend} device (tests/python/test_model_transfer.py covers it)")
     model = tiny_model()
     with pytest.raises(riftco.BackendError) as e:
         model.to(backend)
     assert backend in str(e.value) and "'cpu'" in str(e.value)
     assert isinstance(e.value, riftco.Error) and isinstance(e.value, RuntimeError)
     assert model.to("cpu") is model  # and the model still works
-    assert riftco.available_backends() == ("cpu",)
+    assert backend not in riftco.available_backends()
 
 
 @pytest.mark.parametrize("make,accepted", [

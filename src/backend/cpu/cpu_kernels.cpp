@@ -73,6 +73,10 @@ class CpuKernels final : public Kernels {
     return cpu::causal_fill(x, offset, fill);
   }
 
+  Tensor dropout_mask(const Shape& shape, std::uint64_t seed, float p, float keep_scale) const override {
+    return cpu::dropout_mask(shape, seed, p, keep_scale);
+  }
+
   Tensor rope_apply(const Tensor& x, std::int64_t offset, float base, bool inverse) const override {
     return cpu::rope_apply(x, offset, base, inverse);
   }

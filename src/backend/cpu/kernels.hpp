@@ -93,6 +93,10 @@ Tensor softmax_backward(const Tensor& y, const Tensor& g);
 /// Copy with entries j > i + offset of each (Tq, Tk) matrix set to `fill`.
 Tensor causal_fill(const Tensor& x, std::int64_t offset, float fill);
 
+// ---- dropout --------------------------------------------------------------
+/// backend/philox.hpp's mask of `shape` (dropout.cpp).
+Tensor dropout_mask(const Shape& shape, std::uint64_t seed, float p, float keep_scale);
+
 // ---- rotary embedding -----------------------------------------------------
 /// x (..., T, D): rotate pairs (2i, 2i+1) by angle (offset + t) * theta_i.
 /// inverse = true rotates by the negative angle (the backward).

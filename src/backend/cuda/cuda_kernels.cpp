@@ -76,6 +76,10 @@ class CudaKernels final : public Kernels {
     return cuda::causal_fill(x, offset, fill);
   }
 
+  Tensor dropout_mask(const Shape& shape, std::uint64_t seed, float p, float keep_scale) const override {
+    return cuda::dropout_mask(shape, seed, p, keep_scale);
+  }
+
   Tensor rope_apply(const Tensor& x, std::int64_t offset, float base, bool inverse) const override {
     return cuda::rope_apply(x, offset, base, inverse);
   }

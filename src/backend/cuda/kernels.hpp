@@ -67,6 +67,10 @@ Tensor softmax_forward(const Tensor& x);
 Tensor softmax_backward(const Tensor& y, const Tensor& g);
 Tensor causal_fill(const Tensor& x, std::int64_t offset, float fill);
 
+// ---- dropout --------------------------------------------------------------------
+/// The same Philox mask as the CPU's (backend/philox.hpp), made on the device.
+Tensor dropout_mask(const Shape& shape, std::uint64_t seed, float p, float keep_scale);
+
 // ---- rotary embedding -----------------------------------------------------------
 Tensor rope_apply(const Tensor& x, std::int64_t offset, float base, bool inverse);
 void rope_packed(const float* src, std::int64_t src_stride, float* dst, std::int64_t dst_stride, std::int64_t batch,

@@ -1,0 +1,171 @@
+// The counter-based dropout RNG: Philox4x32-10 against Random123's published
+// known-answer vectors, the mask as a pure function of (key, element index),
+// the dropout op drawing its key from the caller's generator, and checkpoint
+// replay reproducing the masks bit for bit (and only from the right stream
+// position).
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "../../src/backend/kernels.hpp"
+#include "../../src/backend/philox.hpp"
+#include "model_fixtures.hpp"
+#include "riftco_transformer/checkpoint.hpp"
+#include "riftco_transformer/ops.hpp"
+
+using namespace riftco_transformer;
+using backend::PhiloxCounter;
+using backend::PhiloxKey;
+using rt_test::randn;
+
+namespace {
+
+Tensor mask(const Shape& shape, std::uint64_t key, float p) {
+  return backend::cpu_kernels().dropout_mask(shape, key, p, 1.0F / (1.0F - p));
+}
+
+/// The key dropout() draws from `random` (two words, high first).
+std::uint64_t next_key(Random& random) {
+  const std::uint64_t high = random.next_u32();
+  return (high << 32U) | random.next_u32();
+}
+
+}  // namespace
+
+// Random123 1.14, examples/kat_vectors, the three "philox4x32 10" lines
+// (counter[4] key[2] → output[4]).
+TEST(Philox, KnownAnswerVectorsOfRandom123) {
+  struct Vector {
+    PhiloxCounter counter;
+    PhiloxKey key;
+    PhiloxCounter expected;
+  };
+  const Vector vectors[] = {
+      {{{0, 0, 0, 0}}, {{0, 0}}, {{0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8}}},
+      {{{0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff}},
+       {{0xffffffff, 0xffffffff}},
+       {{0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd}}},
+      {{{0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344}},
+       {{0xa4093822, 0x299f31d0}},
+       {{0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1}}},
+  };
+  for (const Vector& v : vectors) {
+    const PhiloxCounter got = backend::philox4x32_10(v.counter, v.key);
+    for (int i = 0; i < 4; ++i) EXPECT_EQ(got.word[i], v.expected.word[i]) << "word " << i;
+  }
+}
+
+TEST(DropoutMask, IsAPureFunctionOfKeyAndIndex) {
+  const float p = 0.3F;
+  const float scale = 1.0F / (1.0F - p);
+  const Tensor big = mask({100003}, 42, p);
+  // Element i does not depend on the shape: every prefix length (1, 2, 3
+  // elements in the last group of four) is the big mask's prefix.
+  for (const std::int64_t n : {1, 2, 3, 4, 5, 1001}) {
+    const Tensor small = mask({n}, 42, p);
+    for (std::int64_t i = 0; i < n; ++i) ASSERT_EQ(small.data()[i], big.data()[i]) << "n " << n << " i " << i;
+  }
+  // Element i is word i % 4 of Philox at counter (i / 4, 0) under the key.
+  const PhiloxCounter bits = backend::philox4x32_10({{1, 0, 0, 0}}, {{42, 0}});
+  for (int lane = 0; lane < 4; ++lane) {
+    const float u = static_cast<float>(bits.word[lane] >> 8U) / 16777216.0F;
+    EXPECT_EQ(big.data()[4 + lane], u < p ? 0.0F : scale) << "lane " << lane;
+  }
+  std::int64_t kept = 0;
+  for (const float v : big.values()) {
+    ASSERT_TRUE(v == 0.0F || v == scale) << v;
+    kept += v != 0.0F ? 1 : 0;
+  }
+  // 100003 Bernoulli(0.7) draws: 7 standard deviations is ±1015.
+  EXPECT_NEAR(static_cast<double>(kept), 0.7 * 100003, 1015.0);
+  // Another key gives another mask; the same key the same bits.
+  EXPECT_FALSE(bit_equal(mask({100003}, 43, p), big));
+  EXPECT_TRUE(bit_equal(mask({100003}, 42, p), big));
+}
+
+TEST(DropoutMask, DoesNotDependOnTheThreadCount) {
+  const int threads = omp_get_max_threads();
+  omp_set_num_threads(1);
+  const Tensor one = mask({3, 70001}, 7, 0.1F);
+  omp_set_num_threads(3);
+  const Tensor three = mask({3, 70001}, 7, 0.1F);
+  omp_set_num_threads(threads);
+  EXPECT_TRUE(bit_equal(one, three));
+}
+
+TEST(DropoutOp, DrawsOneKeyFromTheCallersGeneratorAndAppliesItsMask) {
+  const Tensor x = randn({5, 9}, 3);
+  Random random(77);
+  Random copy(77);
+  const Variable y = dropout(Variable(x), 0.25F, random);
+  const Tensor m = mask(x.shape(), next_key(copy), 0.25F);
+  EXPECT_EQ(random.state(), copy.state());  // exactly two words drawn
+  for (std::int64_t i = 0; i < x.numel(); ++i) EXPECT_EQ(y.value().data()[i], x.data()[i] * m.data()[i]) << i;
+  // p = 0 is the identity and draws nothing.
+  const Random::State before = random.state();
+  EXPECT_TRUE(bit_equal(dropout(Variable(x), 0.0F, random).value(), x));
+  EXPECT_EQ(random.state(), before);
+}
+
+// A replay rewinds the generator to the position the forward drew from: both
+// masks come back bit for bit, and the live stream is put back afterwards.
+// A replay that started one key later (the wrong stream offset) would give
+// the second mask first: the check that the replay's position is the
+// recorded one, not any position of the same generator.
+TEST(DropoutReplay, RecordedStreamPositionReproducesEveryMask) {
+  const Tensor x = randn({6, 11}, 5);
+  Random random(2024);
+  std::vector<RandomStreamStart> starts;
+  Tensor first;
+  Tensor second;
+  {
+    RandomStreamRecorder recorder;
+    first = dropout(Variable(x), 0.5F, random).value();
+    second = dropout(Variable(x), 0.5F, random).value();
+    starts = recorder.take();
+  }
+  ASSERT_EQ(starts.size(), 1U);
+  ASSERT_FALSE(bit_equal(first, second));
+  const Random::State live = random.state();
+  {
+    RandomStreamReplay replay(starts);
+    EXPECT_TRUE(bit_equal(dropout(Variable(x), 0.5F, random).value(), first));
+    EXPECT_TRUE(bit_equal(dropout(Variable(x), 0.5F, random).value(), second));
+  }
+  EXPECT_EQ(random.state(), live);
+  // The wrong offset: a start recorded one key later replays the wrong masks.
+  Random shifted(2024);
+  (void)next_key(shifted);
+  std::vector<RandomStreamStart> wrong = starts;
+  wrong.front().state = shifted.state();
+  {
+    RandomStreamReplay replay(wrong);
+    const Tensor replayed = dropout(Variable(x), 0.5F, random).value();
+    EXPECT_FALSE(bit_equal(replayed, first));
+    EXPECT_TRUE(bit_equal(replayed, second));
+  }
+}
+
+// Through checkpoint(): two dropouts inside one checkpointed callable give
+// the ordinary graph's output and gradients bit for bit.
+TEST(DropoutReplay, CheckpointedTwoDropoutsEqualTheOrdinaryGraph) {
+  const Tensor x0 = randn({4, 8}, 9);
+  const Tensor w0 = randn({8, 8}, 10);
+  const auto run = [&](bool checkpointed) {
+    Variable x(x0, true, "x");
+    Variable w(w0, true, "w");
+    Random random(31);
+    const auto f = [&](const Variable& h) {
+      return dropout(silu(matmul(dropout(h, 0.4F, random), w)), 0.2F, random);
+    };
+    const std::vector<Variable> deps{w};
+    const Variable out = checkpointed ? checkpoint(x, deps, f) : f(x);
+    sum(out).backward();
+    return std::vector<Tensor>{out.value().clone(), x.grad().clone(), w.grad().clone()};
+  };
+  const std::vector<Tensor> ordinary = run(false);
+  const std::vector<Tensor> replayed = run(true);
+  for (std::size_t i = 0; i < ordinary.size(); ++i) EXPECT_TRUE(bit_equal(ordinary[i], replayed[i])) << i;
+}
