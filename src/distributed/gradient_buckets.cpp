@@ -115,11 +115,10 @@ void GradientBucketer::set_base(std::span<const Tensor> base, float weight) {
   weight_ = weight;
 }
 
-void GradientBucketer::backward(const Variable& output, std::span<const Tensor> base, float weight,
-                                GraphAfterBackward graph) {
+void GradientBucketer::backward(const Variable& output, std::span<const Tensor> base, float weight) {
   set_base(base, weight);
   try {
-    output.backward(*this, graph);
+    output.backward(*this);
   } catch (...) {
     base_.clear();
     throw;
