@@ -98,7 +98,7 @@ struct ActivationMemoryProfile {
   std::int64_t kept_bytes(BlockRecompute option) const;
 };
 
-/// Probes 1-, 2- and 3-layer copies of `model` (eleven forward + backward
+/// Probes 1-, 2- and 3-layer copies of `model` (38 forward + backward
 /// passes at this batch and sequence length, without offload, each backward
 /// with GraphAfterBackward::Release, its peak read per block).
 /// The model itself is not touched. activation_offload is the model's
