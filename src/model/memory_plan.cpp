@@ -135,8 +135,9 @@ std::int64_t runs_peak(const ActivationMemoryProfile& p, const std::vector<Run>&
   return kept + top;
 }
 
-/// GraphAfterBackward::Release.
-/// What group g adds to the top window (Release): profile.top_kept per
+// ---- The GraphAfterBackward::Release model (docs/checkpointing.md, "The prediction").
+
+/// What group g adds to the top window: profile.top_kept per
 /// block, a segment's input once; offload as group_kept.
 std::int64_t group_top_kept_without_offload(const ActivationMemoryProfile& p, const CheckpointGroup& g) {
   const std::int64_t per = p.top_kept[index_of(g.recompute)];
@@ -151,8 +152,7 @@ std::int64_t group_top_kept(const ActivationMemoryProfile& p, const CheckpointGr
 /// or its own (a segment's replay: release_runs_peak).
 std::int64_t group_top(const ActivationMemoryProfile& p, const CheckpointGroup& g, bool any) {
   const std::int64_t inputs = !any ? 0 : offloaded(p, g) ? 2 : 1;
-  std::int64_t top = p.top[index_of(g.recompute)];
-  return top + inputs * p.block_input_bytes;
+  return p.top[index_of(g.recompute)] + inputs * p.block_input_bytes;
 }
 
 /// The Release peak of the runs in this order (first run = first blocks):
@@ -353,7 +353,7 @@ ActivationMemoryProfile profile_activation_memory(const DecoderOnlyTransformer& 
   auto one = replica(model, 1);
   auto two = replica(model, 2);
   auto three = replica(model, 3);
-  // Per block window peaks and the tail (GraphAfterBackward::Release, as the trainer).
+  // A probe's forward, per block window and tail peaks (GraphAfterBackward::Release, as the trainer).
   const auto measure = [&](DecoderOnlyTransformer& m, const ActivationCheckpointingPlan& plan) {
     m.set_activation_checkpointing_plan(plan);
     BlockWindows w;
@@ -397,13 +397,13 @@ ActivationMemoryProfile profile_activation_memory(const DecoderOnlyTransformer& 
   p.graph = GraphAfterBackward::Release;
   p.block_gradient_bytes = gradients;
   p.tail_bytes = 0;
-  // What a block keeps: the values live after the forward, one block more.
-  // Then every pair (a block with option `below` under one with `above`):
-  // the top term above every kept value, the lower block's replay beside
-  // the upper one's gradients (its window starts with the end of the upper
-  // block's backward) and the tail, each the largest over the neighbours
-  // (LoRA adapters' values and dropout masks make them differ slightly; without
-  // them they are equal).
+  // Per option on 1-3 uniform blocks: what a block keeps, what it adds to
+  // the top window, its forward and the tail. Then every pair (a block with
+  // option `below` under one with `above`): the top term above every kept
+  // value, the lower block's backward beside the upper one's gradients (its
+  // window starts with the end of the upper block's backward) and the tail,
+  // each the largest over the neighbours (LoRA adapters make them differ
+  // slightly; without them they are equal).
   for (const BlockRecompute r : kAll) {
     const BlockWindows w1 = measure(*one, uniform(1, r));
     const BlockWindows w2 = measure(*two, uniform(2, r));
