@@ -5,7 +5,7 @@
 // __host__ __device__, so the CPU kernel and the CUDA kernel compute the same
 // mask bits from the same code. Integer-only: no platform or compiler
 // differences. The known-answer vectors of Random123's kat_vectors are in
-// tests/cpp/test_philox.cpp.
+// tests/cpp/test_dropout_philox.cpp.
 #include <cstdint>
 
 #if defined(__CUDACC__)
