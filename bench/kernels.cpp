@@ -2,7 +2,7 @@
 // training step spends its time in, each next to this machine's peak
 // measured in the same run.
 //
-//   rt-bench-kernels [--benchmark_filter=REGEX] [google benchmark flags]
+//   rt-bench-kernels [--flash-tile-sweep] [--benchmark_filter=REGEX] [google benchmark flags]
 //
 // Before the benchmarks run, main() measures
 //   peak_gflops  a tight loop of independent 8-wide FMAs on every OpenMP
@@ -23,6 +23,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <string_view>
 #include <vector>
 
 #include "../src/backend/cpu/flash_attention.hpp"
@@ -206,22 +207,26 @@ double attention_flops(std::int64_t b, std::int64_t h, std::int64_t t, std::int6
   return static_cast<double>(products) * 2.0 * d * static_cast<double>(b * h) * (t * (t + 1) / 2);
 }
 
-/// Args: B, H, T, D.
-void BM_FlashForward(benchmark::State& state) {
+/// Args: B, H, T, D, and for the `Tiles` rows query_rows, key_rows (else
+/// flash_default_tiles(D), what the model uses).
+cpu::FlashTiles tiles_of(const benchmark::State& state, bool explicit_tiles) {
+  return explicit_tiles ? cpu::FlashTiles{state.range(4), state.range(5)} : cpu::flash_default_tiles(state.range(3));
+}
+void flash_forward(benchmark::State& state, bool explicit_tiles) {
   const std::int64_t b = state.range(0), h = state.range(1), t = state.range(2), d = state.range(3);
   const Tensor q = randn({b, h, t, d}, 1), k = randn({b, h, t, d}, 2), v = randn({b, h, t, d}, 3);
-  const cpu::FlashTiles tiles = cpu::flash_default_tiles(d);
+  const cpu::FlashTiles tiles = tiles_of(state, explicit_tiles);
   const float scale = 1.0F / std::sqrt(static_cast<float>(d));
   run_rate(state, attention_flops(b, h, t, d, 2), "GFLOP/s", g_peak_ref_gflops, [&] {
     Tensor lse;
     benchmark::DoNotOptimize(cpu::flash_attention_forward(q, k, v, scale, tiles, lse));
   });
 }
-void BM_FlashBackward(benchmark::State& state) {
+void flash_backward(benchmark::State& state, bool explicit_tiles) {
   const std::int64_t b = state.range(0), h = state.range(1), t = state.range(2), d = state.range(3);
   const Tensor q = randn({b, h, t, d}, 1), k = randn({b, h, t, d}, 2), v = randn({b, h, t, d}, 3);
   const Tensor g = randn({b, h, t, d}, 4);
-  const cpu::FlashTiles tiles = cpu::flash_default_tiles(d);
+  const cpu::FlashTiles tiles = tiles_of(state, explicit_tiles);
   const float scale = 1.0F / std::sqrt(static_cast<float>(d));
   Tensor lse;
   const Tensor o = cpu::flash_attention_forward(q, k, v, scale, tiles, lse);
@@ -231,11 +236,32 @@ void BM_FlashBackward(benchmark::State& state) {
     benchmark::DoNotOptimize(dq.data());
   });
 }
+void BM_FlashForward(benchmark::State& state) { flash_forward(state, false); }
+void BM_FlashBackward(benchmark::State& state) { flash_backward(state, false); }
+void BM_FlashForwardTiles(benchmark::State& state) { flash_forward(state, true); }
+void BM_FlashBackwardTiles(benchmark::State& state) { flash_backward(state, true); }
 /// The step shapes: S1 (B 8, H 8, T 256, D 32), S2 (B 8, H 4, T 256, D 32),
 /// S3 (B 4, H 12, T 128, D 64).
 void attention_shapes(benchmark::internal::Benchmark* b) {
   b->ArgNames({"B", "H", "T", "D"})->Args({8, 8, 256, 32})->Args({8, 4, 256, 32})->Args({4, 12, 128, 64});
   b->Unit(benchmark::kMicrosecond)->UseRealTime();
+}
+/// S2 and S3 with tile shapes other than the default, for choosing it:
+/// registered only with --flash-tile-sweep (main), so the suite's kernel
+/// table keeps its rows.
+void register_tile_sweep() {
+  for (const bool forward : {true, false}) {
+    auto* b = benchmark::RegisterBenchmark(forward ? "BM_FlashForwardTiles" : "BM_FlashBackwardTiles",
+                                           forward ? BM_FlashForwardTiles : BM_FlashBackwardTiles);
+    b->ArgNames({"B", "H", "T", "D", "QR", "KR"});
+    for (const std::int64_t qr : {32, 64, 128}) {
+      for (const std::int64_t kr : {32, 64, 128, 256}) {
+        b->Args({8, 4, 256, 32, qr, kr});
+        if (kr <= 128) b->Args({4, 12, 128, 64, qr, kr});
+      }
+    }
+    b->Unit(benchmark::kMicrosecond)->UseRealTime();
+  }
 }
 BENCHMARK(BM_FlashForward)->Apply(attention_shapes);
 BENCHMARK(BM_FlashBackward)->Apply(attention_shapes);
@@ -320,6 +346,13 @@ BENCHMARK(BM_AdamStep)->ArgNames({"params"})->Arg(6'400'000)->Arg(85'000'000 / 8
 }  // namespace
 
 int main(int argc, char** argv) {
+  // --flash-tile-sweep (ours, taken out before Google Benchmark parses the
+  // rest): also run the flash kernels over a grid of tile shapes.
+  const int original_argc = argc;
+  argc = static_cast<int>(std::remove_if(argv + 1, argv + argc,
+                                         [](const char* a) { return std::string_view(a) == "--flash-tile-sweep"; }) -
+                          argv);
+  if (argc != original_argc) register_tile_sweep();
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   g_peak_gflops_one = measure_peak(1);

@@ -4,7 +4,11 @@
 //   rt-bench-step [--vocab V] [--width C] [--heads H] [--layers L] [--ffn F]
 //                 [--seq T] [--batch B] [--policy disabled|block|segments|attention|mlp]
 //                 [--attention flash|materialized] [--steps N] [--warmup W]
-//                 [--backend cpu|cuda] [--activation-offload]
+//                 [--backend cpu|cuda] [--activation-offload] [--keep-graph]
+//
+// backward() releases the graph as it goes (GraphAfterBackward::Release, as
+// PyTorch's backward does without retain_graph); --keep-graph keeps it until
+// the step drops it (the default backward(), what the peak was before).
 //
 // Reported (bench/run_benchmarks.py runs it in a fresh process per row):
 //   step_seconds      median wall time of the measured steps (and every step)
@@ -21,6 +25,15 @@
 //                     step above its live bytes before it (the pinned host
 //                     copies of --activation-offload)
 //   blas              the BLAS/OpenMP libraries this process mapped
+//   parameter_bytes   the parameters' bytes (one set of gradients is as large)
+//   memory_phases     the last step's allocator figures per phase, each above
+//                     the bytes live before the step: forward_peak,
+//                     after_forward (what the graph keeps: activations),
+//                     backward_peak, after_backward (the graph still held:
+//                     gradients plus what the pass did not release),
+//                     after_graph (the graph dropped: the gradients),
+//                     optimizer_peak (Adam step + zero_grad); peak_bytes is
+//                     the largest of the three peaks over the measured steps
 #include <omp.h>
 
 #include <algorithm>
@@ -103,6 +116,7 @@ int run(int argc, char** argv) {
   int warmup = 1;
   std::string backend_name_arg = "cpu";
   bool offload = false;
+  GraphAfterBackward graph = GraphAfterBackward::Release;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -125,11 +139,12 @@ int run(int argc, char** argv) {
     else if (a == "--warmup") warmup = std::max(0, std::stoi(next()));
     else if (a == "--backend") backend_name_arg = next();
     else if (a == "--activation-offload") offload = true;
+    else if (a == "--keep-graph") graph = GraphAfterBackward::Keep;
     else {
       std::cerr << "usage: rt-bench-step [--vocab V] [--width C] [--heads H] [--layers L] [--ffn F] [--seq T]\n"
                    "                     [--batch B] [--policy disabled|block|segments|attention|mlp]\n"
                    "                     [--attention flash|materialized] [--steps N] [--warmup W]\n"
-                   "                     [--backend cpu|cuda] [--activation-offload]\n";
+                   "                     [--backend cpu|cuda] [--activation-offload] [--keep-graph]\n";
       return 2;
     }
   }
@@ -152,7 +167,11 @@ int run(int argc, char** argv) {
   // the host waits for every earlier kernel (the legacy default stream).
   const auto sync = [&] { (void)model.final_norm().value().to(Backend::Cpu); };
   std::vector<Variable> params;
-  for (const NamedParameter& p : model.parameters()) params.push_back(p.variable);
+  std::int64_t parameter_bytes = 0;
+  for (const NamedParameter& p : model.parameters()) {
+    params.push_back(p.variable);
+    parameter_bytes += p.variable.value().nbytes();
+  }
   Adam adam(params);
   Random data(2);
   std::vector<std::int32_t> tokens(static_cast<std::size_t>(batch * seq));  // (B, T)
@@ -176,10 +195,20 @@ int run(int argc, char** argv) {
   std::int64_t peak = 0;
   std::int64_t peak_total = 0;
   std::int64_t host_peak = 0;
+  nlohmann::json phases;
   sync();
   for (int i = 0; i < warmup + steps; ++i) {
     const std::int64_t before = memory_stats(backend).live_bytes;
     const std::int64_t host_before = memory_stats(Backend::Cpu).live_bytes;
+    std::int64_t step_peak = 0;  // the largest phase peak of this step, absolute
+    // Reads the phase's peak (absolute) and starts the next phase's.
+    const auto phase_peak = [&] {
+      const std::int64_t p = memory_stats(backend).peak_bytes;
+      step_peak = std::max(step_peak, p);
+      reset_peak_memory(backend);
+      return p - before;
+    };
+    const auto live = [&] { return memory_stats(backend).live_bytes - before; };
     reset_peak_memory(backend);
     if (backend != Backend::Cpu) reset_peak_memory(Backend::Cpu);
     const double cpu_start = cpu_now();
@@ -189,13 +218,20 @@ int run(int argc, char** argv) {
       Variable loss = model.loss(tokens, targets, batch);
       losses.push_back(loss.value().to(Backend::Cpu).item());  // waits for the forward
       forward_end = std::chrono::steady_clock::now();
-      loss.backward();
+      phases["forward_peak"] = phase_peak();
+      phases["after_forward"] = live();
+      loss.backward(graph);
       sync();
+      phases["backward_peak"] = phase_peak();
+      phases["after_backward"] = live();
     }  // the graph goes here, before the update (as in PyTorch)
+    phases["after_graph"] = live();
+    reset_peak_memory(backend);  // dropping the graph only frees: the optimizer phase starts here
     const auto backward_end = std::chrono::steady_clock::now();
     adam.step();
     adam.zero_grad();  // as the training loop does (src/train/stage_loop.cpp)
     sync();
+    phases["optimizer_peak"] = phase_peak();
     const auto end = std::chrono::steady_clock::now();
     if (i >= warmup) {
       cpu_times.push_back(cpu_now() - cpu_start);
@@ -204,8 +240,8 @@ int run(int argc, char** argv) {
       backward_times.push_back(std::chrono::duration<double>(backward_end - forward_end).count());
       optimizer_times.push_back(std::chrono::duration<double>(end - backward_end).count());
     }
-    peak = std::max(peak, memory_stats(backend).peak_bytes - before);
-    peak_total = std::max(peak_total, memory_stats(backend).peak_bytes);
+    peak = std::max(peak, step_peak - before);
+    peak_total = std::max(peak_total, step_peak);
     if (backend != Backend::Cpu) host_peak = std::max(host_peak, memory_stats(Backend::Cpu).peak_bytes - host_before);
   }
   const std::int64_t rss_peak = status_bytes("VmHWM");
@@ -227,6 +263,7 @@ int run(int argc, char** argv) {
       {"attention", attention_name},
       {"backend", backend_name_arg},
       {"activation_offload", offload},
+      {"graph", graph == GraphAfterBackward::Release ? "release" : "keep"},
       {"threads", omp_get_max_threads()},
       {"warmup", warmup},
       {"steps", steps},
@@ -241,6 +278,8 @@ int run(int argc, char** argv) {
       {"tokens_per_second", static_cast<double>(batch * seq) / median},
       {"peak_bytes", peak},
       {"peak_total_bytes", peak_total},
+      {"parameter_bytes", parameter_bytes},
+      {"memory_phases", phases},
       {"host_peak_bytes", host_peak},
       {"reserved_bytes", memory_stats(backend).reserved_bytes},
       {"rss_setup_bytes", rss_setup},

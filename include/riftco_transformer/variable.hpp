@@ -53,6 +53,25 @@ class BackwardHooks {
   virtual std::vector<std::pair<Variable, Tensor>> finish() = 0;
 };
 
+/// What backward() does with the graph it runs through.
+enum class GraphAfterBackward : std::uint8_t {
+  /// Keep every node's closure and saved tensors: backward() may run on the
+  /// same graph again and gives the same gradients (the default).
+  Keep,
+  /// Free the graph as the pass goes (PyTorch's backward without
+  /// retain_graph): right after a node's backward ran, its closure, the
+  /// tensors it saved and its edges to its inputs go, and so does the node
+  /// unless something outside the graph (a Variable the caller holds,
+  /// retain_grad) keeps it; such a node's value goes before its backward
+  /// runs (closures keep what they read). A training step's peak is then
+  /// the gradients plus what is not yet differentiated, not every
+  /// activation plus every gradient. The commit is unchanged: all or
+  /// nothing. A later pass that reaches a released node throws
+  /// BackwardError before computing anything, also after a pass that threw
+  /// midway (its public gradients are untouched; run the forward again).
+  Release,
+};
+
 /// Gradient of the loss with respect to each parent, given the gradient with
 /// respect to the node's output. Returns one Tensor per parent, in order; an
 /// undefined Tensor means "no gradient" (allowed where needs_grad is false).
@@ -152,6 +171,12 @@ class Variable {
   /// backward(hooks) seeds a scalar output with 1.
   void backward(BackwardHooks& hooks) const;
   void backward(const Tensor& seed, BackwardHooks& hooks) const;
+  /// The same four, choosing what happens to the graph (GraphAfterBackward:
+  /// the overloads above keep it).
+  void backward(GraphAfterBackward graph) const;
+  void backward(const Tensor& seed, GraphAfterBackward graph) const;
+  void backward(BackwardHooks& hooks, GraphAfterBackward graph) const;
+  void backward(const Tensor& seed, BackwardHooks& hooks, GraphAfterBackward graph) const;
 
   /// The leaves of this graph that require grad (its parameters and
   /// inputs), each once, in depth-first discovery order from this node. They

@@ -170,8 +170,13 @@ Variable checkpoint(const Variable& input, std::span<const Variable> dependencie
     checkpoint_contract::check_replay_output(replay.out, out_shape, out_backend, where + " replay");
     std::vector<Tensor> grads(parent_count);  // constants' slots stay undefined
     if (!replay.out.requires_grad()) return grads;  // no differentiable path now: nothing flows back
-    // Local VJP in a nested, isolated context.
-    PassResult pass = run_backward_pass(replay.out, grad_output, "checkpoint replay");
+    // Local VJP in a nested, isolated context. The replay graph is this
+    // closure's alone, so the pass frees it as it goes: each replayed node's
+    // saved tensors and value go once its backward ran, not after the whole
+    // block's (the block's peak is its replay, not its replay plus all of
+    // its backward's temporaries).
+    PassResult pass = run_backward_pass(replay.out, grad_output, "checkpoint replay", nullptr,
+                                        GraphAfterBackward::Release);
     auto extract = [&](std::size_t slot, const Variable& leaf) {
       if (!needs[slot]) return;
       Tensor g = pass.context.take(leaf.node());

@@ -34,25 +34,26 @@ Tensor GradientContext::take(const Node* node) {
   return t;
 }
 
-std::vector<Node*> topological_order(Node* root) {
+std::vector<std::shared_ptr<Node>> topological_order(const std::shared_ptr<Node>& root) {
   // Iterative DFS post-order: deep graphs (thousands of nodes) must not
   // recurse.
-  std::vector<Node*> order;
+  std::vector<std::shared_ptr<Node>> order;
   std::unordered_set<Node*> visited;
   struct Frame {
-    Node* node;
+    const std::shared_ptr<Node>* node;  // in the root handle or a parent edge, both alive during the walk
     std::size_t next_parent;
   };
   std::vector<Frame> stack;
-  stack.push_back({root, 0});
-  visited.insert(root);
+  stack.push_back({&root, 0});
+  visited.insert(root.get());
   while (!stack.empty()) {
     Frame& frame = stack.back();
-    if (frame.next_parent < frame.node->parents.size()) {
-      Node* parent = frame.node->parents[frame.next_parent++].node.get();
-      if (parent->requires_grad && visited.insert(parent).second) stack.push_back({parent, 0});
+    Node& node = **frame.node;
+    if (frame.next_parent < node.parents.size()) {
+      const std::shared_ptr<Node>& parent = node.parents[frame.next_parent++].node;
+      if (parent->requires_grad && visited.insert(parent.get()).second) stack.push_back({&parent, 0});
     } else {
-      order.push_back(frame.node);
+      order.push_back(*frame.node);
       stack.pop_back();
     }
   }
@@ -61,8 +62,13 @@ std::vector<Node*> topological_order(Node* root) {
 
 namespace {
 
-void validate_versions(const std::vector<Node*>& order, const char* op) {
-  for (Node* node : order) {
+void validate_versions(const std::vector<std::shared_ptr<Node>>& order, const char* op) {
+  for (const std::shared_ptr<Node>& node : order) {
+    if (node->released) {
+      throw BackwardError(std::string("[") + op + "] " + node->label() +
+                          " was released by an earlier backward(GraphAfterBackward::Release): its saved tensors "
+                          "are gone; run the forward pass again (or keep the graph for a second backward)");
+    }
     if (!node->is_leaf && node->value.version() != node->own_version) {
       throw StaleGraphError(std::string("[") + op + "] stale graph: the value of " + node->label() +
                             ", which its backward may read, changed (its buffer was " + node->value.last_change() +
@@ -102,10 +108,10 @@ void validate_versions(const std::vector<Node*>& order, const char* op) {
 /// each (an input listed twice counts twice): a leaf is final at zero.
 class Finality {
  public:
-  Finality(const std::vector<Node*>& order, BackwardHooks* hooks, const GradientContext& ctx)
+  Finality(const std::vector<std::shared_ptr<Node>>& order, BackwardHooks* hooks, const GradientContext& ctx)
       : hooks_(hooks), ctx_(ctx) {
     if (hooks_ == nullptr) return;
-    for (Node* node : order) {
+    for (const std::shared_ptr<Node>& node : order) {
       if (node->is_leaf) continue;
       for (const Edge& e : node->parents) {
         if (e.node->is_leaf && e.node->requires_grad) {
@@ -143,9 +149,25 @@ class Finality {
   std::unordered_map<const Node*, Entry> pending_;
 };
 
+/// GraphAfterBackward::Release: `node` ran (or received no gradient) and
+/// its leaf inputs were reported; what it kept for its backward goes now.
+/// Its inputs stay alive through `order` until they ran themselves; the
+/// node goes with its handle in `order` unless the caller (or
+/// PassResult::retained) still holds it.
+void release(std::shared_ptr<Node>& handle) {
+  Node& node = *handle;
+  node.released = true;
+  node.backward = nullptr;  // the closure and the tensors it captured
+  node.saved.clear();
+  node.watched.clear();
+  std::vector<Edge>().swap(node.parents);
+  handle.reset();
+}
+
 }  // namespace
 
-PassResult run_backward_pass(const Variable& root_var, const Tensor& seed, const char* op, BackwardHooks* hooks) {
+PassResult run_backward_pass(const Variable& root_var, const Tensor& seed, const char* op, BackwardHooks* hooks,
+                             GraphAfterBackward graph) {
   Node* root = root_var.node();
   if (root == nullptr) throw BackwardError(std::string("[") + op + "] undefined variable");
   if (!root->requires_grad) {
@@ -156,7 +178,7 @@ PassResult run_backward_pass(const Variable& root_var, const Tensor& seed, const
     throw ShapeError(std::string("[") + op + "] seed gradient " + shape_string(seed.shape()) +
                      " does not match output " + shape_string(root->value.shape()));
   }
-  const std::vector<Node*> order = topological_order(root);
+  std::vector<std::shared_ptr<Node>> order = topological_order(root_var.node_ptr());
   validate_versions(order, op);  // before anything is computed or touched
 
   if (hooks != nullptr) hooks->begin_pass();
@@ -166,23 +188,34 @@ PassResult run_backward_pass(const Variable& root_var, const Tensor& seed, const
   ctx.accumulate(root, seed);
   Finality finality(order, hooks, ctx);
   if (root->is_leaf) finality.report(root_var.node_ptr());
+  const bool release_graph = graph == GraphAfterBackward::Release;
   std::vector<bool> needs;
   for (auto it = order.rbegin(); it != order.rend(); ++it) {
-    Node* node = *it;
+    Node* node = it->get();
     if (node->is_leaf) {
-      result.leaves.push_back(node);
+      result.leaves.push_back(*it);
       continue;
     }
-    if (node->retain_grad) result.retained.push_back(node);
+    if (node->retain_grad) result.retained.push_back(*it);
     const Tensor* grad_ptr = ctx.find(node);
     if (grad_ptr == nullptr) {
       finality.consumed(node);
+      if (release_graph) release(*it);
       continue;
     }
-    const Tensor grad = node->retain_grad ? *grad_ptr : ctx.take(node);
-    needs.assign(node->parents.size(), false);
-    for (std::size_t i = 0; i < node->parents.size(); ++i) needs[i] = node->parents[i].node->requires_grad;
-    std::vector<Tensor> parent_grads = node->backward(grad, needs);
+    // Released: a node only `order` still holds goes after its backward, and
+    // its backward never reads its value through the node (closures keep
+    // what they need), so the value goes first: the pass never holds a
+    // node's output and its gradient's temporaries at once (a block's
+    // gate/up projections while their gradient is taken).
+    if (release_graph && it->use_count() == 1) node->value = Tensor();
+    std::vector<Tensor> parent_grads;
+    {
+      const Tensor grad = node->retain_grad ? *grad_ptr : ctx.take(node);  // freed with this scope unless retained
+      needs.assign(node->parents.size(), false);
+      for (std::size_t i = 0; i < node->parents.size(); ++i) needs[i] = node->parents[i].node->requires_grad;
+      parent_grads = node->backward(grad, needs);
+    }
     if (parent_grads.size() != node->parents.size()) {
       throw BackwardError(std::string("[") + op + "] " + node->label() + " returned " +
                           std::to_string(parent_grads.size()) + " gradients for " +
@@ -199,6 +232,7 @@ PassResult run_backward_pass(const Variable& root_var, const Tensor& seed, const
       ctx.accumulate(parent, std::move(parent_grads[i]));
     }
     finality.consumed(node);
+    if (release_graph) release(*it);
     if (hooks != nullptr) hooks->node_done();
   }
   return result;

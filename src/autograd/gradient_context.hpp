@@ -33,16 +33,22 @@ class GradientContext {
 /// for each leaf requiring grad right after the last node that has it as an
 /// input ran (leaves no node consumes: at the start); finish() is the
 /// caller's (Variable::backward).
+/// With GraphAfterBackward::Release, each non-leaf node is released right
+/// after it ran (or was found to receive no gradient): its closure, saved
+/// tensors and edges go, and the node itself (value included) when nothing
+/// outside the graph holds it; a pass that reaches a released node throws
+/// BackwardError before computing anything.
 struct PassResult {
   GradientContext context;
-  std::vector<Node*> leaves;    // leaves requiring grad, in discovery order
-  std::vector<Node*> retained;  // non-leaf nodes with retain_grad
+  // Held, not borrowed: with Release the graph no longer keeps them alive.
+  std::vector<std::shared_ptr<Node>> leaves;    // leaves requiring grad, in discovery order
+  std::vector<std::shared_ptr<Node>> retained;  // non-leaf nodes with retain_grad
 };
 PassResult run_backward_pass(const Variable& root, const Tensor& seed, const char* op,
-                             BackwardHooks* hooks = nullptr);
+                             BackwardHooks* hooks = nullptr, GraphAfterBackward graph = GraphAfterBackward::Keep);
 
 /// Reverse topological order helper: every node reachable from `root`
 /// through edges to nodes that require grad; parents come before children.
-std::vector<Node*> topological_order(Node* root);
+std::vector<std::shared_ptr<Node>> topological_order(const std::shared_ptr<Node>& root);
 
 }  // namespace riftco_transformer

@@ -58,6 +58,9 @@ struct Node {
   bool requires_grad = false;
   bool is_leaf = true;
   bool retain_grad = false;
+  /// A backward with GraphAfterBackward::Release ran through this node and
+  /// freed its closure, saved tensors and edges: no pass may reach it again.
+  bool released = false;
   const std::uint64_t id;  // creation order, process-wide (checkpoint tells inside from outside)
 
   Node();

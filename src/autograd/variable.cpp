@@ -98,8 +98,8 @@ void commit_pass(PassResult pass, std::vector<std::pair<Variable, Tensor>> repla
     }
     commits.emplace_back(node, std::move(g));
   };
-  for (Node* leaf : pass.leaves) prepare(leaf);
-  for (Node* node : pass.retained) prepare(node);
+  for (const std::shared_ptr<Node>& leaf : pass.leaves) prepare(leaf.get());
+  for (const std::shared_ptr<Node>& node : pass.retained) prepare(node.get());
   for (auto& replacement : replacements) {  // leaves the pass did not reach, in the hook's order
     if (replaced.contains(replacement.first.node())) prepare(replacement.first.node());
   }
@@ -273,28 +273,39 @@ void Variable::retain_grad() {
   if (!n.is_leaf) n.retain_grad = true;
 }
 
-void Variable::backward() const {
-  const Node& n = require(node_, "backward");
+namespace {
+
+/// A scalar output's seed (1); BackwardError for any other output.
+Tensor scalar_seed(const std::shared_ptr<Node>& node) {
+  const Node& n = require(node, "backward");
   if (n.value.numel() != 1) {
     throw BackwardError("[backward] output " + n.label() + " of shape " + shape_string(n.value.shape()) +
                         " is not a scalar: pass a seed gradient of the same shape");
   }
-  backward(Tensor::ones(n.value.shape(), n.value.backend()));
+  return Tensor::ones(n.value.shape(), n.value.backend());
 }
 
-void Variable::backward(const Tensor& seed) const { commit_pass(run_backward_pass(*this, seed, "backward"), {}); }
+}  // namespace
 
-void Variable::backward(BackwardHooks& hooks) const {
-  const Node& n = require(node_, "backward");
-  if (n.value.numel() != 1) {
-    throw BackwardError("[backward] output " + n.label() + " of shape " + shape_string(n.value.shape()) +
-                        " is not a scalar: pass a seed gradient of the same shape");
-  }
-  backward(Tensor::ones(n.value.shape(), n.value.backend()), hooks);
-}
-
+void Variable::backward() const { backward(GraphAfterBackward::Keep); }
+void Variable::backward(const Tensor& seed) const { backward(seed, GraphAfterBackward::Keep); }
+void Variable::backward(BackwardHooks& hooks) const { backward(hooks, GraphAfterBackward::Keep); }
 void Variable::backward(const Tensor& seed, BackwardHooks& hooks) const {
-  PassResult pass = run_backward_pass(*this, seed, "backward", &hooks);
+  backward(seed, hooks, GraphAfterBackward::Keep);
+}
+
+void Variable::backward(GraphAfterBackward graph) const { backward(scalar_seed(node_), graph); }
+
+void Variable::backward(const Tensor& seed, GraphAfterBackward graph) const {
+  commit_pass(run_backward_pass(*this, seed, "backward", nullptr, graph), {});
+}
+
+void Variable::backward(BackwardHooks& hooks, GraphAfterBackward graph) const {
+  backward(scalar_seed(node_), hooks, graph);
+}
+
+void Variable::backward(const Tensor& seed, BackwardHooks& hooks, GraphAfterBackward graph) const {
+  PassResult pass = run_backward_pass(*this, seed, "backward", &hooks, graph);
   commit_pass(std::move(pass), hooks.finish());
 }
 

@@ -170,6 +170,90 @@ TEST(AttentionParity, WideHeadsUseNarrowerKeyTiles) {
   EXPECT_LE(max_abs_diff(m.dv, f.dv), 1e-4F);
 }
 
+TEST(AttentionParity, FlashMatchesMaterializedAtEveryTileEdge) {
+  // Lengths below, at and one past the tile sizes (key tiles of 64 and
+  // 128), odd lengths, and head widths that read K, Q, dO in place (D a
+  // multiple of 8) or pack them (3, 20): with the model's tiles and with
+  // tiles whose query and key edges differ. A wrong ragged tail (last row
+  // block, last column block, diagonal tile) changes some output or
+  // gradient by far more than these bounds. Tolerances: |Δ| <= 1e-5 (out),
+  // <= 1e-4 (gradients), relative to max(1, the largest reference value).
+  for (const std::int64_t d : {3, 20, 32, 64, 72}) {
+    for (const std::int64_t t : {1, 2, 7, 31, 63, 64, 65, 127, 128, 129, 200}) {
+      const Inputs in = make_inputs({1, 2, t, d}, 200 + static_cast<std::uint64_t>(t * 7 + d));
+      const Result m = run_kind(kMaterialized, in.q, in.k, in.v, in.seed);
+      for (const cpu::FlashTiles tiles : {cpu::flash_default_tiles(d), cpu::FlashTiles{16, 128}, cpu::FlashTiles{40, 24}}) {
+        const Result f = run([&](auto& a, auto& b, auto& c) { return flash_with_tiles(a, b, c, tiles); }, in.q, in.k,
+                             in.v, in.seed);
+        SCOPED_TRACE("T " + std::to_string(t) + ", D " + std::to_string(d) + ", tiles " +
+                     std::to_string(tiles.query_rows) + "x" + std::to_string(tiles.key_rows));
+        auto bound = [](const Tensor& ref, float tol) {
+          float largest = 1.0F;
+          for (std::int64_t i = 0; i < ref.numel(); ++i) largest = std::max(largest, std::fabs(ref.data()[i]));
+          return tol * largest;
+        };
+        EXPECT_LE(max_abs_diff(m.out, f.out), bound(m.out, 1e-5F));
+        EXPECT_LE(max_abs_diff(m.dq, f.dq), bound(m.dq, 1e-4F));
+        EXPECT_LE(max_abs_diff(m.dk, f.dk), bound(m.dk, 1e-4F));
+        EXPECT_LE(max_abs_diff(m.dv, f.dv), bound(m.dv, 1e-4F));
+      }
+    }
+  }
+}
+
+TEST(AttentionKernel, StridedViewsGiveTheBitsOfContiguousTensors) {
+  // The strided entry points (what the model calls on its packed (B, T, 3C)
+  // projection, reading Q, K and dO rows in place when D is a multiple of 8)
+  // against the contiguous tensor entry points: the same bits, forward and
+  // backward. Packed layout (B, T, 3, H, D); outputs into (B, T, H, D).
+  const std::int64_t B = 2, H = 3, T = 70;
+  for (const std::int64_t D : {8, 12, 32, 64}) {
+    for (const cpu::FlashTiles tiles : {cpu::flash_default_tiles(D), cpu::FlashTiles{16, 24}}) {
+      const Tensor packed = randn({B, T, 3, H, D}, 300 + static_cast<std::uint64_t>(D));
+      const Tensor d_out_rows = randn({B, T, H, D}, 400 + static_cast<std::uint64_t>(D));
+      // Contiguous (B, H, T, D) copies.
+      auto heads = [&](const Tensor& src, std::int64_t parts, std::int64_t part) {
+        Tensor t = Tensor::empty({B, H, T, D});
+        for (std::int64_t b = 0; b < B; ++b)
+          for (std::int64_t h = 0; h < H; ++h)
+            for (std::int64_t i = 0; i < T; ++i)
+              for (std::int64_t d = 0; d < D; ++d)
+                t.data()[((b * H + h) * T + i) * D + d] =
+                    src.data()[(((b * T + i) * parts + part) * H + h) * D + d];
+        return t;
+      };
+      const Tensor q = heads(packed, 3, 0), k = heads(packed, 3, 1), v = heads(packed, 3, 2);
+      const Tensor g = heads(d_out_rows, 1, 0);
+      const float scale = 1.0F / std::sqrt(static_cast<float>(D));
+      Tensor lse;
+      const Tensor out = cpu::flash_attention_forward(q, k, v, scale, tiles, lse);
+      Tensor dq, dk, dv;
+      cpu::flash_attention_backward(q, k, v, out, lse, g, scale, tiles, dq, dk, dv);
+
+      const std::int64_t row3 = 3 * H * D, row1 = H * D;
+      auto view3 = [&](const Tensor& t, std::int64_t part) {
+        return cpu::HeadView{t.data() + part * H * D, T * row3, D, row3};
+      };
+      Tensor out_rows = Tensor::empty({B, T, H, D});
+      Tensor lse_strided = Tensor::empty({B, H, T});
+      cpu::flash_attention_forward(B, H, T, D, view3(packed, 0), view3(packed, 1), view3(packed, 2),
+                                   {out_rows.data(), T * row1, D, row1}, lse_strided.data(), scale, tiles);
+      Tensor grads = Tensor::empty({B, T, 3, H, D});
+      auto mut3 = [&](std::int64_t part) { return cpu::MutableHeadView{grads.data() + part * H * D, T * row3, D, row3}; };
+      cpu::flash_attention_backward(B, H, T, D, view3(packed, 0), view3(packed, 1), view3(packed, 2),
+                                    {out_rows.data(), T * row1, D, row1}, {d_out_rows.data(), T * row1, D, row1},
+                                    lse_strided.data(), mut3(0), mut3(1), mut3(2), scale, tiles);
+      SCOPED_TRACE("D " + std::to_string(D) + ", tiles " + std::to_string(tiles.query_rows) + "x" +
+                   std::to_string(tiles.key_rows));
+      EXPECT_TRUE(bit_equal(lse, lse_strided));
+      EXPECT_TRUE(bit_equal(out, heads(out_rows, 1, 0)));
+      EXPECT_TRUE(bit_equal(dq, heads(grads, 3, 0)));
+      EXPECT_TRUE(bit_equal(dk, heads(grads, 3, 1)));
+      EXPECT_TRUE(bit_equal(dv, heads(grads, 3, 2)));
+    }
+  }
+}
+
 TEST(AttentionParity, SharedInputAccumulatesLikeMaterialized) {
   // Self-attention on one Variable used as q, k and v: its gradient is the sum.
   const Tensor x = randn({1, 2, 40, 8}, 31);

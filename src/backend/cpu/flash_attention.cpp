@@ -4,15 +4,16 @@
 // Work is split by (b, h) pair: one thread runs a pair's whole forward (every
 // query tile) or backward, so each output element is computed by one thread
 // in a fixed order whatever the thread count (pairs are handed out
-// dynamically; which thread takes a pair does not change its bits). Per pair
-// the key-side operands (and, backward, K, Q and dO) are packed once into
-// per-thread scratch (K and V transposed where a product needs them, rows
-// padded to a multiple of 8 floats with zeros); Q in the forward, and the
-// left operands Q and dO of S and dP in the backward, are read in place
-// through their views. Every tile
-// product is the register-blocked kernel `tile_gemm` below: 4 rows × 16
-// columns of the result in 8 vector accumulators, the inner dimension in
-// order. Softmax rows use 8-lane maxima and sums reduced in a fixed order.
+// dynamically; which thread takes a pair does not change its bits). Product
+// operands read as rows of whole 8-float vectors (K, Q, V, dO) are read in
+// place through their views when D is a multiple of 8, else packed once per
+// pair into per-thread scratch, zero-padded; Kᵀ and Vᵀ (backward) and each
+// query tile's Qᵀ (forward) are packed. Every tile product is the
+// register-blocked kernel `tile_gemm` below: 4 rows × 2 vectors of the
+// result in 8 vector accumulators, the inner dimension in order. The
+// forward computes its scores key-major (Sᵀ), so a query's max, sum and
+// rescale factor are per-lane operations; Δ uses 8 lanes reduced in a fixed
+// order.
 #include "flash_attention.hpp"
 
 #include <omp.h>
@@ -87,7 +88,8 @@ void check_tiles(FlashTiles tiles) {
 constexpr std::int64_t kNoStart = std::numeric_limits<std::int64_t>::min() / 4;
 constexpr std::int64_t kNoEnd = std::numeric_limits<std::int64_t>::max() / 4;
 
-/// R rows of C (R <= 4, n a multiple of 8): C = [C +] op(A) B, where
+/// R rows of C (R <= 4, n a multiple of 8): C = [diag(row_scale) C +] op(A) B
+/// (row_scale: nullptr, or R factors that multiply the loaded C rows), where
 /// op(A)(i, p) = a[i·lda + p] (TransA false) or a[p·lda + i] (TransA true)
 /// and B is row-major (k, n). Row i sums the terms p in
 /// [max(p0, s0 + i), min(k, e0 + i)) in increasing order: under the causal
@@ -99,7 +101,7 @@ constexpr std::int64_t kNoEnd = std::numeric_limits<std::int64_t>::max() / 4;
 template <class V, bool TransA, bool Accumulate, int R>
 [[gnu::always_inline]] inline void tile_rows(std::int64_t n, std::int64_t p0, std::int64_t k, std::int64_t s0,
                                              std::int64_t e0, const float* a, std::int64_t lda, const float* b,
-                                             std::int64_t ldb, float* c, std::int64_t ldc) {
+                                             std::int64_t ldb, float* c, std::int64_t ldc, const float* row_scale) {
   auto a_at = [&](int i, std::int64_t p) { return TransA ? a[p * lda + i] : a[i * lda + p]; };
   // [first, head_end): some rows; [head_end, tail_begin): every row;
   // [tail_begin, tail_end): some rows; nothing before first or after tail_end.
@@ -113,6 +115,11 @@ template <class V, bool TransA, bool Accumulate, int R>
     W acc[R][NV];
     for (int i = 0; i < R; ++i) {
       for (int u = 0; u < NV; ++u) acc[i][u] = Accumulate ? load_v<W>(c + i * ldc + j + u * L) : W{};
+    }
+    if (Accumulate && row_scale != nullptr) {
+      for (int i = 0; i < R; ++i) {
+        for (int u = 0; u < NV; ++u) acc[i][u] *= row_scale[i];
+      }
     }
     // At most R - 1 terms at each end, where only some rows see the term.
     auto ragged = [&](std::int64_t p) __attribute__((always_inline)) {
@@ -157,20 +164,26 @@ enum class Causal : std::uint8_t {
   None,       ///< every product term
   Columns,    ///< C rows are query rows, C columns key columns: columns past the
               ///< block's last visible key are not computed (left unwritten)
+  ColumnsFrom,  ///< C rows are key rows, C columns query columns: columns before the
+                ///< block's first query that sees a key are not computed (left unwritten)
   Inner,      ///< C rows are query rows, the inner index keys: terms past each
               ///< row's last visible key are exactly zero (P or dS) and skipped
   InnerFrom,  ///< C rows are key rows, the inner index queries: terms before the
               ///< first query that sees each row's key are zero and skipped
 };
 
-/// C (m, n) = [C +] op(A) (m, k) · B (k, n); n a multiple of 8.
+/// C (m, n) = [diag(row_scale) C +] op(A) (m, k) · B (k, n); n a multiple
+/// of 8. With Accumulate, a row block none of whose rows has a term left
+/// by the mask is not touched, so row_scale must be 1 for rows without terms.
 template <class V, bool TransA, bool Accumulate>
 [[gnu::always_inline]] inline void tile_gemm(std::int64_t m, std::int64_t n, std::int64_t k, const float* a,
                                              std::int64_t lda, const float* b, std::int64_t ldb, float* c,
-                                             std::int64_t ldc, Causal causal = Causal::None, std::int64_t diag = 0) {
+                                             std::int64_t ldc, Causal causal = Causal::None, std::int64_t diag = 0,
+                                             const float* row_scale = nullptr) {
   auto row_a = [&](std::int64_t i) { return TransA ? a + i : a + i * lda; };
   auto block = [&]<int R>(std::int64_t i) __attribute__((always_inline)) {
     std::int64_t nb = n;
+    std::int64_t js = 0;  // columns [js, nb) are computed
     std::int64_t s0 = kNoStart;  // row i + r sums terms [max(0, s0 + r), min(k, e0 + r))
     std::int64_t e0 = kNoEnd;
     switch (causal) {
@@ -178,6 +191,9 @@ template <class V, bool TransA, bool Accumulate>
         break;
       case Causal::Columns:  // last row i+R-1 sees columns < i + R + diag
         nb = std::clamp<std::int64_t>(round_up(i + R + diag, kLanes), 0, n);
+        break;
+      case Causal::ColumnsFrom:  // key row i is seen from query column i - diag on
+        js = std::clamp<std::int64_t>((i - diag) / kLanes * kLanes, 0, n);
         break;
       case Causal::Inner:  // query row i sees keys < i + diag + 1
         e0 = i + diag + 1;
@@ -187,8 +203,9 @@ template <class V, bool TransA, bool Accumulate>
         break;
     }
     const bool any_term = std::max<std::int64_t>(0, s0) < std::min(k, e0 + R - 1);
-    if (nb > 0 && (Accumulate ? any_term : true)) {
-      tile_rows<V, TransA, Accumulate, R>(nb, 0, k, s0, e0, row_a(i), lda, b, ldb, c + i * ldc, ldc);
+    if (nb > js && (Accumulate ? any_term : true)) {
+      tile_rows<V, TransA, Accumulate, R>(nb - js, 0, k, s0, e0, row_a(i), lda, b + js, ldb, c + i * ldc + js, ldc,
+                                          row_scale == nullptr ? nullptr : row_scale + i);
     }
   };
   std::int64_t i = 0;
@@ -210,35 +227,15 @@ template <class V, bool TransA, bool Accumulate>
 
 // ---- row helpers ------------------------------------------------------------
 
-/// x[c] *= s for c < n; returns the max over c < n (std::max semantics: NaN
-/// entries are skipped by the max but stay in x).
-[[gnu::always_inline]] inline float scale_and_max(float* x, std::int64_t n, float s, float start) {
-  v8 mx = vec::splat(start);
-  std::int64_t c = 0;
-  for (; c + kLanes <= n; c += kLanes) {
-    const v8 y = vec::load(x + c) * s;
-    vec::store(x + c, y);
-    mx = vec::max_lanes(mx, y);
+/// x[c] = exp(x[c]·pre − shift) for c < valid, 0 for valid <= c < n. The
+/// loop runs whole vectors over [0, n) and masks by selection (entries from
+/// `valid` on may be unwritten, and are never multiplied).
+[[gnu::always_inline]] inline void exp_row(float* __restrict x, std::int64_t valid, std::int64_t n, float pre,
+                                           float shift) {
+  for (std::int64_t c = 0; c < n; ++c) {
+    const float e = vec::exp_approx(x[c] * pre - shift);
+    x[c] = c < valid ? e : 0.0F;
   }
-  float m = vec::max_of_lanes(mx);
-  for (; c < n; ++c) {
-    x[c] *= s;
-    m = m < x[c] ? x[c] : m;
-  }
-  return m;
-}
-
-/// x[c] = exp(x[c]·pre − shift) for c < valid, 0 for valid <= c < n;
-/// returns Σ of the exponentials (8 lanes, fixed order).
-[[gnu::always_inline]] inline float exp_row(float* x, std::int64_t valid, std::int64_t n, float pre, float shift) {
-  for (std::int64_t c = 0; c < valid; ++c) x[c] = vec::exp_approx(x[c] * pre - shift);
-  for (std::int64_t c = valid; c < n; ++c) x[c] = 0.0F;
-  v8 acc{};
-  std::int64_t c = 0;
-  for (; c + kLanes <= valid; c += kLanes) acc += vec::load(x + c);
-  float total = vec::sum_lanes(acc);
-  for (; c < valid; ++c) total += x[c];
-  return total;
 }
 
 /// Σ_d a[d]·b[d] over 8 lanes reduced in a fixed order.
@@ -262,79 +259,169 @@ void pack_rows(const float* src, std::int64_t stride, std::int64_t rows, std::in
   std::fill(dst + rows * ld, dst + padded_rows * ld, 0.0F);
 }
 
+/// The 8 × 8 block of rows r[0..7] transposed: out[j][i] = r[i][j]
+/// (interleave single lanes, then pairs, then halves; data movement only).
+[[gnu::always_inline]] inline void transpose8(const v8 (&r)[8], v8 (&out)[8]) {
+  v8 a[8], b[8];
+  for (int i = 0; i < 8; i += 2) {
+    a[i] = __builtin_shufflevector(r[i], r[i + 1], 0, 8, 1, 9, 4, 12, 5, 13);
+    a[i + 1] = __builtin_shufflevector(r[i], r[i + 1], 2, 10, 3, 11, 6, 14, 7, 15);
+  }
+  for (int i = 0; i < 8; i += 4) {
+    b[i] = __builtin_shufflevector(a[i], a[i + 2], 0, 1, 8, 9, 4, 5, 12, 13);
+    b[i + 1] = __builtin_shufflevector(a[i], a[i + 2], 2, 3, 10, 11, 6, 7, 14, 15);
+    b[i + 2] = __builtin_shufflevector(a[i + 1], a[i + 3], 0, 1, 8, 9, 4, 5, 12, 13);
+    b[i + 3] = __builtin_shufflevector(a[i + 1], a[i + 3], 2, 3, 10, 11, 6, 7, 14, 15);
+  }
+  for (int j = 0; j < 4; ++j) {
+    out[j] = __builtin_shufflevector(b[j], b[j + 4], 0, 1, 2, 3, 8, 9, 10, 11);
+    out[j + 4] = __builtin_shufflevector(b[j], b[j + 4], 4, 5, 6, 7, 12, 13, 14, 15);
+  }
+}
+
 /// dst (width, ld) = transpose of src rows (row stride `stride`, `width`
-/// floats each), columns rows..ld-1 zero. Source rows are read whole, in
-/// order (reading a column at a time walked `rows` cache lines per column:
-/// 12% of the forward kernel's samples on S2).
-void pack_transposed(const float* src, std::int64_t stride, std::int64_t rows, std::int64_t width, float* dst,
-                     std::int64_t ld) {
-  for (std::int64_t t = 0; t < rows; ++t) {
-    const float* row = src + t * stride;
-    for (std::int64_t d = 0; d < width; ++d) dst[d * ld + t] = row[d];
+/// floats each), columns rows..ld-1 zero. Whole 8 × 8 blocks go through
+/// registers (a scalar scatter was 9% of the forward's samples); the ragged
+/// rows and columns element by element.
+[[gnu::always_inline]] inline void pack_transposed(const float* src, std::int64_t stride, std::int64_t rows,
+                                                   std::int64_t width, float* dst, std::int64_t ld) {
+  const std::int64_t rows8 = rows / kLanes * kLanes, width8 = width / kLanes * kLanes;
+  for (std::int64_t t = 0; t < rows8; t += kLanes) {
+    for (std::int64_t d = 0; d < width8; d += kLanes) {
+      v8 r[8], out[8];
+      for (int i = 0; i < 8; ++i) r[i] = vec::load(src + (t + i) * stride + d);
+      transpose8(r, out);
+      for (int j = 0; j < 8; ++j) vec::store(dst + (d + j) * ld + t, out[j]);
+    }
+    for (std::int64_t i = t; i < t + kLanes; ++i) {
+      for (std::int64_t d = width8; d < width; ++d) dst[d * ld + i] = src[i * stride + d];
+    }
+  }
+  for (std::int64_t i = rows8; i < rows; ++i) {
+    for (std::int64_t d = 0; d < width; ++d) dst[d * ld + i] = src[i * stride + d];
   }
   for (std::int64_t d = 0; d < width; ++d) std::fill(dst + d * ld + rows, dst + (d + 1) * ld, 0.0F);
 }
 
 // ---- one (b, h) pair ---------------------------------------------------------
 
+/// Lanes per block of the softmax loops (two 8-float vectors, one 16-float
+/// one): the forward's query lanes and the backward's score-tile columns are
+/// padded to it, so those loops run whole vectors.
+constexpr std::int64_t kQueryBlock = 16;
+
 struct PairGeometry {
-  std::int64_t T, D, Dp, Tk, br, bc, bcp;
+  std::int64_t T, D, Dp, Tk, br, brq, bc, bcp;
   explicit PairGeometry(std::int64_t t, std::int64_t d, FlashTiles tiles)
       : T(t),
         D(d),
         Dp(round_up(d, kLanes)),
         Tk(round_up(t, kLanes) + kLanes),
         br(std::min(tiles.query_rows, t)),
+        brq(round_up(std::min(tiles.query_rows, t), kQueryBlock)),
         bc(std::min(tiles.key_rows, t)),
-        bcp(round_up(std::min(tiles.key_rows, t), kLanes)) {}
-  std::int64_t forward_floats() const { return D * Tk + Tk * Dp + br * bcp + br * Dp + 2 * br; }
-  std::int64_t backward_floats() const { return 2 * D * Tk + 6 * T * Dp + 2 * br * bcp + T; }
+        bcp(round_up(std::min(tiles.key_rows, t), kQueryBlock)) {}
+  /// K, Q, V and dO rows are read in place as product operands when D is a
+  /// multiple of 8 (the products load whole 8-float vectors of a row);
+  /// otherwise they are packed zero-padded to Dp.
+  bool packs_rows() const { return D != Dp; }
+  std::int64_t forward_floats() const {
+    return D * brq + (packs_rows() ? T * Dp : 0) + bc * brq + br * Dp + 4 * brq;
+  }
+  std::int64_t backward_floats() const {
+    return 2 * D * Tk + (packs_rows() ? 6 : 3) * T * Dp + 2 * br * bcp + T;
+  }
 };
 
+/// One (b, h) pair's forward. Scores are computed key-major: the tile Sᵀ =
+/// K Qᵀ holds key c's scores against the tile's queries in row c, so a
+/// query's running max, its sum of exponentials and its rescale factor are
+/// lane-wise operations over contiguous rows (no reduction across lanes; a
+/// query's sum adds its keys one by one in key order, the same at every
+/// vector width), and P V reads Pᵀ as a transposed left operand.
 template <class V>
 [[gnu::always_inline]] inline void forward_pair_impl(const PairGeometry& g, const float* q, std::int64_t q_stride,
                                                      const float* k, std::int64_t k_stride, const float* v,
                                                      std::int64_t v_stride, float* out, std::int64_t out_stride,
                                                      float* lse, float scale, float* scratch) {
-  const std::int64_t T = g.T, D = g.D, Dp = g.Dp, Tk = g.Tk, br = g.br, bc = g.bc, bcp = g.bcp;
-  float* kt = scratch;        // (D, Tk): Kᵀ, zero columns from T
-  float* vp = kt + D * Tk;    // (Tk, Dp): V, zero padded
-  float* s = vp + Tk * Dp;    // (br, bcp): scores, then probabilities
-  float* o = s + br * bcp;    // (br, Dp): unnormalized output accumulator
-  float* m = o + br * Dp;     // (br): running max
-  float* l = m + br;          // (br): running sum
-  pack_transposed(k, k_stride, T, D, kt, Tk);
-  pack_rows(v, v_stride, T, D, vp, Dp, Tk);
+  const std::int64_t T = g.T, D = g.D, Dp = g.Dp, br = g.br, brp = g.brq, bc = g.bc;
+  float* qt = scratch;             // (D, brp): Qᵀ of the query tile, zero columns from its rows
+  float* st = qt + D * brp;        // (bc, brp): Sᵀ, then Pᵀ
+  float* o = st + bc * brp;        // (br, Dp): unnormalized output accumulator
+  float* __restrict m = o + br * Dp;  // (brp): running max (scaled)
+  float* __restrict l = m + brp;      // (brp): running sum
+  float* __restrict tile_max = l + brp;  // (brp): this key tile's max (unscaled), then rescale factor
+  float* __restrict tile_sum = tile_max + brp;  // (brp): this key tile's sum
+  const float* vb = v;  // V rows (Dp floats): in place, or packed
+  std::int64_t ldv = v_stride;
+  if (g.packs_rows()) {
+    float* vp = tile_sum + brp;  // (T, Dp)
+    pack_rows(v, v_stride, T, D, vp, Dp, T);
+    vb = vp;
+    ldv = Dp;
+  }
   for (std::int64_t i0 = 0; i0 < T; i0 += br) {
     const std::int64_t rows = std::min(br, T - i0);
-    std::fill(o, o + rows * Dp, 0.0F);
-    std::fill(m, m + rows, kNegInf);
-    std::fill(l, l + rows, 0.0F);
+    // Query lanes [0, n): whole blocks of kQueryBlock, so the loops below
+    // over queries run whole vectors (lanes from `rows` on are padding:
+    // zero queries, computed and never written out).
+    const std::int64_t n = round_up(rows, kQueryBlock);
+    pack_transposed(q + i0 * q_stride, q_stride, rows, D, qt, brp);
     const std::int64_t key_end = i0 + rows;  // keys >= key_end are masked for every row of this tile
     for (std::int64_t j0 = 0; j0 < key_end; j0 += bc) {
       const std::int64_t cols = std::min(bc, key_end - j0);
-      const std::int64_t n = round_up(cols, kLanes);
-      const std::int64_t diag = i0 - j0;
-      tile_gemm<V, false, false>(rows, n, D, q + i0 * q_stride, q_stride, kt + j0, Tk, s, bcp, Causal::Columns,
-                              diag);  // S = Q Kᵀ
-      for (std::int64_t r = 0; r < rows; ++r) {
-        float* sr = s + r * bcp;
-        const std::int64_t valid = std::min(cols, i0 + r - j0 + 1);  // keys j <= i
-        if (valid <= 0) {  // whole row masked in this tile: contributes nothing
-          std::fill(sr, sr + n, 0.0F);
-          continue;
-        }
-        const float mx = scale_and_max(sr, valid, scale, m[r]);
-        const float alpha = std::exp(m[r] - mx);  // 0 on the first tile (m = -inf)
-        const float total = exp_row(sr, valid, n, 1.0F, mx);
-        l[r] = l[r] * alpha + total;
-        m[r] = mx;
-        if (alpha != 1.0F) {
-          float* orow = o + r * Dp;
-          for (std::int64_t d = 0; d < Dp; ++d) orow[d] *= alpha;
+      const std::int64_t diag = i0 - j0;  // key c is seen by queries r >= c - diag
+      const bool first = j0 == 0;         // every query sees key 0: m, l and O start here
+      tile_gemm<V, false, false>(cols, n, D, k + j0 * k_stride, k_stride, qt, brp, st, brp, Causal::ColumnsFrom,
+                                 diag);  // Sᵀ = K Qᵀ
+      // Key c is seen by queries [r0, n), r0 = first_query(c); the loops
+      // start at r0 rounded down to a whole block and mask lanes before r0
+      // by selection (never by multiplying: those entries may be unwritten).
+      auto first_query = [&](std::int64_t c) { return std::clamp<std::int64_t>(c - diag, 0, rows); };
+      // Max over the tile's visible keys (NaN skipped, as std::max skips a
+      // NaN second argument); exact, so the order does not matter.
+      std::fill(tile_max, tile_max + n, kNegInf);
+      for (std::int64_t c = 0; c < cols; ++c) {
+        const float* __restrict sc = st + c * brp;
+        const std::int64_t r0 = first_query(c);
+        for (std::int64_t r = r0 / kQueryBlock * kQueryBlock; r < n; ++r) {
+          const float x = r >= r0 ? sc[r] : kNegInf;
+          tile_max[r] = tile_max[r] < x ? x : tile_max[r];
         }
       }
-      tile_gemm<V, false, true>(rows, Dp, cols, s, bcp, vp + j0 * Dp, Dp, o, Dp, Causal::Inner, diag);  // O += P V
+      // The scale is positive, so max(S)·scale = max(S·scale) exactly; it
+      // is applied inside the exponential's argument, s·scale − m.
+      if (first) {
+        for (std::int64_t r = 0; r < n; ++r) m[r] = tile_max[r] * scale;
+      } else {
+        for (std::int64_t r = 0; r < n; ++r) {
+          const float mx = tile_max[r] * scale;
+          const float next = m[r] < mx ? mx : m[r];
+          tile_max[r] = vec::exp_approx(m[r] - next);  // the rescale factor α: exactly 1 when m stays
+          m[r] = next;
+        }
+      }
+      std::fill(tile_sum, tile_sum + n, 0.0F);
+      for (std::int64_t c = 0; c < cols; ++c) {
+        float* __restrict pc = st + c * brp;
+        const std::int64_t r0 = first_query(c);
+        const std::int64_t rb = r0 / kQueryBlock * kQueryBlock;
+        std::fill(pc, pc + rb, 0.0F);  // masked (and possibly unwritten) entries
+        for (std::int64_t r = rb; r < n; ++r) {
+          const float e = vec::exp_approx(pc[r] * scale - m[r]);
+          const float p = r >= r0 ? e : 0.0F;
+          pc[r] = p;
+          tile_sum[r] += p;
+        }
+      }
+      if (first) {
+        std::copy(tile_sum, tile_sum + n, l);
+        tile_gemm<V, true, false>(rows, Dp, cols, st, brp, vb, ldv, o, Dp, Causal::Inner, diag);  // O = P V
+      } else {
+        for (std::int64_t r = 0; r < n; ++r) l[r] = l[r] * tile_max[r] + tile_sum[r];
+        // O = diag(α) O + P V: a row that sees no key of this tile has α = 1.
+        tile_gemm<V, true, true>(rows, Dp, cols, st, brp, vb + j0 * ldv, ldv, o, Dp, Causal::Inner, diag, tile_max);
+      }
     }
     for (std::int64_t r = 0; r < rows; ++r) {
       const float inv = 1.0F / l[r];
@@ -355,26 +442,36 @@ template <class V>
   const std::int64_t T = g.T, D = g.D, Dp = g.Dp, Tk = g.Tk, br = g.br, bc = g.bc, bcp = g.bcp;
   float* kt = scratch;        // (D, Tk): Kᵀ
   float* vt = kt + D * Tk;    // (D, Tk): Vᵀ
-  float* kp = vt + D * Tk;    // (T, Dp): K
-  float* qp = kp + T * Dp;    // (T, Dp): Q
-  float* dop = qp + T * Dp;   // (T, Dp): dO
-  float* dqa = dop + T * Dp;  // (T, Dp): dQ, += over key tiles
+  float* dqa = vt + D * Tk;   // (T, Dp): dQ, += over key tiles
   float* dka = dqa + T * Dp;  // (T, Dp): dK, += over query tiles
   float* dva = dka + T * Dp;  // (T, Dp): dV, += over query tiles
   float* p = dva + T * Dp;    // (br, bcp): P
   float* ds = p + br * bcp;   // (br, bcp): dP, then dS
   float* delta = ds + br * bcp;  // (T): rowsum(dO ∘ O)
+  // K, Q and dO as right operands (rows of Dp floats): in place, or packed.
+  const float* kp = k;
+  const float* qp = q;
+  const float* dop = d_out;
+  std::int64_t ldk = k_stride, ldq = q_stride, lddo = do_stride;
+  if (g.packs_rows()) {
+    float* packed = delta + T;  // (3, T, Dp)
+    pack_rows(k, k_stride, T, D, packed, Dp, T);
+    pack_rows(q, q_stride, T, D, packed + T * Dp, Dp, T);
+    pack_rows(d_out, do_stride, T, D, packed + 2 * T * Dp, Dp, T);
+    kp = packed;
+    qp = packed + T * Dp;
+    dop = packed + 2 * T * Dp;
+    ldk = ldq = lddo = Dp;
+  }
   pack_transposed(k, k_stride, T, D, kt, Tk);
   pack_transposed(v, v_stride, T, D, vt, Tk);
-  pack_rows(k, k_stride, T, D, kp, Dp, T);
-  pack_rows(q, q_stride, T, D, qp, Dp, T);
-  pack_rows(d_out, do_stride, T, D, dop, Dp, T);
   std::fill(dqa, dqa + 3 * T * Dp, 0.0F);
-  for (std::int64_t i = 0; i < T; ++i) delta[i] = dot(dop + i * Dp, o + i * o_stride, D);
+  for (std::int64_t i = 0; i < T; ++i) delta[i] = dot(d_out + i * do_stride, o + i * o_stride, D);
 
   for (std::int64_t j0 = 0; j0 < T; j0 += bc) {
     const std::int64_t cols = std::min(bc, T - j0);
     const std::int64_t n = round_up(cols, kLanes);
+    const std::int64_t nv = round_up(cols, lanes_of<V>);  // the row loops run whole vectors
     // Query tiles that can see key j0 or later: i >= j0.
     for (std::int64_t i0 = (j0 / br) * br; i0 < T; i0 += br) {
       const std::int64_t rows = std::min(br, T - i0);
@@ -383,9 +480,9 @@ template <class V>
                               diag);  // S = Q Kᵀ
       for (std::int64_t r = 0; r < rows; ++r) {
         const std::int64_t valid = std::clamp<std::int64_t>(r + diag + 1, 0, cols);  // keys j <= i
-        exp_row(p + r * bcp, valid, n, scale, lse[i0 + r]);  // P = exp(S·scale − L), 0 from `valid` to n
+        exp_row(p + r * bcp, valid, nv, scale, lse[i0 + r]);  // P = exp(S·scale − L), 0 from `valid` on
       }
-      tile_gemm<V, true, true>(cols, Dp, rows, p, bcp, dop + i0 * Dp, Dp, dva + j0 * Dp, Dp, Causal::InnerFrom,
+      tile_gemm<V, true, true>(cols, Dp, rows, p, bcp, dop + i0 * lddo, lddo, dva + j0 * Dp, Dp, Causal::InnerFrom,
                             diag);  // dV += Pᵀ dO
       tile_gemm<V, false, false>(rows, n, D, d_out + i0 * do_stride, do_stride, vt + j0, Tk, ds, bcp, Causal::Columns,
                               diag);  // dP = dO Vᵀ
@@ -394,12 +491,14 @@ template <class V>
         float* dsr = ds + r * bcp;
         const float di = delta[i0 + r];
         const std::int64_t valid = std::clamp<std::int64_t>(r + diag + 1, 0, cols);
-        for (std::int64_t c = 0; c < valid; ++c) dsr[c] = pr[c] * (dsr[c] - di) * scale;  // dS = P ∘ (dP − Δ) · scale
-        std::fill(dsr + valid, dsr + n, 0.0F);  // masked (and possibly unwritten) entries
+        for (std::int64_t c = 0; c < nv; ++c) {  // dS = P ∘ (dP − Δ) · scale; masked (maybe unwritten) entries 0
+          const float d = pr[c] * (dsr[c] - di) * scale;
+          dsr[c] = c < valid ? d : 0.0F;
+        }
       }
-      tile_gemm<V, false, true>(rows, Dp, cols, ds, bcp, kp + j0 * Dp, Dp, dqa + i0 * Dp, Dp, Causal::Inner,
+      tile_gemm<V, false, true>(rows, Dp, cols, ds, bcp, kp + j0 * ldk, ldk, dqa + i0 * Dp, Dp, Causal::Inner,
                              diag);  // dQ += dS K
-      tile_gemm<V, true, true>(cols, Dp, rows, ds, bcp, qp + i0 * Dp, Dp, dka + j0 * Dp, Dp, Causal::InnerFrom,
+      tile_gemm<V, true, true>(cols, Dp, rows, ds, bcp, qp + i0 * ldq, ldq, dka + j0 * Dp, Dp, Causal::InnerFrom,
                             diag);  // dK += dSᵀ Q
     }
   }
@@ -411,7 +510,11 @@ template <class V>
 }
 
 // The pair kernels per instruction set: 8-lane products in the AVX2 and
-// baseline clones, 16-lane ones where AVX-512F runs; the same bits.
+// baseline clones, 16-lane ones where AVX-512F runs; the same bits. The
+// forward's per-query loops run whole vectors and mask the lanes before a
+// key's first query by selection; GCC's loop splitting would cut them at
+// that query and leave scalar remainders (9% of the forward's samples), so
+// it is off there (the backward is faster with it).
 #define RIFTCO_FORWARD_PAIR_ARGS                                                                                  \
   const PairGeometry &g, const float *q, std::int64_t q_stride, const float *k, std::int64_t k_stride,            \
       const float *v, std::int64_t v_stride, float *out, std::int64_t out_stride, float *lse, float scale,        \
@@ -425,10 +528,11 @@ template <class V>
   g, q, q_stride, k, k_stride, v, v_stride, o, o_stride, d_out, do_stride, lse, dq, dq_stride, dk, dk_stride, dv, \
       dv_stride, scale, scratch
 
-__attribute__((target_clones("avx2", "default"))) void forward_pair_v8(RIFTCO_FORWARD_PAIR_ARGS) {
+__attribute__((target_clones("avx2", "default"), optimize("no-split-loops"))) void forward_pair_v8(
+    RIFTCO_FORWARD_PAIR_ARGS) {
   forward_pair_impl<v8>(g, q, q_stride, k, k_stride, v, v_stride, out, out_stride, lse, scale, scratch);
 }
-__attribute__((target("avx512f"))) void forward_pair_v16(RIFTCO_FORWARD_PAIR_ARGS) {
+__attribute__((target("avx512f"), optimize("no-split-loops"))) void forward_pair_v16(RIFTCO_FORWARD_PAIR_ARGS) {
   forward_pair_impl<v16>(g, q, q_stride, k, k_stride, v, v_stride, out, out_stride, lse, scale, scratch);
 }
 __attribute__((target_clones("avx2", "default"))) void backward_pair_v8(RIFTCO_BACKWARD_PAIR_ARGS) {
