@@ -205,7 +205,7 @@ TEST(DropoutEdges, PNextBelowOne) {
 TEST(DropoutEdges, NestedCheckpoints) {
   const Tensor x0 = randn({4, 8}, 9);
   const Tensor w0 = randn({8, 8}, 10);
-  const auto run = [&](int mode) {
+  const auto run = [&](int mode, GraphAfterBackward graph) {
     Variable x(x0, true, "x");
     Variable w(w0, true, "w");
     Random random(31);
@@ -218,12 +218,16 @@ TEST(DropoutEdges, NestedCheckpoints) {
     };
     const Variable out = mode >= 1 ? checkpoint(x, deps, outer) : outer(x);
     const Variable after = dropout(out, 0.1F, random);
-    sum(after).backward();
+    sum(after).backward(graph);
     return std::vector<Tensor>{after.value().clone(), x.grad().clone(), w.grad().clone()};
   };
-  const std::vector<Tensor> ordinary = run(0);
-  for (int mode : {1, 2}) {
-    const std::vector<Tensor> replayed = run(mode);
-    for (std::size_t i = 0; i < ordinary.size(); ++i) EXPECT_TRUE(bit_equal(ordinary[i], replayed[i])) << mode << " " << i;
+  const std::vector<Tensor> ordinary = run(0, GraphAfterBackward::Keep);
+  for (const GraphAfterBackward graph : {GraphAfterBackward::Keep, GraphAfterBackward::Release}) {
+    for (int mode : {1, 2}) {
+      const std::vector<Tensor> replayed = run(mode, graph);
+      for (std::size_t i = 0; i < ordinary.size(); ++i) {
+        EXPECT_TRUE(bit_equal(ordinary[i], replayed[i])) << "mode " << mode << " tensor " << i;
+      }
+    }
   }
 }
