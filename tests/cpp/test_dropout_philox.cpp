@@ -71,8 +71,8 @@ TEST(DropoutMask, IsAPureFunctionOfKeyAndIndex) {
   // Element i is word i % 4 of Philox at counter (i / 4, 0) under the key.
   const PhiloxCounter bits = backend::philox4x32_10({{1, 0, 0, 0}}, {{42, 0}});
   for (int lane = 0; lane < 4; ++lane) {
-    const float u = static_cast<float>(bits.word[lane] >> 8U) / 16777216.0F;
-    EXPECT_EQ(big.data()[4 + lane], u < p ? 0.0F : scale) << "lane " << lane;
+    const bool dropped = static_cast<double>(bits.word[lane]) < static_cast<double>(p) * 4294967296.0;
+    EXPECT_EQ(big.data()[4 + lane], dropped ? 0.0F : scale) << "lane " << lane;
   }
   std::int64_t kept = 0;
   for (const float v : big.values()) {
@@ -84,6 +84,21 @@ TEST(DropoutMask, IsAPureFunctionOfKeyAndIndex) {
   // Another key gives another mask; the same key the same bits.
   EXPECT_FALSE(bit_equal(mask({100003}, 43, p), big));
   EXPECT_TRUE(bit_equal(mask({100003}, 42, p), big));
+}
+
+// The drop probability is p exactly: a word is dropped iff it is below
+// p·2^32 (a whole number for p = 0.1F: 429496736). Key 6090200's element 2
+// draws 429496800, in the 96 words [p·2^32, ceil(p·2^24)·2^8) that a 24-bit
+// uniform compared with p dropped too (a bias of 2.2e-8 at p = 0.1).
+TEST(DropoutMask, DropsExactlyTheWordsBelowPTimesTwoToThe32) {
+  const float p = 0.1F;
+  EXPECT_EQ(backend::dropout_threshold(p), 429496736U);
+  EXPECT_EQ(backend::philox4x32_10({{0, 0, 0, 0}}, {{6090200, 0}}).word[2], 429496800U);
+  EXPECT_EQ(mask({3}, 6090200, p).data()[2], 1.0F / (1.0F - p));  // kept
+  EXPECT_EQ(backend::dropout_threshold(0.5F), 2147483648U);
+  EXPECT_EQ(backend::dropout_threshold(std::nextafter(1.0F, 0.0F)), 4294967296U - 256U);
+  EXPECT_EQ(backend::dropout_threshold(1e-30F), 1U);  // the least drop probability above 0: 2^-32
+  EXPECT_EQ(backend::dropout_threshold(0.0F), 0U);
 }
 
 TEST(DropoutMask, DoesNotDependOnTheThreadCount) {
@@ -195,7 +210,7 @@ TEST(DropoutEdges, PNextBelowOne) {
     ASSERT_TRUE(v == 0.0F || v == 16777216.0F) << v;
     kept += v != 0.0F ? 1 : 0;
   }
-  EXPECT_LE(kept, 8);  // 2^20 draws at 2^-24: 1/16 expected
+  EXPECT_LE(kept, 8);  // 2^20 draws at 2^-24 (256 words in 2^32): 1/16 expected
   Random random(5);
   const Tensor x = randn({64, 64}, 2);
   const Variable y = dropout(Variable(x), p, random);
