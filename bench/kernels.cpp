@@ -326,6 +326,43 @@ void BM_SwiGlu(benchmark::State& state) {
 }
 BENCHMARK(BM_SwiGlu)->ArgNames({"rows", "F"})->Args({2048, 680})->Args({512, 2048})->UseRealTime();
 
+/// RoPE on the packed q/k columns of a fused q/k/v buffer, as the attention
+/// op does: rows (B·T) of 3C floats, the first 2C rotated into a (B·T, 2C)
+/// buffer (forward) or in place (inverse). Args: B, T, C, D. Reads and
+/// writes 2C floats per row.
+void BM_RopePacked(benchmark::State& state) {
+  const std::int64_t b = state.range(0), t = state.range(1), c = state.range(2), d = state.range(3);
+  Tensor qkv = randn({b * t, 3 * c}, 1);
+  Tensor rotated = Tensor::empty({b * t, 2 * c});
+  run_rate(state, 2.0 * 2.0 * 4.0 * static_cast<double>(b * t * c), "GB/s", g_stream_gbs, [&] {
+    cpu::rope_packed(qkv.data(), 3 * c, rotated.data(), 2 * c, b, t, 2 * c, d, 10000.0F, false);
+    cpu::rope_packed(qkv.data(), 3 * c, qkv.data(), 3 * c, b, t, 2 * c, d, 10000.0F, true);
+    benchmark::DoNotOptimize(rotated.data());
+  });
+}
+BENCHMARK(BM_RopePacked)
+    ->ArgNames({"B", "T", "C", "D"})
+    ->Args({8, 256, 256, 32})
+    ->Args({4, 128, 768, 64})
+    ->UseRealTime();
+
+/// The token-embedding gradient: rows of g (rows, C) added into dW (V, C)
+/// at their ids. Reads g, writes dW (zeroed, then read and written).
+void BM_EmbeddingBackward(benchmark::State& state) {
+  const std::int64_t rows = state.range(0), v = state.range(1), c = state.range(2);
+  const Tensor g = randn({rows, c}, 1);
+  std::vector<std::int32_t> ids(static_cast<std::size_t>(rows));
+  for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<std::int32_t>((i * 37) % v);
+  run_rate(state, 4.0 * static_cast<double>(rows * c + 3 * v * c), "GB/s", g_stream_gbs, [&] {
+    benchmark::DoNotOptimize(cpu::embedding_backward({v, c}, ids, g).data());
+  });
+}
+BENCHMARK(BM_EmbeddingBackward)
+    ->ArgNames({"rows", "V", "C"})
+    ->Args({2048, 256, 256})
+    ->Args({512, 256, 768})
+    ->UseRealTime();
+
 /// One Adam::step over `n` parameters in 8 tensors: reads g, θ, m, v and
 /// writes θ, m, v (7 floats per parameter), plus the gradient-norm pass.
 void BM_AdamStep(benchmark::State& state) {

@@ -94,19 +94,22 @@ void init_variable(nb::module_& m) {
                    "The committed gradient as a read-only numpy view, or None before a backward() reached it.")
       .def_prop_ro("has_grad", &rt::Variable::has_grad)
       .def("backward",
-           [](const rt::Variable& v, nb::handle seed) {
+           [](const rt::Variable& v, nb::handle seed, bool retain_graph) {
+             const auto graph = retain_graph ? rt::GraphAfterBackward::Keep : rt::GraphAfterBackward::Release;
              if (seed.is_none()) {
                nb::gil_scoped_release release;
-               v.backward();
+               v.backward(graph);
              } else {
                rt::Tensor s = tensor_from_python(seed);
                nb::gil_scoped_release release;
-               v.backward(s);
+               v.backward(s, graph);
              }
            },
-           "seed"_a = nb::none(),
-           "Gradients of this output with respect to every leaf (a fresh pass; the graph is kept).\n"
-           "Scalars need no seed. Releases the GIL.")
+           "seed"_a = nb::none(), nb::kw_only(), "retain_graph"_a = true,
+           "Gradients of this output with respect to every leaf (a fresh pass). Scalars need no seed.\n"
+           "retain_graph=True (the default) keeps the graph, so backward() may run on it again;\n"
+           "retain_graph=False frees each node's saved tensors as the pass goes (PyTorch's default,\n"
+           "a lower peak), and a later backward() through it raises BackwardError. Releases the GIL.")
       .def("clear_grad", &rt::Variable::clear_grad)
       .def("zero_grad", &rt::Variable::clear_grad, "Alias of clear_grad() (PyTorch's set_to_none=True).")
       .def("retain_grad", &rt::Variable::retain_grad)

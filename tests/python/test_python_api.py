@@ -124,6 +124,27 @@ def test_variables_numpy_views_and_gradients():
         y.backward()
 
 
+def test_backward_retain_graph_false_frees_the_graph_with_the_same_gradients():
+    model = tiny_model()
+    tokens, targets = batch()
+    kept = model.loss(tokens, targets)
+    kept.backward()
+    expected = [p.grad.copy() for p in model.trainable_parameters()]
+    for p in model.trainable_parameters():
+        p.zero_grad()
+    loss = model.loss(tokens, targets)
+    loss.backward(retain_graph=False)
+    for p, g in zip(model.trainable_parameters(), expected):
+        np.testing.assert_array_equal(p.grad, g)  # same bits as the kept-graph pass
+    with pytest.raises(riftco.BackwardError, match="released"):
+        loss.backward()  # the graph is gone: a typed error, gradients untouched
+    for p, g in zip(model.trainable_parameters(), expected):
+        np.testing.assert_array_equal(p.grad, g)
+    kept.backward(retain_graph=True)  # the default keeps it: a second pass works
+    with pytest.raises(TypeError):
+        loss.backward(None, False)  # retain_graph is keyword-only
+
+
 def test_loss_takes_arrays_and_lists_and_checks_shapes():
     model = tiny_model()
     tokens, targets = batch()

@@ -2,6 +2,7 @@
 #include <cmath>
 
 #include "kernels.hpp"
+#include "parallel.hpp"
 #include "vec_math.hpp"
 
 namespace riftco_transformer::cpu {
@@ -28,7 +29,7 @@ inline float gelu_derivative(float x) {
 }
 
 /// Elements per OpenMP chunk: large enough to amortize the fork.
-constexpr std::int64_t kParallelElements = 16384;
+constexpr std::int64_t kParallelElements = kMinStreamPerThread;
 
 __attribute__((target_clones("avx512f", "avx2", "default"))) void silu_span(const float* x, float* out, std::int64_t n) {
   for (std::int64_t i = 0; i < n; ++i) out[i] = x[i] * sigmoid_approx(x[i]);
@@ -57,19 +58,6 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void swiglu_backwar
     const float s = sigmoid_approx(a);
     d_gate[i] = g[i] * up[i] * s * (1.0F + a * (1.0F - s));
     d_up[i] = g[i] * a * s;
-  }
-}
-
-/// Runs body(begin, end) over [0, n) in fixed chunks handed out dynamically
-/// (elementwise: the bits do not depend on which thread runs a chunk).
-template <class F>
-void parallel_spans(std::int64_t n, F&& body) {
-  const std::int64_t chunks = std::max<std::int64_t>(1, std::min<std::int64_t>(n / kParallelElements, 64));
-#pragma omp parallel for schedule(dynamic, 1) if (chunks > 1)
-  for (std::int64_t c = 0; c < chunks; ++c) {
-    const std::int64_t begin = n * c / chunks;
-    const std::int64_t end = n * (c + 1) / chunks;
-    body(begin, end);
   }
 }
 

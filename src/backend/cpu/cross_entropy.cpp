@@ -1,7 +1,14 @@
+// Fused softmax + negative log-likelihood over rows of logits. Rows are
+// independent and the loss is summed over rows in order, so the bits do not
+// depend on the thread count; the row pieces (softmax_rows.hpp) give the
+// bits of the scalar loops on every instruction set.
+#include <algorithm>
 #include <cmath>
-#include <limits>
+#include <vector>
 
 #include "kernels.hpp"
+#include "parallel.hpp"
+#include "softmax_rows.hpp"
 
 namespace riftco_transformer::cpu {
 
@@ -13,19 +20,14 @@ float cross_entropy_forward(const Tensor& logits, std::span<const std::int32_t> 
   std::vector<double> row_loss(static_cast<std::size_t>(rows), 0.0);
   const float* pl = logits.data();
   float* pp = probs.data();
-#pragma omp parallel for schedule(static) if (rows * v > 16384)
+  const int threads = threads_for(rows * v, kMinStreamPerThread);
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
   for (std::int64_t r = 0; r < rows; ++r) {
     const float* lr = pl + r * v;
     float* prow = pp + r * v;
-    float m = -std::numeric_limits<float>::infinity();
-    for (std::int64_t j = 0; j < v; ++j) m = std::max(m, lr[j]);
-    float total = 0.0F;
-    for (std::int64_t j = 0; j < v; ++j) {
-      prow[j] = std::exp(lr[j] - m);
-      total += prow[j];
-    }
-    const float inv = 1.0F / total;
-    for (std::int64_t j = 0; j < v; ++j) prow[j] *= inv;
+    const float m = row_max(lr, v);
+    const float total = exp_shifted_row(lr, m, prow, v);
+    scale_row(prow, 1.0F / total, prow, v);
     const std::int32_t t = targets[static_cast<std::size_t>(r)];
     if (t != ignore) row_loss[static_cast<std::size_t>(r)] = static_cast<double>(m + std::log(total) - lr[t]);
   }
@@ -47,16 +49,16 @@ Tensor cross_entropy_backward(const Tensor& probs, std::span<const std::int32_t>
   const float* pp = probs.data();
   float* po = out.data();
   const float k = count == 0 ? 0.0F : g / static_cast<float>(count);
-#pragma omp parallel for schedule(static) if (rows * v > 16384)
+  const int threads = threads_for(rows * v, kMinStreamPerThread);
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
   for (std::int64_t r = 0; r < rows; ++r) {
     const std::int32_t t = targets[static_cast<std::size_t>(r)];
     float* orow = po + r * v;
-    const float* prow = pp + r * v;
     if (t == ignore) {
-      for (std::int64_t j = 0; j < v; ++j) orow[j] = 0.0F;
+      std::fill(orow, orow + v, 0.0F);
       continue;
     }
-    for (std::int64_t j = 0; j < v; ++j) orow[j] = prow[j] * k;
+    scale_row(pp + r * v, k, orow, v);
     orow[t] -= k;
   }
   return out;

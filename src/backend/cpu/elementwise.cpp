@@ -1,43 +1,77 @@
+// Elementwise arithmetic, broadcasting and its reduction, and permutes.
 #include <cstring>
 
 #include "kernels.hpp"
+#include "parallel.hpp"
+#include "softmax_rows.hpp"
 
 namespace riftco_transformer::cpu {
 
-Tensor add(const Tensor& a, const Tensor& b) {
-  Tensor out = Tensor::empty(a.shape());
-  const float* pa = a.data();
-  const float* pb = b.data();
-  float* po = out.data();
-  const std::int64_t n = a.numel();
-#pragma omp parallel for schedule(dynamic, 8192) if (n > 32768)
-  for (std::int64_t i = 0; i < n; ++i) po[i] = pa[i] + pb[i];
-  return out;
+namespace {
+
+inline float apply(BinaryOp op, float x, float y) {
+  switch (op) {
+    case BinaryOp::Add:
+      return x + y;
+    case BinaryOp::Sub:
+      return x - y;
+    case BinaryOp::Mul:
+      return x * y;
+  }
+  return 0.0F;
 }
 
-void add_inplace(Tensor& a, const Tensor& b) {
-  float* pa = a.data();
-  const float* pb = b.data();
-  const std::int64_t n = a.numel();
-#pragma omp parallel for schedule(dynamic, 8192) if (n > 32768)
-  for (std::int64_t i = 0; i < n; ++i) pa[i] += pb[i];
+template <BinaryOp kOp>
+[[gnu::always_inline]] inline void binary_loop(const float* a, const float* b, float* out, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) out[i] = apply(kOp, a[i], b[i]);
 }
+
+/// out = a op b over n elements (out may not overlap a or b).
+__attribute__((target_clones("avx512f", "avx2", "default"))) void binary_span(BinaryOp op, const float* a,
+                                                                              const float* b, float* out,
+                                                                              std::int64_t n) {
+  switch (op) {
+    case BinaryOp::Add:
+      return binary_loop<BinaryOp::Add>(a, b, out, n);
+    case BinaryOp::Sub:
+      return binary_loop<BinaryOp::Sub>(a, b, out, n);
+    case BinaryOp::Mul:
+      return binary_loop<BinaryOp::Mul>(a, b, out, n);
+  }
+}
+
+/// y += alpha · x over n elements (alpha = 1: y += x, bit for bit).
+__attribute__((target_clones("avx512f", "avx2", "default"))) void axpy_span(float* y, float alpha, const float* x,
+                                                                            std::int64_t n) {
+  if (alpha == 1.0F) {
+    for (std::int64_t i = 0; i < n; ++i) y[i] += x[i];
+  } else {
+    for (std::int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
+  }
+}
+
+}  // namespace
+
+// The loops below run in AVX-512F / AVX2 / baseline clones over chunks
+// handed out by parallel_spans; every element is one IEEE operation (the
+// file is built with -ffp-contract=off), so the bits match a plain loop for
+// any thread count and instruction set.
+
+Tensor add(const Tensor& a, const Tensor& b) { return binary(BinaryOp::Add, a, b, a.shape()); }
+
+void add_inplace(Tensor& a, const Tensor& b) { axpy_inplace(a, 1.0F, b); }
 
 void axpy_inplace(Tensor& y, float alpha, const Tensor& x) {
   float* py = y.data();
   const float* px = x.data();
-  const std::int64_t n = y.numel();
-#pragma omp parallel for schedule(dynamic, 8192) if (n > 32768)
-  for (std::int64_t i = 0; i < n; ++i) py[i] += alpha * px[i];
+  parallel_spans(y.numel(), [&](std::int64_t b, std::int64_t e) { axpy_span(py + b, alpha, px + b, e - b); });
 }
 
 Tensor scale(const Tensor& a, float s) {
   Tensor out = Tensor::empty(a.shape());
   const float* pa = a.data();
   float* po = out.data();
-  const std::int64_t n = a.numel();
-#pragma omp parallel for schedule(dynamic, 8192) if (n > 32768)
-  for (std::int64_t i = 0; i < n; ++i) po[i] = pa[i] * s;
+  parallel_spans(a.numel(), [&](std::int64_t b, std::int64_t e) { scale_row(pa + b, s, po + b, e - b); });
   return out;
 }
 
@@ -55,18 +89,6 @@ std::vector<std::int64_t> broadcast_strides(const Shape& shape, std::size_t ndim
     stride *= shape[d];
   }
   return strides;
-}
-
-inline float apply(BinaryOp op, float x, float y) {
-  switch (op) {
-    case BinaryOp::Add:
-      return x + y;
-    case BinaryOp::Sub:
-      return x - y;
-    case BinaryOp::Mul:
-      return x * y;
-  }
-  return 0.0F;
 }
 
 /// True when `shape` equals the trailing dims of `out_shape` (ignoring leading 1s).
@@ -90,8 +112,9 @@ Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b, const Shape& out_sh
   const float* pb = b.data();
   float* po = out.data();
   if (a.shape() == out_shape && b.shape() == out_shape) {
-#pragma omp parallel for schedule(static) if (n > 32768)
-    for (std::int64_t i = 0; i < n; ++i) po[i] = apply(op, pa[i], pb[i]);
+    parallel_spans(n, [&](std::int64_t begin, std::int64_t end) {
+      binary_span(op, pa + begin, pb + begin, po + begin, end - begin);
+    });
     return out;
   }
   if (a.shape() == out_shape && is_suffix(b.shape(), out_shape)) {

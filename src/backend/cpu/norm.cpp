@@ -1,12 +1,15 @@
 // RMSNorm forward/backward. Row reductions use 8 fixed lanes summed in a
 // fixed order (vec_math.hpp) and dw sums each column over rows in row order,
-// so results do not depend on the thread count.
+// so results do not depend on the thread count. The loops run in AVX-512F,
+// AVX2 and baseline clones; the file is built with -ffp-contract=off, so
+// every clone gives the same bits.
 #include <algorithm>
 #include <cmath>
 
 #include <omp.h>
 
 #include "kernels.hpp"
+#include "parallel.hpp"
 #include "vec_math.hpp"
 
 // v8 values live inside the AVX2/baseline clones only (see vec_math.hpp).
@@ -32,9 +35,10 @@ using vec::v8;
   return total;
 }
 
-__attribute__((target_clones("avx2", "default"))) void forward_rows(const float* px, const float* pw, float* po,
-                                                                     float* pr, std::int64_t r0, std::int64_t r1,
-                                                                     std::int64_t c, float eps) {
+__attribute__((target_clones("avx512f", "avx2", "default"))) void forward_rows(const float* px, const float* pw,
+                                                                               float* po, float* pr, std::int64_t r0,
+                                                                               std::int64_t r1, std::int64_t c,
+                                                                               float eps) {
   for (std::int64_t r = r0; r < r1; ++r) {
     const float* xr = px + r * c;
     const float ss = dot3(xr, xr, nullptr, c);
@@ -45,10 +49,10 @@ __attribute__((target_clones("avx2", "default"))) void forward_rows(const float*
   }
 }
 
-__attribute__((target_clones("avx2", "default"))) void backward_rows(const float* px, const float* pw,
-                                                                      const float* pr, const float* pg, float* pd,
-                                                                      std::int64_t r0, std::int64_t r1,
-                                                                      std::int64_t c) {
+__attribute__((target_clones("avx512f", "avx2", "default"))) void backward_rows(const float* px, const float* pw,
+                                                                                const float* pr, const float* pg,
+                                                                                float* pd, std::int64_t r0,
+                                                                                std::int64_t r1, std::int64_t c) {
   for (std::int64_t r = r0; r < r1; ++r) {
     const float* xr = px + r * c;
     const float* gr = pg + r * c;
@@ -61,10 +65,10 @@ __attribute__((target_clones("avx2", "default"))) void backward_rows(const float
 }
 
 /// dw[j0, j1) = Σ_rows g·x·rstd, each column summed in row order.
-__attribute__((target_clones("avx2", "default"))) void weight_columns(const float* px, const float* pg,
-                                                                       const float* pr, float* pdw, std::int64_t rows,
-                                                                       std::int64_t c, std::int64_t j0,
-                                                                       std::int64_t j1) {
+__attribute__((target_clones("avx512f", "avx2", "default"))) void weight_columns(const float* px, const float* pg,
+                                                                                 const float* pr, float* pdw,
+                                                                                 std::int64_t rows, std::int64_t c,
+                                                                                 std::int64_t j0, std::int64_t j1) {
   std::fill(pdw + j0, pdw + j1, 0.0F);
   for (std::int64_t r = 0; r < rows; ++r) {
     const float* gr = pg + r * c;
@@ -77,9 +81,9 @@ __attribute__((target_clones("avx2", "default"))) void weight_columns(const floa
 /// Fixed row ranges handed out dynamically (rows are independent).
 template <class F>
 void parallel_rows(std::int64_t rows, std::int64_t c, F&& body) {
-  const bool parallel = rows * c > 16384 && rows > 1;
-  const std::int64_t chunks = parallel ? std::min<std::int64_t>(rows, 4 * omp_get_max_threads()) : 1;
-#pragma omp parallel for schedule(dynamic, 1) if (parallel)
+  const int threads = rows > 1 ? threads_for(rows * c, kMinStreamPerThread) : 1;
+  const std::int64_t chunks = threads > 1 ? std::min<std::int64_t>(rows, 4 * threads) : 1;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (threads > 1)
   for (std::int64_t i = 0; i < chunks; ++i) body(rows * i / chunks, rows * (i + 1) / chunks);
 }
 
@@ -118,7 +122,8 @@ void rms_norm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, con
     float* pdw = dw.data();
     // Column blocks (multiples of 8) per thread; every column sums its rows in order.
     const std::int64_t blocks = (c + kLanes - 1) / kLanes;
-#pragma omp parallel if (rows * c > 16384 && blocks > 1)
+    const int threads = blocks > 1 ? threads_for(rows * c, kMinStreamPerThread) : 1;
+#pragma omp parallel num_threads(threads) if (threads > 1)
     {
       const std::int64_t n = omp_get_num_threads();
       const std::int64_t t = omp_get_thread_num();

@@ -1,7 +1,8 @@
 // Optimizer kernels: the global gradient norm and the fused Adam update.
 // Both walk all parameters in one parallel region of fixed-size chunks, so
 // small parameters (norm weights) do not each pay a fork and big ones are
-// split across threads.
+// split across threads. The spans run in AVX-512F, AVX2 and baseline
+// clones; the file is built with -ffp-contract=off, so all give the same bits.
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -32,7 +33,7 @@ std::vector<Chunk> cut_into_chunks(std::size_t count, Sizes&& size_of) {
 }
 
 /// Σ x² with 8 independent double accumulators summed in a fixed order.
-__attribute__((target_clones("avx2", "default"))) double squares_span(const float* x, std::int64_t n) {
+__attribute__((target_clones("avx512f", "avx2", "default"))) double squares_span(const float* x, std::int64_t n) {
   double acc[8] = {};
   std::int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
@@ -48,10 +49,11 @@ __attribute__((target_clones("avx2", "default"))) double squares_span(const floa
   return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
 }
 
-__attribute__((target_clones("avx2", "default"))) void adam_span(float* __restrict theta, float* __restrict m,
-                                                                  float* __restrict v,
-                                                                  const float* __restrict grad, std::int64_t n,
-                                                                  AdamCoefficients c, float decay) {
+__attribute__((target_clones("avx512f", "avx2", "default"))) void adam_span(float* __restrict theta,
+                                                                            float* __restrict m, float* __restrict v,
+                                                                            const float* __restrict grad,
+                                                                            std::int64_t n, AdamCoefficients c,
+                                                                            float decay) {
   const float one_minus_b1 = 1.0F - c.beta1;
   const float one_minus_b2 = 1.0F - c.beta2;
   for (std::int64_t j = 0; j < n; ++j) {

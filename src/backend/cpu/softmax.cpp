@@ -1,7 +1,13 @@
+// Row softmax, its backward and the causal mask. Rows are independent, so
+// the bits do not depend on the thread count (softmax_rows.hpp: the same
+// bits as the scalar loops on every instruction set).
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
 #include "kernels.hpp"
+#include "parallel.hpp"
+#include "softmax_rows.hpp"
 
 namespace riftco_transformer::cpu {
 
@@ -11,23 +17,18 @@ Tensor softmax_forward(const Tensor& x) {
   Tensor out = Tensor::empty(x.shape());
   const float* px = x.data();
   float* po = out.data();
-#pragma omp parallel for schedule(static) if (x.numel() > 16384)
+  const int threads = threads_for(x.numel(), kMinStreamPerThread);
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
   for (std::int64_t r = 0; r < rows; ++r) {
     const float* xr = px + r * c;
     float* orow = po + r * c;
-    float m = -std::numeric_limits<float>::infinity();
-    for (std::int64_t j = 0; j < c; ++j) m = std::max(m, xr[j]);
+    const float m = row_max(xr, c);
     if (m == -std::numeric_limits<float>::infinity()) {  // fully masked row: all zeros
-      for (std::int64_t j = 0; j < c; ++j) orow[j] = 0.0F;
+      std::fill(orow, orow + c, 0.0F);
       continue;
     }
-    float total = 0.0F;
-    for (std::int64_t j = 0; j < c; ++j) {
-      orow[j] = std::exp(xr[j] - m);
-      total += orow[j];
-    }
-    const float inv = 1.0F / total;
-    for (std::int64_t j = 0; j < c; ++j) orow[j] *= inv;
+    const float total = exp_shifted_row(xr, m, orow, c);
+    scale_row(orow, 1.0F / total, orow, c);
   }
   return out;
 }
