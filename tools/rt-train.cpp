@@ -153,7 +153,7 @@ void add_stage_options(CLI::App& app, StageSettings& s, StageText& t) {
   app.add_flag("--quiet", t.quiet, "no progress line")->group(training);
   add_number(app, "--stop-after", t.stop_after,
              "stop once step N is done, as if interrupted there: no final files; the last training checkpoint "
-             "(--checkpoint-interval) and the partial metrics stay for --resume (0: no stop)")
+             "(--checkpoint-interval) and the partial metrics stay for --resume (0, or N >= --steps: no stop)")
       ->type_name("N")
       ->check(rt_cli::integer_at_least(0))
       ->group(training);
@@ -180,11 +180,13 @@ void apply_stage_text(const CLI::App& app, const StageText& t, StageSettings& s)
 }
 
 /// A live progress line on a terminal; periodic plain lines otherwise. The
-/// run goes on until step `stop_after` is done (0: to the end).
+/// run goes on until step `stop_after` is done (0: to the end). A stop at or
+/// past the last step is the whole run: stopping there would only throw away
+/// the final files (and the steps since the last checkpoint).
 ProgressCallback progress_printer(const std::string& stage, bool quiet, std::int64_t stop_after) {
   const bool tty = isatty(STDERR_FILENO) != 0;
   return [stage, quiet, tty, stop_after](const StepReport& r) {
-    const bool go_on = stop_after == 0 || r.step < stop_after;
+    const bool go_on = stop_after == 0 || r.step < stop_after || r.step >= r.total_steps;
     if (quiet) return go_on;
     const std::int64_t every = std::max<std::int64_t>(1, r.total_steps / 20);
     const bool last = r.step == r.total_steps || !go_on;

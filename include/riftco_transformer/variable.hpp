@@ -136,6 +136,11 @@ class Variable {
   Tensor mutable_value(const char* why = "updated in place");
   /// Leaves only: moves the value to `backend` and bumps the version.
   void to(Backend backend);
+  /// Moves every leaf of `leaves` (and its gradient) to `backend`, all or
+  /// nothing: every copy is made before any leaf changes, so a failed copy
+  /// (out of device memory, a non-leaf in the list) leaves them all as they
+  /// were. Leaves already there are not touched.
+  static void to(std::span<const Variable> leaves, Backend backend);
   /// Moves up on every change a graph must not survive: an in-place write to
   /// the value's buffer through any handle, set_value, to(), mark_changed,
   /// set_requires_grad. Never repeats a value.

@@ -237,15 +237,28 @@ Tensor Variable::mutable_value(const char* why) {
   return n.value;
 }
 
-void Variable::to(Backend backend) {
-  Node& n = require(node_, "to");
-  require_leaf(n, "to");
-  if (n.value.backend() == backend) return;
-  Tensor moved = n.value.to(backend);  // throws before anything changes
-  Tensor grad = n.grad.defined() ? n.grad.to(backend) : Tensor();
-  n.replace_value(std::move(moved), std::string("moved to ") + backend_name(backend));
-  std::lock_guard<std::mutex> lock(g_commit_mutex);
-  n.grad = std::move(grad);
+void Variable::to(Backend backend) { Variable::to(std::span<const Variable>(this, 1), backend); }
+
+void Variable::to(std::span<const Variable> leaves, Backend backend) {
+  struct Move {
+    Node* node;
+    Tensor value, grad;
+  };
+  std::vector<Move> moves;
+  moves.reserve(leaves.size());
+  for (const Variable& v : leaves) {  // every copy first: a throw here changes nothing
+    Node& n = require(v.node_, "to");
+    require_leaf(n, "to");
+    if (n.value.backend() == backend) continue;
+    Tensor value = n.value.to(backend);
+    Tensor grad = n.grad.defined() ? n.grad.to(backend) : Tensor();
+    moves.push_back({&n, std::move(value), std::move(grad)});
+  }
+  for (Move& m : moves) {
+    m.node->replace_value(std::move(m.value), std::string("moved to ") + backend_name(backend));
+    std::lock_guard<std::mutex> lock(g_commit_mutex);
+    m.node->grad = std::move(m.grad);
+  }
 }
 
 void Variable::mark_changed(std::string reason) {

@@ -5,7 +5,7 @@
 // __host__ __device__, so the CPU kernel and the CUDA kernel compute the same
 // mask bits from the same code. Integer-only: no platform or compiler
 // differences. The known-answer vectors of Random123's kat_vectors are in
-// tests/cpp/test_philox.cpp.
+// tests/cpp/test_dropout_philox.cpp.
 #include <cstdint>
 
 #if defined(__CUDACC__)
@@ -51,21 +51,34 @@ RIFTCO_HOST_DEVICE inline PhiloxCounter philox4x32_10(PhiloxCounter counter, Phi
   return counter;
 }
 
+/// The 32-bit words a dropout of probability p drops: those below
+/// ceil(p·2^32). p·2^32 is exact in double (a float times a power of two),
+/// so the drop probability is exactly p whenever p·2^32 is a whole number
+/// (every float p ≥ 2^-9), and above p by less than 2^-32 otherwise. (A
+/// 24-bit uniform compared with p, as before, was biased by up to 2^-24 for
+/// p < 0.5: p = 0.1 dropped 96 words in 2^32 too many.) p in [0, 1).
+RIFTCO_HOST_DEVICE inline std::uint64_t dropout_threshold(float p) {
+  const double scaled = static_cast<double>(p) * 4294967296.0;
+  auto threshold = static_cast<std::uint64_t>(scaled);
+  if (static_cast<double>(threshold) < scaled) ++threshold;  // ceil, without libm on the device
+  return threshold;
+}
+
 /// The dropout mask as a pure function of (seed, element index): element i
 /// takes word i % 4 of Philox4x32-10 at counter (i / 4, 0) under key `seed`;
-/// it is dropped (0) when that word's top 24 bits, as a uniform in [0, 1),
-/// are below p, else kept with `keep_scale` (1/(1-p)). Writes the (up to 4)
-/// values of group `group` (elements 4·group ...) that lie below `numel`.
+/// it is dropped (0) when that word is below dropout_threshold(p), else kept
+/// with `keep_scale` (1/(1-p)). Writes the (up to 4) values of group `group`
+/// (elements 4·group ...) that lie below `numel`.
 RIFTCO_HOST_DEVICE inline void dropout_mask_group(std::uint64_t seed, std::int64_t group, std::int64_t numel,
                                                   float p, float keep_scale, float* out) {
   const auto g = static_cast<std::uint64_t>(group);
   const PhiloxCounter counter{{static_cast<std::uint32_t>(g), static_cast<std::uint32_t>(g >> 32U), 0U, 0U}};
   const PhiloxKey key{{static_cast<std::uint32_t>(seed), static_cast<std::uint32_t>(seed >> 32U)}};
   const PhiloxCounter bits = philox4x32_10(counter, key);
+  const std::uint64_t threshold = dropout_threshold(p);
   const std::int64_t first = group * 4;
   for (int lane = 0; lane < 4 && first + lane < numel; ++lane) {
-    const float u = static_cast<float>(bits.word[lane] >> 8U) * (1.0F / 16777216.0F);
-    out[first + lane] = u < p ? 0.0F : keep_scale;
+    out[first + lane] = bits.word[lane] < threshold ? 0.0F : keep_scale;
   }
 }
 

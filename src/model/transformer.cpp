@@ -340,8 +340,12 @@ void DecoderOnlyTransformer::to(Backend backend) {
   (void)backend::kernels(backend, "to");  // "not built" before anything moves
   std::vector<NamedParameter> all = parameters();
   for (NamedParameter& p : lora_parameters()) all.push_back(std::move(p));
-  // Each leaf's move bumps its version, so graphs built before are stale.
-  for (NamedParameter& p : all) p.variable.to(backend);
+  // All or nothing (every copy before any change); each moved leaf's version
+  // moves, so graphs and decode sessions built before are stale.
+  std::vector<Variable> leaves;
+  leaves.reserve(all.size());
+  for (const NamedParameter& p : all) leaves.push_back(p.variable);
+  Variable::to(leaves, backend);
 }
 
 std::int64_t DecoderOnlyTransformer::parameter_count() const {

@@ -226,13 +226,14 @@ Variable swiglu_linear_residual(const Variable& residual, const Variable& gate_u
         const backend::Kernels& kern = backend::kernels_for(op, gu, g);
         std::vector<Tensor> grads(3);
         if (needs[0]) grads[0] = g;
-        const Tensor m = kern.swiglu_packed_forward(gu);  // recomputed, bit-identical
+        Tensor m = kern.swiglu_packed_forward(gu);  // recomputed, bit-identical
         Tensor dm;
         if (needs[1]) dm = Tensor::empty(m.shape(), gu.backend());
         std::vector<Tensor> dw(1);
         packed_backward(kern, g.device_data(), m.device_data(), rows, k, wv, widths, total,
                         needs[1] ? dm.device_data() : nullptr, dw, {static_cast<bool>(needs[2])});
         grads[2] = std::move(dw[0]);
+        m = Tensor();  // read by the products only: gone before the (..., 2F) gradient exists
         if (needs[1]) grads[1] = kern.swiglu_packed_backward(gu, dm);
         return grads;
       },

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
@@ -70,8 +71,8 @@ TEST(DropoutMask, IsAPureFunctionOfKeyAndIndex) {
   // Element i is word i % 4 of Philox at counter (i / 4, 0) under the key.
   const PhiloxCounter bits = backend::philox4x32_10({{1, 0, 0, 0}}, {{42, 0}});
   for (int lane = 0; lane < 4; ++lane) {
-    const float u = static_cast<float>(bits.word[lane] >> 8U) / 16777216.0F;
-    EXPECT_EQ(big.data()[4 + lane], u < p ? 0.0F : scale) << "lane " << lane;
+    const bool dropped = static_cast<double>(bits.word[lane]) < static_cast<double>(p) * 4294967296.0;
+    EXPECT_EQ(big.data()[4 + lane], dropped ? 0.0F : scale) << "lane " << lane;
   }
   std::int64_t kept = 0;
   for (const float v : big.values()) {
@@ -83,6 +84,21 @@ TEST(DropoutMask, IsAPureFunctionOfKeyAndIndex) {
   // Another key gives another mask; the same key the same bits.
   EXPECT_FALSE(bit_equal(mask({100003}, 43, p), big));
   EXPECT_TRUE(bit_equal(mask({100003}, 42, p), big));
+}
+
+// The drop probability is p exactly: a word is dropped iff it is below
+// p·2^32 (a whole number for p = 0.1F: 429496736). Key 6090200's element 2
+// draws 429496800, in the 96 words [p·2^32, ceil(p·2^24)·2^8) that a 24-bit
+// uniform compared with p dropped too (a bias of 2.2e-8 at p = 0.1).
+TEST(DropoutMask, DropsExactlyTheWordsBelowPTimesTwoToThe32) {
+  const float p = 0.1F;
+  EXPECT_EQ(backend::dropout_threshold(p), 429496736U);
+  EXPECT_EQ(backend::philox4x32_10({{0, 0, 0, 0}}, {{6090200, 0}}).word[2], 429496800U);
+  EXPECT_EQ(mask({3}, 6090200, p).data()[2], 1.0F / (1.0F - p));  // kept
+  EXPECT_EQ(backend::dropout_threshold(0.5F), 2147483648U);
+  EXPECT_EQ(backend::dropout_threshold(std::nextafter(1.0F, 0.0F)), 4294967296U - 256U);
+  EXPECT_EQ(backend::dropout_threshold(1e-30F), 1U);  // the least drop probability above 0: 2^-32
+  EXPECT_EQ(backend::dropout_threshold(0.0F), 0U);
 }
 
 TEST(DropoutMask, DoesNotDependOnTheThreadCount) {
@@ -168,4 +184,65 @@ TEST(DropoutReplay, CheckpointedTwoDropoutsEqualTheOrdinaryGraph) {
   const std::vector<Tensor> ordinary = run(false);
   const std::vector<Tensor> replayed = run(true);
   for (std::size_t i = 0; i < ordinary.size(); ++i) EXPECT_TRUE(bit_equal(ordinary[i], replayed[i])) << i;
+}
+
+// Edges: a zero-element input (no draw of the mask beyond the key; the
+// backward runs), p next below 1 (keep probability 2^-24, finite scale
+// 2^24), and dropouts at two checkpoint levels plus after the outer one:
+// the nested replays rewind to the recorded positions, bit for bit.
+TEST(DropoutEdges, ZeroElements) {
+  Random random(1);
+  Random copy(1);
+  const Variable x(Tensor::zeros({0, 5}), true, "x");
+  const Variable y = dropout(x, 0.5F, random);
+  EXPECT_EQ(y.value().shape(), (Shape{0, 5}));
+  (void)next_key(copy);
+  EXPECT_EQ(random.state(), copy.state());  // the key is drawn as for any size: the stream stays in step
+  sum(y).backward();
+  EXPECT_EQ(x.grad().shape(), (Shape{0, 5}));
+}
+
+TEST(DropoutEdges, PNextBelowOne) {
+  const float p = std::nextafter(1.0F, 0.0F);
+  const Tensor m = mask({1 << 20}, 3, p);
+  std::int64_t kept = 0;
+  for (const float v : m.values()) {
+    ASSERT_TRUE(v == 0.0F || v == 16777216.0F) << v;
+    kept += v != 0.0F ? 1 : 0;
+  }
+  EXPECT_LE(kept, 8);  // 2^20 draws at 2^-24 (256 words in 2^32): 1/16 expected
+  Random random(5);
+  const Tensor x = randn({64, 64}, 2);
+  const Variable y = dropout(Variable(x), p, random);
+  for (const float v : y.value().values()) EXPECT_TRUE(std::isfinite(v));
+}
+
+TEST(DropoutEdges, NestedCheckpoints) {
+  const Tensor x0 = randn({4, 8}, 9);
+  const Tensor w0 = randn({8, 8}, 10);
+  const auto run = [&](int mode, GraphAfterBackward graph) {
+    Variable x(x0, true, "x");
+    Variable w(w0, true, "w");
+    Random random(31);
+    const std::vector<Variable> deps{w};
+    const auto inner = [&](const Variable& h) { return dropout(silu(matmul(h, w)), 0.3F, random); };
+    const auto outer = [&](const Variable& h) {
+      const Variable a = dropout(h, 0.4F, random);
+      const Variable b = mode == 2 ? checkpoint(a, deps, inner) : inner(a);
+      return dropout(matmul(b, w), 0.2F, random);
+    };
+    const Variable out = mode >= 1 ? checkpoint(x, deps, outer) : outer(x);
+    const Variable after = dropout(out, 0.1F, random);
+    sum(after).backward(graph);
+    return std::vector<Tensor>{after.value().clone(), x.grad().clone(), w.grad().clone()};
+  };
+  const std::vector<Tensor> ordinary = run(0, GraphAfterBackward::Keep);
+  for (const GraphAfterBackward graph : {GraphAfterBackward::Keep, GraphAfterBackward::Release}) {
+    for (int mode : {1, 2}) {
+      const std::vector<Tensor> replayed = run(mode, graph);
+      for (std::size_t i = 0; i < ordinary.size(); ++i) {
+        EXPECT_TRUE(bit_equal(ordinary[i], replayed[i])) << "mode " << mode << " tensor " << i;
+      }
+    }
+  }
 }

@@ -105,6 +105,19 @@ def test_stop_after_leaves_a_run_that_resumes_to_the_uninterrupted_bits(tools, c
     assert r.returncode == 2 and "--stop-after" in r.stderr, r.stderr
 
 
+@pytest.mark.parametrize("stop", [4, 5])
+def test_stop_after_the_last_step_completes_the_run(tools, corpus, tmp_path, stop):
+    # Step N done with N >= --steps is the whole run: the final files, not a
+    # stop that throws the last steps away (the last step writes no checkpoint).
+    common = ["--data", corpus, "--steps", 4, "--checkpoint-interval", 2, *TINY]
+    assert run(tools[0], "pretrain", *common, "--output", tmp_path / "whole").returncode == 0
+    out = tmp_path / "stopped"
+    r = run(tools[0], "pretrain", *common, "--stop-after", stop, "--output", out)
+    assert r.returncode == 0 and "done: 4 steps" in r.stdout, r.stdout + r.stderr
+    assert (out / "model.safetensors").read_bytes() == (tmp_path / "whole" / "model.safetensors").read_bytes()
+    assert not (out / "training_checkpoint.safetensors").exists()
+
+
 @pytest.mark.parametrize("policy", ["attention", "mlp"])
 def test_sub_block_policies_train_the_same_model_as_disabled(tools, corpus, tmp_path, policy):
     outputs = {}
