@@ -63,8 +63,11 @@ class GradientBucketer final : public BackwardHooks {
   /// plain all-reduce, bit for bit. `base`: one tensor per parameter (e.g.
   /// GradientAccumulator::gradients() of the earlier micro-batches), each
   /// undefined or of its parameter's shape on the CPU (ShapeError before
-  /// anything runs). output.backward() must take a scalar.
-  void backward(const Variable& output, std::span<const Tensor> base, float weight);
+  /// anything runs). output.backward() must take a scalar. `graph`: what the
+  /// pass does with the graph (GraphAfterBackward; the training loop frees it
+  /// as the pass goes).
+  void backward(const Variable& output, std::span<const Tensor> base, float weight,
+                GraphAfterBackward graph = GraphAfterBackward::Keep);
   /// For a rank that runs no backward pass in this step (no rows of it, or a
   /// loss it will report as diverged) while the others call backward(): the
   /// same collectives in the same order, over `base` alone (undefined:

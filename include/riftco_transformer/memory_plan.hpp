@@ -3,19 +3,25 @@
 // step's activation peak fits a budget at the least recompute cost
 // (docs/checkpointing.md, "Planning for a memory budget").
 //
-// The prediction is per block: every block adds the bytes its option keeps
-// plus its parameter gradients (exact: the graph keeps a block's values until
-// the loss is released), and on top sits the step's non-block part (embedding,
-// head, loss) and the working set of the block being replayed. Both are read
-// off the allocator on a 1- and a 2-layer copy of the model (same widths,
-// batch, sequence, attention, dropout and LoRA adapters), so the prediction
-// is the measured peak of the same computation, not a formula fitted to it.
+// The training loops run backward(GraphAfterBackward::Release): a group's
+// kept values go once its backward ran, and its parameter gradients come.
+// So while group g replays, the groups below it still keep their values,
+// the groups above it hold their gradients, and g's own working set sits on
+// top; before any block runs backward the head's backward sits on every
+// kept value; at the end all gradients and the embedding's backward are
+// live. The predicted peak is the largest of these, each a sum of per-block
+// terms read off the allocator, phase by phase, on 1-, 2- and 3-layer copies
+// of the model (same widths, batch, sequence, attention, dropout and LoRA
+// adapters): the measured peak of the same computation, not a formula fitted
+// to it. Profiles made by hand default to the kept-graph backward's model
+// (every value kept until the loss is released).
 #include <array>
 #include <cstdint>
 #include <span>
 #include <string>
 
 #include "riftco_transformer/transformer.hpp"
+#include "riftco_transformer/variable.hpp"
 
 namespace riftco_transformer {
 
@@ -29,7 +35,7 @@ std::string format_bytes(double bytes);
 /// The step's activation peak: the allocator's peak during forward + backward
 /// above the bytes live before the forward (weights, optimizer state and
 /// earlier gradients excluded; the gradients this backward creates included).
-/// The graph is released before returning.
+/// Backward runs with GraphAfterBackward::Release, as the training loops do.
 std::int64_t measure_activation_peak(const DecoderOnlyTransformer& model, std::span<const std::int32_t> tokens,
                                      std::span<const std::int32_t> targets, std::int64_t batch);
 
@@ -38,12 +44,38 @@ struct ActivationMemoryProfile {
   std::int64_t layers = 0;
   std::int64_t batch = 0;
   std::int64_t sequence_length = 0;
-  /// Bytes one more block with this option adds to the peak: what it keeps
-  /// plus its parameter gradients.
+  /// Which backward the prediction models. Keep: every value stays until
+  /// the loss goes (the peak is every kept value plus the gradients of the
+  /// groups at or above the one replaying plus its base). Release (what
+  /// profile_activation_memory measures): the terms below.
+  GraphAfterBackward graph = GraphAfterBackward::Keep;
+  /// Bytes a block with this option keeps for backward plus its parameter
+  /// gradients.
   std::array<std::int64_t, 4> per_block{};
-  /// The rest of the peak when a block with this option is the one replayed
-  /// (non-block part + that block's working set).
+  /// Keep: the rest of the peak when a block with this option is the one
+  /// replayed (non-block part + that block's working set). Release: the peak
+  /// of that block's backward above the values the blocks below it keep and
+  /// the gradients of the blocks above it (the head's gradients included).
   std::array<std::int64_t, 4> base{};
+  /// Release: the peak from the backward's start until the last block (with
+  /// this option) has run its backward, above every block's kept values (the
+  /// head's backward, or the last block's).
+  std::array<std::int64_t, 4> top{};
+  /// Release: what one more block with this option adds to the top window
+  /// (per_block less the gradients without adapters; with them slightly less).
+  std::array<std::int64_t, 4> top_kept{};
+  /// Release: the top window of a segment of two blocks that is the last
+  /// group (its replay), above what the groups below it keep, and what each
+  /// block more adds to it.
+  std::int64_t top_segment_bytes = 0;
+  std::int64_t top_segment_extra_per_block = 0;
+  /// Release: the forward's peak of a 1-block model with this option (the
+  /// block's forward working set, or the head's); a group's forward adds it
+  /// to the values the groups below it keep.
+  std::array<std::int64_t, 4> forward{};
+  /// Release: the peak after the first block's backward (the embedding's
+  /// backward) above all blocks' gradients.
+  std::int64_t tail_bytes = 0;
   /// Parameter-gradient bytes of one block (trainable parameters only).
   std::int64_t block_gradient_bytes = 0;
   /// One block's input (B·T·C floats): what a segment keeps once.
@@ -66,15 +98,16 @@ struct ActivationMemoryProfile {
   std::int64_t kept_bytes(BlockRecompute option) const;
 };
 
-/// Probes 1- and 2-layer copies of `model` (nine forward + backward passes of
-/// one or two blocks at this batch and sequence length, without offload).
+/// Probes 1-, 2- and 3-layer copies of `model` (38 forward + backward
+/// passes at this batch and sequence length, without offload, each backward
+/// with GraphAfterBackward::Release, its peak read per block).
 /// The model itself is not touched. activation_offload is the model's
 /// setting on a cuda model (on the CPU offload moves nothing).
 ActivationMemoryProfile profile_activation_memory(const DecoderOnlyTransformer& model, std::int64_t batch,
                                                   std::int64_t sequence_length);
 
 /// Predicted activation peak of a plan on the model's device (its blocks
-/// must add up to profile.layers). With profile.activation_offload, an
+/// must add up to profile.layers), for the backward profile.graph names. With profile.activation_offload, an
 /// offloaded group's input is not kept on the device; while a group
 /// replays, its own input and the prefetched input of the group before it
 /// are (two inputs; one for a group that is not offloaded itself, once any

@@ -180,7 +180,7 @@ void init_model(nb::module_& m) {
             return out;
           },
           "budget"_a, "batch"_a, "sequence_length"_a, "apply"_a = true,
-          "Profiles 1- and 2-layer copies of this model at (batch, sequence_length) and returns the least-recompute "
+          "Profiles 1- to 3-layer copies of this model at (batch, sequence_length), backward freeing the graph as the trainer does, and returns the least-recompute "
           "plan whose predicted activation peak fits `budget` (bytes or '256MiB'); apply=True sets it. ValueError "
           "naming the smallest feasible budget when none fits (docs/checkpointing.md).")
       .def("set_activation_checkpointing", [](DecoderOnlyTransformer& model, const std::string& kind) {

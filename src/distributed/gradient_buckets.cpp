@@ -115,10 +115,11 @@ void GradientBucketer::set_base(std::span<const Tensor> base, float weight) {
   weight_ = weight;
 }
 
-void GradientBucketer::backward(const Variable& output, std::span<const Tensor> base, float weight) {
+void GradientBucketer::backward(const Variable& output, std::span<const Tensor> base, float weight,
+                                GraphAfterBackward graph) {
   set_base(base, weight);
   try {
-    output.backward(*this);
+    output.backward(*this, graph);
   } catch (...) {
     base_.clear();
     throw;

@@ -51,6 +51,17 @@ std::unique_ptr<DecoderOnlyTransformer> replica(const DecoderOnlyTransformer& mo
   return copy;
 }
 
+/// The parameters and LoRA adapters that require grad.
+std::vector<NamedParameter> trainable(const DecoderOnlyTransformer& m) {
+  std::vector<NamedParameter> out;
+  for (std::vector<NamedParameter> list : {m.parameters(), m.lora_parameters()}) {
+    for (NamedParameter& q : list) {
+      if (q.variable.requires_grad()) out.push_back(std::move(q));
+    }
+  }
+  return out;
+}
+
 ActivationCheckpointingPlan uniform(std::int64_t layers, BlockRecompute r) {
   return ActivationCheckpointingPlan(static_cast<std::size_t>(layers), CheckpointGroup{1, r});
 }
@@ -124,6 +135,133 @@ std::int64_t runs_peak(const ActivationMemoryProfile& p, const std::vector<Run>&
   return kept + top;
 }
 
+// ---- The GraphAfterBackward::Release model (docs/checkpointing.md, "The prediction").
+
+/// What group g adds to the top window: profile.top_kept per
+/// block, a segment's input once; offload as group_kept.
+std::int64_t group_top_kept_without_offload(const ActivationMemoryProfile& p, const CheckpointGroup& g) {
+  const std::int64_t per = p.top_kept[index_of(g.recompute)];
+  return g.recompute == BlockRecompute::Whole ? g.blocks * per - (g.blocks - 1) * p.block_input_bytes : per;
+}
+std::int64_t group_top_kept(const ActivationMemoryProfile& p, const CheckpointGroup& g) {
+  const std::int64_t kept = group_top_kept_without_offload(p, g);
+  return offloaded(p, g) ? kept - p.block_input_bytes : kept;
+}
+
+/// The top group's term above every group's top_kept: the head's backward
+/// or its own (a segment's replay: release_runs_peak).
+std::int64_t group_top(const ActivationMemoryProfile& p, const CheckpointGroup& g, bool any) {
+  const std::int64_t inputs = !any ? 0 : offloaded(p, g) ? 2 : 1;
+  return p.top[index_of(g.recompute)] + inputs * p.block_input_bytes;
+}
+
+/// The Release peak of the runs in this order (first run = first blocks):
+/// max(each group's forward above the values the groups below it keep;
+/// Σ kept + top term of the last group; for every other group g, the
+/// kept values of the groups below g + the gradients of the groups above g
+/// + g's replay term; all gradients + the tail). Within a run the terms
+/// change by (kept - gradients) per group, so its first or last member sets it.
+std::int64_t release_runs_peak(const ActivationMemoryProfile& p, const std::vector<Run>& runs) {
+  const bool any = any_offloaded(p, runs);
+  std::int64_t kept_all = 0, gradients_all = 0, blocks = 0;
+  for (const Run& r : runs) {
+    kept_all += r.count * group_top_kept(p, r.group);
+    gradients_all += r.count * r.group.blocks * p.block_gradient_bytes;
+    blocks += r.count * r.group.blocks;
+  }
+  const CheckpointGroup& last = runs.back().group;
+  std::int64_t peak = std::max(kept_all + group_top(p, last, any), blocks * p.block_gradient_bytes + p.tail_bytes);
+  if (last.recompute == BlockRecompute::Whole && last.blocks > 1) {  // a segment's replay as the last group
+    std::int64_t below = -group_kept(p, last);
+    for (const Run& r : runs) below += r.count * group_kept(p, r.group);
+    const std::int64_t inputs = !any ? 0 : offloaded(p, last) ? 2 : 1;
+    peak = std::max(peak, below + p.top_segment_bytes + (last.blocks - 2) * p.top_segment_extra_per_block +
+                              inputs * p.block_input_bytes);
+  }
+  std::int64_t below = 0, gradients_to = 0;  // kept below the run; gradients up to and including it
+  for (std::size_t i = 0; i < runs.size(); ++i) {
+    const Run& r = runs[i];
+    const std::int64_t members = i + 1 == runs.size() ? r.count - 1 : r.count;  // the top group is apart
+    const std::int64_t kept = group_kept(p, r.group);
+    const std::int64_t gradients = r.group.blocks * p.block_gradient_bytes;
+    const CheckpointGroup& g = r.group;
+    const std::int64_t forward = p.forward[index_of(g.recompute)];  // a segment forwards one block at a time
+    peak = std::max(peak, below + (r.count - 1) * kept + forward);  // the run's last group's forward
+    if (members > 0) {
+      const std::int64_t first = below + gradients_all - gradients_to - gradients + group_replay(p, r.group, any);
+      peak = std::max(peak, first + std::max<std::int64_t>(0, (members - 1) * (kept - gradients)));
+    }
+    below += r.count * kept;
+    gradients_to += r.count * gradients;
+  }
+  return peak;
+}
+
+/// The order of the runs with the lowest Release peak: each run in turn
+/// gives the top group; the others go in the order that minimises a running
+/// maximum (groups that keep less than their gradients first, by increasing
+/// replay term; then the rest by decreasing replay term less what they keep).
+/// Returns the peak; `runs` is left in that order.
+std::int64_t order_release_runs(const ActivationMemoryProfile& p, std::vector<Run>& runs) {
+  const bool any = any_offloaded(p, runs);
+  const auto rise = [&](const Run& r) { return group_kept(p, r.group) - r.group.blocks * p.block_gradient_bytes; };
+  const auto term = [&](const Run& r) { return group_replay(p, r.group, any) - r.group.blocks * p.block_gradient_bytes; };
+  std::vector<Run> best, trial;
+  std::int64_t best_peak = std::numeric_limits<std::int64_t>::max();
+  for (std::size_t t = 0; t < runs.size(); ++t) {
+    if (t > 0 && runs[t].group == runs[t - 1].group) continue;
+    trial.clear();
+    for (std::size_t i = 0; i < runs.size(); ++i) {
+      const std::int64_t count = i == t ? runs[i].count - 1 : runs[i].count;
+      if (count > 0) trial.push_back({count, runs[i].group});
+    }
+    std::stable_sort(trial.begin(), trial.end(), [&](const Run& x, const Run& y) {
+      const bool fx = rise(x) <= 0, fy = rise(y) <= 0;
+      if (fx != fy) return fx;
+      return fx ? term(x) < term(y) : term(x) - rise(x) > term(y) - rise(y);
+    });
+    trial.push_back({1, runs[t].group});
+    const std::int64_t peak = release_runs_peak(p, trial);
+    if (peak < best_peak) {
+      best_peak = peak;
+      best = trial;
+    }
+  }
+  runs = best;
+  return best_peak;
+}
+
+/// The runs' peak for the profile's backward, in the order with the lowest
+/// one (`runs` is reordered).
+std::int64_t arrange_runs(const ActivationMemoryProfile& p, std::vector<Run>& runs) {
+  if (p.graph == GraphAfterBackward::Release) return order_release_runs(p, runs);
+  order_runs(p, runs);
+  return runs_peak(p, runs);
+}
+
+/// One probe's peaks: the forward's; then per block, window i runs from the
+/// previous block's last gradient (from the backward's start for the last
+/// block) to block i's last gradient; the tail after block 0's.
+struct BlockWindows : BackwardHooks {
+  Backend backend = Backend::Cpu;
+  std::int64_t before = 0;
+  std::vector<std::pair<Variable, std::size_t>> leaves;  // trainable block parameters, their block
+  std::vector<std::int64_t> left;                         // per block, its parameters not yet final
+  std::vector<std::int64_t> peaks;                        // per block, its window's peak
+  std::int64_t forward = 0;                               // the forward's peak (the loss computed)
+  std::int64_t read() {
+    const std::int64_t peak = memory_stats(backend).peak_bytes - before;
+    reset_peak_memory(backend);
+    return peak;
+  }
+  void gradient_final(const Variable& leaf, const Tensor&) override {
+    for (const auto& [v, block] : leaves) {
+      if (v.same_node(leaf) && --left[block] == 0) peaks[block] = read();
+    }
+  }
+  std::vector<std::pair<Variable, Tensor>> finish() override { return {}; }
+};
+
 ActivationCheckpointingPlan expand(const std::vector<Run>& runs) {
   ActivationCheckpointingPlan plan;
   for (const Run& r : runs) plan.insert(plan.end(), static_cast<std::size_t>(r.count), r.group);
@@ -184,7 +322,7 @@ std::int64_t measure_activation_peak(const DecoderOnlyTransformer& model, std::s
   reset_peak_memory(backend);
   {
     Variable loss = model.loss(tokens, targets, batch);
-    loss.backward();
+    loss.backward(GraphAfterBackward::Release);  // as the training loops step
   }
   return memory_stats(backend).peak_bytes - before;
 }
@@ -214,34 +352,99 @@ ActivationMemoryProfile profile_activation_memory(const DecoderOnlyTransformer& 
   }
   auto one = replica(model, 1);
   auto two = replica(model, 2);
+  auto three = replica(model, 3);
+  // A probe's forward, per block window and tail peaks (GraphAfterBackward::Release, as the trainer).
   const auto measure = [&](DecoderOnlyTransformer& m, const ActivationCheckpointingPlan& plan) {
     m.set_activation_checkpointing_plan(plan);
+    BlockWindows w;
+    w.backend = m.backend();
+    const std::size_t layers = static_cast<std::size_t>(m.dimensions().layers);
+    w.left.assign(layers, 0);
+    w.peaks.assign(layers, 0);
+    for (const NamedParameter& q : trainable(m)) {
+      if (q.name.rfind("blocks.", 0) != 0) continue;
+      const std::size_t block = std::stoul(q.name.substr(7));
+      w.leaves.emplace_back(q.variable, block);
+      ++w.left[block];
+    }
+    if (std::find(w.left.begin(), w.left.end(), 0) != w.left.end()) {
+      throw ValueError("[profile_activation_memory] a block has no trainable parameter: the planner plans a step that "
+                       "trains the blocks (make some block parameter or LoRA adapter trainable)");
+    }
     // Saving the dropout stream keeps every probe's masks alike (memory does not depend on them).
     const Random::State state = m.dropout_random().state();
-    const std::int64_t peak = measure_activation_peak(m, tokens, targets, batch);
+    w.before = memory_stats(w.backend).live_bytes;
+    reset_peak_memory(w.backend);
+    {
+      Variable loss = m.loss(tokens, targets, batch);
+      w.forward = w.read();
+      loss.backward(w, GraphAfterBackward::Release);
+    }
+    w.peaks.push_back(w.read());  // the tail
     m.dropout_random().set_state(state);
     for (NamedParameter& q : m.parameters()) q.variable.clear_grad();
-    return peak;
+    return w;
   };
   measure(*one, uniform(1, BlockRecompute::Nothing));  // warm-up: caches (e.g. rotary tables) filled once
   measure(*two, uniform(2, BlockRecompute::Nothing));
-  for (const BlockRecompute r : kAll) {
-    const std::int64_t p1 = measure(*one, uniform(1, r));
-    const std::int64_t p2 = measure(*two, uniform(2, r));
-    p.per_block[index_of(r)] = p2 - p1;
-    p.base[index_of(r)] = p1 - (p2 - p1);
+  measure(*three, uniform(3, BlockRecompute::Nothing));
+  std::int64_t gradients = 0;  // a block's parameter and adapter gradients
+  for (const NamedParameter& q : trainable(*one)) {
+    if (q.name.rfind("blocks.0.", 0) == 0) {
+      gradients += q.variable.value().numel() * static_cast<std::int64_t>(sizeof(float));
+    }
   }
-  for (const NamedParameter& q : one->parameters()) {
-    if (q.name.rfind("blocks.0.", 0) == 0 && q.variable.requires_grad()) {
-      p.block_gradient_bytes += q.variable.value().numel() * static_cast<std::int64_t>(sizeof(float));
+  p.graph = GraphAfterBackward::Release;
+  p.block_gradient_bytes = gradients;
+  p.tail_bytes = 0;
+  // Per option on 1-3 uniform blocks: what a block keeps, what it adds to
+  // the top window, its forward and the tail. Then every pair (a block with
+  // option `below` under one with `above`): the top term above every kept
+  // value, the lower block's backward beside the upper one's gradients (its
+  // window starts with the end of the upper block's backward) and the tail,
+  // each the largest over the neighbours (LoRA adapters make them differ
+  // slightly; without them they are equal).
+  for (const BlockRecompute r : kAll) {
+    const BlockWindows w1 = measure(*one, uniform(1, r));
+    const BlockWindows w2 = measure(*two, uniform(2, r));
+    const BlockWindows w3 = measure(*three, uniform(3, r));
+    // What a block keeps while a block above it runs backward (its window
+    // beside the same gradients with one block more below it), and what it
+    // adds to the top window (with adapters the two differ slightly).
+    p.per_block[index_of(r)] = w3.peaks[1] - w2.peaks[0] + gradients;
+    p.top_kept[index_of(r)] = w3.peaks[2] - w2.peaks[1];
+    p.forward[index_of(r)] = w1.forward;
+    p.tail_bytes = std::max({p.tail_bytes, w1.peaks[1] - gradients, w2.peaks[2] - 2 * gradients, w3.peaks[3] - 3 * gradients});
+  }
+  p.top.fill(std::numeric_limits<std::int64_t>::min());
+  p.base.fill(std::numeric_limits<std::int64_t>::min());
+  for (const BlockRecompute below : kAll) {
+    for (const BlockRecompute above : kAll) {
+      const BlockWindows w = measure(*two, {{1, below}, {1, above}});
+      p.top[index_of(above)] = std::max(p.top[index_of(above)], w.peaks[1] - p.top_kept[index_of(below)] - p.top_kept[index_of(above)]);
+      p.base[index_of(below)] = std::max(p.base[index_of(below)], w.peaks[0] - gradients);
+      p.tail_bytes = std::max(p.tail_bytes, w.peaks[2] - 2 * gradients);
     }
   }
   p.block_input_bytes = n * d.model_width * static_cast<std::int64_t>(sizeof(float));
   p.activation_offload = model.activation_offload() && model.backend() == Backend::Cuda;
-  const CheckpointGroup segment{2, BlockRecompute::Whole};
-  p.segment_extra_per_block = 0;
-  const std::int64_t without_extra = group_bytes(p, segment) + group_base(p, segment);
-  p.segment_extra_per_block = std::max<std::int64_t>(0, measure(*two, {segment}) - without_extra);
+  // A segment of two below a block: its windows beside one block's gradients.
+  const BlockWindows w3 = measure(*three, {{2, BlockRecompute::Whole}, {1, BlockRecompute::Whole}});
+  p.segment_extra_per_block = std::max<std::int64_t>(
+      0, std::max(w3.peaks[0], w3.peaks[1]) - gradients - p.base[index_of(BlockRecompute::Whole)]);
+  // A segment as the last group: of two blocks, and one block more.
+  // (A segment's blocks' gradients are final together, in any order: its
+  // window is the largest of its blocks'.)
+  const std::vector<std::int64_t> s2 = measure(*two, {{2, BlockRecompute::Whole}}).peaks;
+  const std::vector<std::int64_t> s3 = measure(*three, {{3, BlockRecompute::Whole}}).peaks;
+  const std::int64_t top2 = *std::max_element(s2.begin(), s2.end() - 1);
+  const std::int64_t top3 = *std::max_element(s3.begin(), s3.end() - 1);
+  p.top_segment_bytes = top2;
+  for (const BlockRecompute below : kAll) {  // and above a block with each option
+    const std::vector<std::int64_t> w = measure(*three, {{1, below}, {2, BlockRecompute::Whole}}).peaks;
+    p.top_segment_bytes = std::max(p.top_segment_bytes, std::max(w[1], w[2]) - p.kept_bytes(below));
+  }
+  p.top_segment_extra_per_block = std::max<std::int64_t>(0, top3 - top2);
 
   const double c = static_cast<double>(d.model_width);
   const double rows = static_cast<double>(n);
@@ -266,7 +469,7 @@ std::int64_t predicted_activation_peak(const ActivationMemoryProfile& profile, c
     throw ValueError("[predicted_activation_peak] the plan covers " + std::to_string(blocks) + " blocks, the profile " +
                      std::to_string(profile.layers));
   }
-  return runs_peak(profile, runs);
+  return profile.graph == GraphAfterBackward::Release ? release_runs_peak(profile, runs) : runs_peak(profile, runs);
 }
 
 std::int64_t predicted_pinned_host_bytes(const ActivationMemoryProfile& profile, const ActivationCheckpointingPlan& plan) {
@@ -305,8 +508,7 @@ ActivationMemoryPlan plan_activation_memory(const ActivationMemoryProfile& profi
           if (mlp > 0) runs.push_back({mlp, {1, BlockRecompute::Mlp}});
           if (att > 0) runs.push_back({att, {1, BlockRecompute::Attention}});
           if (keep > 0) runs.push_back({keep, {1, BlockRecompute::Nothing}});
-          order_runs(profile, runs);
-          const std::int64_t peak = runs_peak(profile, runs);
+          const std::int64_t peak = arrange_runs(profile, runs);
           if (peak < smallest) {
             smallest = peak;
             smallest_runs = runs;

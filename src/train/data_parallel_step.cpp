@@ -45,13 +45,13 @@ ShardedStep data_parallel_step(Communicator& comm, DecoderOnlyTransformer& model
     const double share = step_targets > 0 ? static_cast<double>(mine) / static_cast<double>(step_targets)
                                           : 1.0 / static_cast<double>(micro_batches * world);
     if (k + 1 == micro_batches) {
-      buckets.backward(loss, accumulator.gradients(), static_cast<float>(share * world));
+      buckets.backward(loss, accumulator.gradients(), static_cast<float>(share * world), GraphAfterBackward::Release);
       reduced_in_backward = true;
       end_pass();
       loss_share += share * static_cast<double>(value);
       break;
     }
-    loss.backward();
+    loss.backward(GraphAfterBackward::Release);
     end_pass();
     loss = Variable();
     accumulator.add(static_cast<float>(share * world));

@@ -303,7 +303,7 @@ RunResult run(StageRun& r, const ProgressCallback& progress, const NoticeCallbac
         Variable loss = model.loss(batch.tokens, batch.targets, batch.batch);
         last_loss = loss.value().item();
         if (!std::isfinite(last_loss)) throw diverged("the training loss is " + std::to_string(last_loss));
-        loss.backward();
+        loss.backward(GraphAfterBackward::Release);  // frees activations as it goes
         end_pass();
         loss = Variable();  // release the graph before the update
         try {
@@ -324,7 +324,7 @@ RunResult run(StageRun& r, const ProgressCallback& progress, const NoticeCallbac
             throw diverged("the training loss of micro-batch " + std::to_string(k + 1) + " of " +
                            std::to_string(micro_batches) + " is " + std::to_string(value));
           }
-          loss.backward();
+          loss.backward(GraphAfterBackward::Release);
           end_pass();
           loss = Variable();
           const double weight = real_targets > 0
