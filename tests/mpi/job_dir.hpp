@@ -1,9 +1,12 @@
 #pragma once
 // What the MPI pipeline tests share (tests/mpi, run under `mpirun`): the
-// job's communicator, a whole-file read, and one scratch folder per job,
+// job's communicator, a whole-file read, the largest weight difference of two
+// safetensors files, and one scratch folder per job,
 // holding the corpus every test trains on and removed when every rank is done.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <optional>
@@ -14,6 +17,7 @@
 #include <unistd.h>
 
 #include "riftco_transformer/distributed.hpp"
+#include "riftco_transformer/model_state.hpp"
 
 namespace riftco_mpi_test {
 
@@ -26,6 +30,22 @@ inline std::string read_file(const fs::path& path) {
   std::stringstream s;
   s << in.rdbuf();
   return s.str();
+}
+
+/// The largest |a - b| over every tensor of two weight files (same names and shapes).
+inline float max_weight_difference(const fs::path& a, const fs::path& b) {
+  const riftco_transformer::TensorFile fa = riftco_transformer::read_safetensors(a);
+  const riftco_transformer::TensorFile fb = riftco_transformer::read_safetensors(b);
+  EXPECT_EQ(fa.tensors.size(), fb.tensors.size());
+  float most = 0.0F;
+  for (std::size_t i = 0; i < std::min(fa.tensors.size(), fb.tensors.size()); ++i) {
+    EXPECT_EQ(fa.tensors[i].first, fb.tensors[i].first);
+    const auto x = fa.tensors[i].second.values();
+    const auto y = fb.tensors[i].second.values();
+    EXPECT_EQ(x.size(), y.size());
+    for (std::size_t j = 0; j < std::min(x.size(), y.size()); ++j) most = std::max(most, std::fabs(x[j] - y[j]));
+  }
+  return most;
 }
 
 namespace detail {

@@ -22,6 +22,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
+using riftco_mpi_test::max_weight_difference;
 using riftco_mpi_test::read_file;
 using riftco_mpi_test::world;
 
@@ -62,22 +63,6 @@ float max_difference(const std::vector<float>& a, const std::vector<float>& b) {
   EXPECT_EQ(a.size(), b.size());
   float most = 0.0F;
   for (std::size_t i = 0; i < std::min(a.size(), b.size()); ++i) most = std::max(most, std::fabs(a[i] - b[i]));
-  return most;
-}
-
-/// The largest |a - b| over every tensor of two weight files (same names and shapes).
-float max_weight_difference(const fs::path& a, const fs::path& b) {
-  const TensorFile fa = read_safetensors(a);
-  const TensorFile fb = read_safetensors(b);
-  EXPECT_EQ(fa.tensors.size(), fb.tensors.size());
-  float most = 0.0F;
-  for (std::size_t i = 0; i < std::min(fa.tensors.size(), fb.tensors.size()); ++i) {
-    EXPECT_EQ(fa.tensors[i].first, fb.tensors[i].first);
-    const auto x = fa.tensors[i].second.values();
-    const auto y = fb.tensors[i].second.values();
-    EXPECT_EQ(x.size(), y.size());
-    for (std::size_t j = 0; j < std::min(x.size(), y.size()); ++j) most = std::max(most, std::fabs(x[j] - y[j]));
-  }
   return most;
 }
 

@@ -28,6 +28,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
+using riftco_mpi_test::max_weight_difference;
 using riftco_mpi_test::read_file;
 using riftco_mpi_test::world;
 
@@ -60,22 +61,6 @@ ProgressCallback record(Trace& t, std::int64_t stop_after = 0) {
     t.learning_rates.push_back(r.learning_rate);
     return stop_after == 0 || r.step < stop_after;
   };
-}
-
-/// The largest |a - b| over every tensor of two weight files (same names and shapes).
-float max_weight_difference(const fs::path& a, const fs::path& b) {
-  const TensorFile fa = read_safetensors(a);
-  const TensorFile fb = read_safetensors(b);
-  EXPECT_EQ(fa.tensors.size(), fb.tensors.size());
-  float most = 0.0F;
-  for (std::size_t i = 0; i < std::min(fa.tensors.size(), fb.tensors.size()); ++i) {
-    EXPECT_EQ(fa.tensors[i].first, fb.tensors[i].first);
-    const auto x = fa.tensors[i].second.values();
-    const auto y = fb.tensors[i].second.values();
-    EXPECT_EQ(x.size(), y.size());
-    for (std::size_t j = 0; j < std::min(x.size(), y.size()); ++j) most = std::max(most, std::fabs(x[j] - y[j]));
-  }
-  return most;
 }
 
 /// Uninterrupted references: 2 ranks with ZeRO-1, and one process (rank 0 alone).
