@@ -186,7 +186,11 @@ class Variable {
   /// The leaves of this graph that require grad (its parameters and
   /// inputs), each once, in depth-first discovery order from this node. They
   /// stay reachable (and their gradients readable) for as long as this
-  /// Variable lives, whatever made them.
+  /// Variable lives, whatever made them, unless a
+  /// backward(GraphAfterBackward::Release) ran through the graph: a released
+  /// node no longer leads to its inputs, and leaves() throws BackwardError
+  /// naming it (list them before that backward). parents() of a released
+  /// node is empty.
   std::vector<Variable> leaves() const;
 
   GraphStatistics graph_statistics() const;

@@ -331,6 +331,12 @@ std::vector<Variable> Variable::leaves() const {
     Node* n = stack.back();
     stack.pop_back();
     if (!seen.insert(n).second) continue;
+    if (n->released) {  // its edges are gone: a silent partial list would hide leaves
+      throw BackwardError("[leaves] " + n->label() +
+                          " was released by an earlier backward(GraphAfterBackward::Release): its edges to its inputs "
+                          "are gone, so its graph's leaves cannot be listed; list them before that backward (or keep "
+                          "the graph)");
+    }
     const std::size_t first_pushed = stack.size();
     for (const Edge& e : n->parents) {
       Node* p = e.node.get();

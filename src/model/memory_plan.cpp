@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <limits>
 #include <memory>
+#include <set>
 #include <vector>
 
 #include "riftco_transformer/errors.hpp"
@@ -23,16 +24,32 @@ constexpr BlockRecompute kAll[kOptions] = {BlockRecompute::Nothing, BlockRecompu
                                            BlockRecompute::Whole};
 std::size_t index_of(BlockRecompute r) { return static_cast<std::size_t>(r); }
 
-/// "blocks.7.mlp.up.weight" -> "blocks.0.mlp.up.weight": every replica block
-/// takes its trainability from the model's first block.
+/// "blocks.7.mlp.up.weight" -> "blocks.0.mlp.up.weight".
 std::string as_first_block(const std::string& name) {
   if (name.rfind("blocks.", 0) != 0) return name;
   const std::size_t dot = name.find('.', 7);
   return dot == std::string::npos ? name : "blocks.0" + name.substr(dot);
 }
 
-/// The model with `layers` blocks: same widths, attention, dropout, adapters
-/// and trainability (weights are random: memory does not depend on them).
+/// The parameters and LoRA adapters a step trains: those that require grad
+/// (adapters only while active: inactive ones are not in the graph).
+std::vector<NamedParameter> trainable(const DecoderOnlyTransformer& m) {
+  std::vector<NamedParameter> out;
+  std::vector<NamedParameter> lists[] = {m.parameters(), m.lora_active() ? m.lora_parameters() : std::vector<NamedParameter>{}};
+  for (std::vector<NamedParameter>& list : lists) {
+    for (NamedParameter& q : list) {
+      if (q.variable.requires_grad()) out.push_back(std::move(q));
+    }
+  }
+  return out;
+}
+
+/// The model with `layers` blocks: same widths, attention, dropout and
+/// adapters (weights are random: memory does not depend on them). Blocks
+/// are alike in the replica, so each replica block trains a parameter or
+/// adapter when any block of the model trains it (frozen blocks, or one
+/// block's adapters frozen: the most any block trains, never less; a
+/// frozen parameter's weight gradient is neither made nor kept).
 std::unique_ptr<DecoderOnlyTransformer> replica(const DecoderOnlyTransformer& model, std::int64_t layers) {
   TransformerDimensions dims = model.dimensions();
   dims.layers = layers;
@@ -44,22 +61,13 @@ std::unique_ptr<DecoderOnlyTransformer> replica(const DecoderOnlyTransformer& mo
   }
   copy->set_dropout(model.dropout(), 0);
   copy->set_training(model.training());
-  for (NamedParameter& p : copy->parameters()) {
-    p.variable.set_requires_grad(model.parameter(as_first_block(p.name)).requires_grad());
+  std::set<std::string> trained;
+  for (const NamedParameter& p : trainable(model)) trained.insert(as_first_block(p.name));
+  for (std::vector<NamedParameter> list : {copy->parameters(), copy->lora_parameters()}) {
+    for (NamedParameter& p : list) p.variable.set_requires_grad(trained.contains(as_first_block(p.name)));
   }
   copy->to(model.backend());  // probed where the model runs (that backend's allocator)
   return copy;
-}
-
-/// The parameters and LoRA adapters that require grad.
-std::vector<NamedParameter> trainable(const DecoderOnlyTransformer& m) {
-  std::vector<NamedParameter> out;
-  for (std::vector<NamedParameter> list : {m.parameters(), m.lora_parameters()}) {
-    for (NamedParameter& q : list) {
-      if (q.variable.requires_grad()) out.push_back(std::move(q));
-    }
-  }
-  return out;
 }
 
 ActivationCheckpointingPlan uniform(std::int64_t layers, BlockRecompute r) {
@@ -339,6 +347,13 @@ ActivationMemoryProfile profile_activation_memory(const DecoderOnlyTransformer& 
                      std::to_string(sequence_length) + " must be positive (sequence length <= context length " +
                      std::to_string(d.context_length) + ")");
   }
+  const std::vector<NamedParameter> trained = trainable(model);
+  if (std::none_of(trained.begin(), trained.end(), [](const NamedParameter& q) { return q.name.rfind("blocks.", 0) == 0; })) {
+    throw ValueError("[profile_activation_memory] no block of the model has a trainable parameter or an active trainable "
+                     "LoRA adapter (trainable parameters: " + std::to_string(trained.size()) + ", none of them in the " +
+                     std::to_string(d.layers) + " blocks): the planner plans a step that trains the blocks (the probes "
+                     "split the peak where a block's last gradient is final); unfreeze a block parameter or add LoRA adapters");
+  }
   ActivationMemoryProfile p;
   p.layers = d.layers;
   p.batch = batch;
@@ -366,10 +381,6 @@ ActivationMemoryProfile profile_activation_memory(const DecoderOnlyTransformer& 
       const std::size_t block = std::stoul(q.name.substr(7));
       w.leaves.emplace_back(q.variable, block);
       ++w.left[block];
-    }
-    if (std::find(w.left.begin(), w.left.end(), 0) != w.left.end()) {
-      throw ValueError("[profile_activation_memory] a block has no trainable parameter: the planner plans a step that "
-                       "trains the blocks (make some block parameter or LoRA adapter trainable)");
     }
     // Saving the dropout stream keeps every probe's masks alike (memory does not depend on them).
     const Random::State state = m.dropout_random().state();

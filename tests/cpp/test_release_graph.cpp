@@ -139,6 +139,28 @@ TEST(ReleaseGraph, WhatTheCallerHoldsSurvives) {
   EXPECT_EQ(loss.value().numel(), 1);
 }
 
+TEST(ReleaseGraph, LeavesThroughAReleasedNodeAreABackwardErrorNotAShortList) {
+  Variable x(randn({3, 4}, 6), true, "x");
+  Variable w(randn({3, 4}, 7), true, "w");
+  Variable y = mul(x, w);  // shared by two losses
+  y.set_name("y");
+  Variable other = sum(add(y, w));  // reaches w directly too
+  ASSERT_EQ(other.leaves().size(), 2U);
+  Variable loss = sum(silu(y));
+  loss.backward(GraphAfterBackward::Release);  // releases y (held, so its value stays)
+  for (const Variable* v : {&other, &loss, &y}) {
+    try {
+      (void)v->leaves();
+      ADD_FAILURE() << "leaves() through a released node returned a list";
+    } catch (const BackwardError& e) {
+      EXPECT_NE(std::string(e.what()).find("[leaves]"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("released by an earlier backward"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_TRUE(y.parents().empty());
+  EXPECT_EQ(sum(add(mul(x, w), w)).leaves().size(), 2U);  // a graph built again lists both
+}
+
 // A chain of N ops, each keeping a buffer of n floats: Keep holds all N of
 // them until the graph goes; Release frees each once its node ran, so while
 // the caller still holds the loss only the leaf's gradient is left, and the

@@ -88,3 +88,15 @@ def test_model_plans_and_the_planner():
     assert model.activation_checkpointing_plan == planned["plan"]
     with pytest.raises(ValueError, match=str(loose["smallest_feasible_bytes"])):
         model.plan_activation_memory(loose["smallest_feasible_bytes"] - 1, batch=3, sequence_length=32)
+
+
+def test_planner_refuses_only_models_none_of_whose_blocks_trains():
+    model = riftco.DecoderOnlyTransformer(riftco.TransformerConfig(**SHAPE), seed=3, attention="flash")
+    model.add_lora(rank=2)
+    model.set_base_trainable(False)
+    for name, adapter in model.lora_parameters():  # adapters trained in blocks 1-3 only
+        adapter.requires_grad = not name.startswith("blocks.0.")
+    assert model.plan_activation_memory("1GiB", batch=2, sequence_length=16, apply=False)["recompute_flops"] == 0
+    model.lora_active = False  # inactive adapters are not in the graph: no block trains
+    with pytest.raises(ValueError, match="no block of the model has a trainable parameter"):
+        model.plan_activation_memory("1GiB", batch=2, sequence_length=16)

@@ -1,0 +1,111 @@
+// The activation memory planner on models whose blocks do not all train
+// alike (docs/checkpointing.md, "The prediction"): frozen blocks, a first
+// block that trains less than the others, adapters frozen in some blocks,
+// inactive adapters. The probes' replica blocks train what any block of the
+// model trains, so the prediction never falls below the allocator's peak;
+// only a model none of whose blocks trains is refused, by name.
+#include <gtest/gtest.h>
+
+#include "model_fixtures.hpp"
+#include "riftco_transformer/errors.hpp"
+#include "riftco_transformer/memory_plan.hpp"
+
+using namespace riftco_transformer;
+
+namespace {
+
+constexpr std::int64_t kBatch = 2;
+constexpr std::int64_t kSeq = 16;
+
+std::unique_ptr<DecoderOnlyTransformer> model(bool lora) {
+  Random r(7);
+  const TransformerDimensions d{64, 32, 32, 2, 4, 64};
+  auto m = std::make_unique<DecoderOnlyTransformer>(d, r, 1e-5F, FullSequenceAttentionKind::Flash);
+  if (lora) {
+    LoraConfig c;
+    c.rank = 2;
+    c.targets = {LoraTarget::Query, LoraTarget::Up};
+    m->add_lora(c, r);
+  }
+  return m;
+}
+
+void freeze(DecoderOnlyTransformer& m, const std::string& prefix, const std::string& except = "") {
+  for (std::vector<NamedParameter> list : {m.parameters(), m.lora_parameters()}) {
+    for (NamedParameter& p : list) {
+      if (p.name.rfind(prefix, 0) == 0 && p.name != except) p.variable.set_requires_grad(false);
+    }
+  }
+}
+
+/// Uniform plans of each option, a segment of all blocks and a mixed one:
+/// the prediction is never below the allocator's peak.
+void expect_never_under(DecoderOnlyTransformer& m, const std::string& what) {
+  const ActivationMemoryProfile profile = profile_activation_memory(m, kBatch, kSeq);
+  const rt_test::Batch b = rt_test::random_batch(kBatch, kSeq, m.dimensions().vocab_size, 5);
+  std::vector<ActivationCheckpointingPlan> plans;
+  for (const BlockRecompute r :
+       {BlockRecompute::Nothing, BlockRecompute::Attention, BlockRecompute::Mlp, BlockRecompute::Whole}) {
+    plans.push_back(ActivationCheckpointingPlan(4, CheckpointGroup{1, r}));
+  }
+  plans.push_back({{4, BlockRecompute::Whole}});
+  plans.push_back({{1, BlockRecompute::Mlp}, {2, BlockRecompute::Whole}, {1, BlockRecompute::Nothing}});
+  for (const ActivationCheckpointingPlan& plan : plans) {
+    m.set_activation_checkpointing_plan(plan);
+    const std::int64_t real = measure_activation_peak(m, b.tokens, b.targets, b.batch);
+    EXPECT_GE(predicted_activation_peak(profile, plan), real) << what << ": " << describe_plan(plan);
+    for (std::vector<NamedParameter> list : {m.parameters(), m.lora_parameters()}) {
+      for (NamedParameter& p : list) p.variable.clear_grad();
+    }
+  }
+}
+
+}  // namespace
+
+TEST(MemoryPlanTrainability, AFirstBlockTrainingLessDoesNotHideTheOthersGradients) {
+  auto m = model(false);
+  freeze(*m, "blocks.0.", "blocks.0.attention_norm.weight");
+  expect_never_under(*m, "block 0 trains its attention norm only");
+}
+
+TEST(MemoryPlanTrainability, AFrozenFirstBlockStillPlans) {
+  auto m = model(false);
+  freeze(*m, "blocks.0.");
+  expect_never_under(*m, "block 0 frozen");
+  freeze(*m, "blocks.1.");
+  freeze(*m, "blocks.2.");
+  expect_never_under(*m, "only block 3 trains");
+}
+
+TEST(MemoryPlanTrainability, AdaptersFrozenInSomeBlocksStillPlan) {
+  auto m = model(true);
+  m->set_base_trainable(false);
+  freeze(*m, "blocks.0.");
+  freeze(*m, "blocks.2.attention.");
+  expect_never_under(*m, "LoRA, block 0's adapters and block 2's query adapter frozen");
+}
+
+TEST(MemoryPlanTrainability, InactiveAdaptersAreNotWaitedFor) {
+  auto m = model(true);
+  m->set_lora_active(false);  // adapters still require grad but are not in the graph
+  expect_never_under(*m, "inactive adapters, base trainable");
+}
+
+TEST(MemoryPlanTrainability, AModelNoneOfWhoseBlocksTrainsIsRefusedByName) {
+  auto m = model(true);
+  m->set_base_trainable(false);
+  m->set_lora_active(false);
+  m->parameter("token_embedding.weight").set_requires_grad(true);
+  for (int active = 0; active < 2; ++active) {
+    try {
+      (void)profile_activation_memory(*m, kBatch, kSeq);
+      ADD_FAILURE() << "a model whose blocks train nothing was profiled";
+    } catch (const ValueError& e) {
+      const std::string message = e.what();
+      EXPECT_NE(message.find("[profile_activation_memory] no block of the model"), std::string::npos) << message;
+      EXPECT_NE(message.find("trainable parameters: 1, none of them in the 4 blocks"), std::string::npos) << message;
+    }
+    m->set_lora_active(true);  // active adapters that are all frozen train nothing either
+    freeze(*m, "blocks.");
+  }
+}
