@@ -16,6 +16,7 @@
 // order.
 #include "flash_attention.hpp"
 
+#include <immintrin.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -41,9 +42,19 @@ using vec::v8;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 /// 16 floats: the tile products' vector in the AVX-512 instantiation. The
-/// products add each term separately (multiply, then add; no FMA), in the
-/// same order at either width, so both widths give the same bits.
+/// products add each term with an explicit fused multiply-add (vec::fma_lanes:
+/// one rounding in every build, libm's fmaf in the baseline one), in the same
+/// order at either width, so every build gives the same bits.
 using v16 = float __attribute__((vector_size(64)));
+
+/// vec::fma_lanes on 16 lanes: one vfmadd (GCC leaves the per-lane form at
+/// this width as 16 scalar fmas). Not always_inline: the product lambdas
+/// have no target of their own; the avx512f pair kernels inline it.
+__attribute__((target("avx512f,fma"))) inline v16 fma_lanes(v16 a, v16 b, v16 c) {
+  return reinterpret_cast<v16>(_mm512_fmadd_ps(reinterpret_cast<__m512>(a), reinterpret_cast<__m512>(b),
+                                               reinterpret_cast<__m512>(c)));
+}
+[[gnu::always_inline]] inline v8 fma_lanes(v8 a, v8 b, v8 c) { return vec::fma_lanes(a, b, c); }
 
 template <class V>
 constexpr std::int64_t lanes_of = static_cast<std::int64_t>(sizeof(V) / sizeof(float));
@@ -59,17 +70,19 @@ template <class V>
   std::memcpy(p, &v, sizeof v);
 }
 
-/// 0: choose by CPU (16 lanes where AVX-512F runs), else 8 or 16.
-std::atomic<int> g_forced_lanes{0};
+/// FlashBuild::Auto: choose by CPU; else the build tests forced.
+std::atomic<FlashBuild> g_forced_build{FlashBuild::Auto};
 
-bool use_wide_vectors() {
-  const int forced = g_forced_lanes.load(std::memory_order_relaxed);
-  if (forced != 0) return forced == 16;
-  static const bool wide = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") != 0;
+FlashBuild build_to_run() {
+  const FlashBuild forced = g_forced_build.load(std::memory_order_relaxed);
+  if (forced != FlashBuild::Auto) return forced;
+  static const FlashBuild best = [] {
+    for (const FlashBuild b : {FlashBuild::Avx512, FlashBuild::Avx2}) {
+      if (flash_build_supported(b)) return b;
+    }
+    return FlashBuild::Baseline;
   }();
-  return wide;
+  return best;
 }
 
 /// Calls with at most this many (B·H·T²) score elements run on one thread.
@@ -127,7 +140,8 @@ template <class V, bool TransA, bool Accumulate, int R>
       for (int u = 0; u < NV; ++u) bv[u] = load_v<W>(b + p * ldb + j + u * L);
       for (int i = 0; i < R; ++i) {
         if (p >= s0 + i && p < e0 + i) {
-          for (int u = 0; u < NV; ++u) acc[i][u] += a_at(i, p) * bv[u];
+          const W s = W{} + a_at(i, p);
+          for (int u = 0; u < NV; ++u) acc[i][u] = fma_lanes(s, bv[u], acc[i][u]);
         }
       }
     };
@@ -136,8 +150,8 @@ template <class V, bool TransA, bool Accumulate, int R>
       W bv[NV];
       for (int u = 0; u < NV; ++u) bv[u] = load_v<W>(b + p * ldb + j + u * L);
       for (int i = 0; i < R; ++i) {
-        const float s = a_at(i, p);  // scalar · vector: one broadcast
-        for (int u = 0; u < NV; ++u) acc[i][u] += s * bv[u];
+        const W s = W{} + a_at(i, p);  // one broadcast
+        for (int u = 0; u < NV; ++u) acc[i][u] = fma_lanes(s, bv[u], acc[i][u]);
       }
     }
     for (std::int64_t p = tail_begin; p < tail_end; ++p) ragged(p);
@@ -227,13 +241,14 @@ template <class V, bool TransA, bool Accumulate>
 
 // ---- row helpers ------------------------------------------------------------
 
-/// x[c] = exp(x[c]·pre − shift) for c < valid, 0 for valid <= c < n. The
+/// x[c] = 2^(x[c]·pre − shift) for c < valid, 0 for valid <= c < n (the
+/// argument with one rounding, exp2_fma as the forward uses it). The
 /// loop runs whole vectors over [0, n) and masks by selection (entries from
 /// `valid` on may be unwritten, and are never multiplied).
 [[gnu::always_inline]] inline void exp_row(float* __restrict x, std::int64_t valid, std::int64_t n, float pre,
                                            float shift) {
   for (std::int64_t c = 0; c < n; ++c) {
-    const float e = vec::exp_approx(x[c] * pre - shift);
+    const float e = vec::exp2_fma(vec::fmadd(x[c], pre, -shift));
     x[c] = c < valid ? e : 0.0F;
   }
 }
@@ -345,10 +360,11 @@ template <class V>
                                                      std::int64_t v_stride, float* out, std::int64_t out_stride,
                                                      float* lse, float scale, float* scratch) {
   const std::int64_t T = g.T, D = g.D, Dp = g.Dp, br = g.br, brp = g.brq, bc = g.bc;
+  const float scale2 = scale * vec::kLog2e;
   float* qt = scratch;             // (D, brp): Qᵀ of the query tile, zero columns from its rows
   float* st = qt + D * brp;        // (bc, brp): Sᵀ, then Pᵀ
   float* o = st + bc * brp;        // (br, Dp): unnormalized output accumulator
-  float* __restrict m = o + br * Dp;  // (brp): running max (scaled)
+  float* __restrict m = o + br * Dp;  // (brp): running max of S·scale2
   float* __restrict l = m + brp;      // (brp): running sum
   float* __restrict tile_max = l + brp;  // (brp): this key tile's max (unscaled), then rescale factor
   float* __restrict tile_sum = tile_max + brp;  // (brp): this key tile's sum
@@ -389,15 +405,16 @@ template <class V>
           tile_max[r] = tile_max[r] < x ? x : tile_max[r];
         }
       }
-      // The scale is positive, so max(S)·scale = max(S·scale) exactly; it
-      // is applied inside the exponential's argument, s·scale − m.
+      // Base 2: m is the max of S·scale2 (scale2 = scale·log2 e, positive,
+      // so max(S)·scale2 = max(S·scale2) exactly) and every exponential is
+      // 2^(s·scale2 − m), its argument rounded once.
       if (first) {
-        for (std::int64_t r = 0; r < n; ++r) m[r] = tile_max[r] * scale;
+        for (std::int64_t r = 0; r < n; ++r) m[r] = tile_max[r] * scale2;
       } else {
         for (std::int64_t r = 0; r < n; ++r) {
-          const float mx = tile_max[r] * scale;
+          const float mx = tile_max[r] * scale2;
           const float next = m[r] < mx ? mx : m[r];
-          tile_max[r] = vec::exp_approx(m[r] - next);  // the rescale factor α: exactly 1 when m stays
+          tile_max[r] = vec::exp2_fma(m[r] - next);  // the rescale factor α: exactly 1 when m stays
           m[r] = next;
         }
       }
@@ -408,7 +425,7 @@ template <class V>
         const std::int64_t rb = r0 / kQueryBlock * kQueryBlock;
         std::fill(pc, pc + rb, 0.0F);  // masked (and possibly unwritten) entries
         for (std::int64_t r = rb; r < n; ++r) {
-          const float e = vec::exp_approx(pc[r] * scale - m[r]);
+          const float e = vec::exp2_fma(vec::fmadd(pc[r], scale2, -m[r]));
           const float p = r >= r0 ? e : 0.0F;
           pc[r] = p;
           tile_sum[r] += p;
@@ -428,7 +445,7 @@ template <class V>
       const float* orow = o + r * Dp;
       float* dst = out + (i0 + r) * out_stride;
       for (std::int64_t d = 0; d < D; ++d) dst[d] = orow[d] * inv;
-      lse[i0 + r] = m[r] + std::log(l[r]);
+      lse[i0 + r] = vec::fmadd(m[r], vec::kLn2, std::log(l[r]));  // natural log: m·ln 2 + log l
     }
   }
 }
@@ -440,6 +457,7 @@ template <class V>
     std::int64_t do_stride, const float* lse, float* dq, std::int64_t dq_stride, float* dk, std::int64_t dk_stride,
     float* dv, std::int64_t dv_stride, float scale, float* scratch) {
   const std::int64_t T = g.T, D = g.D, Dp = g.Dp, Tk = g.Tk, br = g.br, bc = g.bc, bcp = g.bcp;
+  const float scale2 = scale * vec::kLog2e;  // as the forward's
   float* kt = scratch;        // (D, Tk): Kᵀ
   float* vt = kt + D * Tk;    // (D, Tk): Vᵀ
   float* dqa = vt + D * Tk;   // (T, Dp): dQ, += over key tiles
@@ -480,7 +498,7 @@ template <class V>
                               diag);  // S = Q Kᵀ
       for (std::int64_t r = 0; r < rows; ++r) {
         const std::int64_t valid = std::clamp<std::int64_t>(r + diag + 1, 0, cols);  // keys j <= i
-        exp_row(p + r * bcp, valid, nv, scale, lse[i0 + r]);  // P = exp(S·scale − L), 0 from `valid` on
+        exp_row(p + r * bcp, valid, nv, scale2, lse[i0 + r] * vec::kLog2e);  // P = exp(S·scale − L), 0 from `valid` on
       }
       tile_gemm<V, true, true>(cols, Dp, rows, p, bcp, dop + i0 * lddo, lddo, dva + j0 * Dp, Dp, Causal::InnerFrom,
                             diag);  // dV += Pᵀ dO
@@ -509,8 +527,10 @@ template <class V>
   }
 }
 
-// The pair kernels per instruction set: 8-lane products in the AVX2 and
-// baseline clones, 16-lane ones where AVX-512F runs; the same bits. The
+// The pair kernels per instruction set: 8-lane products in the AVX2 + FMA
+// and baseline builds, 16-lane ones where AVX-512F runs; the same bits (the
+// baseline's fused multiply-adds are libm calls: slow, only for CPUs
+// without FMA). The
 // forward's per-query loops run whole vectors and mask the lanes before a
 // key's first query by selection; GCC's loop splitting would cut them at
 // that query and leave scalar remainders (9% of the forward's samples), so
@@ -528,20 +548,38 @@ template <class V>
   g, q, q_stride, k, k_stride, v, v_stride, o, o_stride, d_out, do_stride, lse, dq, dq_stride, dk, dk_stride, dv, \
       dv_stride, scale, scratch
 
-__attribute__((target_clones("avx2", "default"), optimize("no-split-loops"))) void forward_pair_v8(
+#define RIFTCO_FORWARD_PAIR_CALL g, q, q_stride, k, k_stride, v, v_stride, out, out_stride, lse, scale, scratch
+
+__attribute__((optimize("no-split-loops"))) void forward_pair_baseline(RIFTCO_FORWARD_PAIR_ARGS) {
+  forward_pair_impl<v8>(RIFTCO_FORWARD_PAIR_CALL);
+}
+__attribute__((target("avx2,fma"), optimize("no-split-loops"))) void forward_pair_avx2(RIFTCO_FORWARD_PAIR_ARGS) {
+  forward_pair_impl<v8>(RIFTCO_FORWARD_PAIR_CALL);
+}
+__attribute__((target("avx512f,fma"), optimize("no-split-loops"))) void forward_pair_avx512(
     RIFTCO_FORWARD_PAIR_ARGS) {
-  forward_pair_impl<v8>(g, q, q_stride, k, k_stride, v, v_stride, out, out_stride, lse, scale, scratch);
+  forward_pair_impl<v16>(RIFTCO_FORWARD_PAIR_CALL);
 }
-__attribute__((target("avx512f"), optimize("no-split-loops"))) void forward_pair_v16(RIFTCO_FORWARD_PAIR_ARGS) {
-  forward_pair_impl<v16>(g, q, q_stride, k, k_stride, v, v_stride, out, out_stride, lse, scale, scratch);
-}
-__attribute__((target_clones("avx2", "default"))) void backward_pair_v8(RIFTCO_BACKWARD_PAIR_ARGS) {
+void backward_pair_baseline(RIFTCO_BACKWARD_PAIR_ARGS) { backward_pair_impl<v8>(RIFTCO_BACKWARD_PAIR_CALL); }
+__attribute__((target("avx2,fma"))) void backward_pair_avx2(RIFTCO_BACKWARD_PAIR_ARGS) {
   backward_pair_impl<v8>(RIFTCO_BACKWARD_PAIR_CALL);
 }
-__attribute__((target("avx512f"))) void backward_pair_v16(RIFTCO_BACKWARD_PAIR_ARGS) {
+__attribute__((target("avx512f,fma"))) void backward_pair_avx512(RIFTCO_BACKWARD_PAIR_ARGS) {
   backward_pair_impl<v16>(RIFTCO_BACKWARD_PAIR_CALL);
 }
+
+using ForwardPair = void (*)(RIFTCO_FORWARD_PAIR_ARGS);
+using BackwardPair = void (*)(RIFTCO_BACKWARD_PAIR_ARGS);
+ForwardPair forward_pair_for(FlashBuild b) {
+  return b == FlashBuild::Avx512 ? forward_pair_avx512 : b == FlashBuild::Avx2 ? forward_pair_avx2 : forward_pair_baseline;
+}
+BackwardPair backward_pair_for(FlashBuild b) {
+  return b == FlashBuild::Avx512 ? backward_pair_avx512
+         : b == FlashBuild::Avx2 ? backward_pair_avx2
+                                 : backward_pair_baseline;
+}
 #undef RIFTCO_FORWARD_PAIR_ARGS
+#undef RIFTCO_FORWARD_PAIR_CALL
 #undef RIFTCO_BACKWARD_PAIR_ARGS
 #undef RIFTCO_BACKWARD_PAIR_CALL
 
@@ -563,17 +601,33 @@ int team_size(std::int64_t pairs, std::int64_t T) {
 
 }  // namespace
 
-void flash_force_vector_lanes(int lanes) {
-  if (lanes != 0 && lanes != 8 && lanes != 16) {
-    throw ValueError("[flash_force_vector_lanes] lanes must be 0 (by CPU), 8 or 16, got " + std::to_string(lanes));
+bool flash_build_supported(FlashBuild build) {
+  __builtin_cpu_init();
+  const bool fma = __builtin_cpu_supports("fma") != 0;
+  switch (build) {
+    case FlashBuild::Auto:
+    case FlashBuild::Baseline:
+      return true;
+    case FlashBuild::Avx2:
+      return fma && __builtin_cpu_supports("avx2") != 0;
+    case FlashBuild::Avx512:
+      return fma && __builtin_cpu_supports("avx512f") != 0;
   }
-  if (lanes == 16) {
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f") == 0) {
-      throw ValueError("[flash_force_vector_lanes] 16 lanes need AVX-512F, which this CPU does not have");
-    }
+  return false;
+}
+
+void flash_force_build(FlashBuild build) {
+  const int code = static_cast<int>(build);
+  if (code < 0 || code > static_cast<int>(FlashBuild::Avx512)) {
+    throw ValueError("[flash_force_build] unknown build " + std::to_string(code) +
+                     " (0 auto, 1 baseline, 2 AVX2 + FMA, 3 AVX-512F + FMA)");
   }
-  g_forced_lanes.store(lanes);
+  if (!flash_build_supported(build)) {
+    throw ValueError("[flash_force_build] build " + std::to_string(code) + " (" +
+                     (build == FlashBuild::Avx2 ? "AVX2 + FMA" : "AVX-512F + FMA") +
+                     ") needs instructions this CPU does not have");
+  }
+  g_forced_build.store(build);
 }
 
 FlashTiles flash_default_tiles(std::int64_t head_width) {
@@ -600,14 +654,14 @@ void flash_attention_forward(std::int64_t B, std::int64_t H, std::int64_t T, std
   const std::int64_t pairs = B * H;
   const int team = team_size(pairs, T);
   Workspace ws(g.forward_floats(), team);
-  const bool wide = use_wide_vectors();
+  const ForwardPair pair_kernel = forward_pair_for(build_to_run());
   // Pairs are handed out dynamically (a descheduled thread does not stall the
   // rest); each pair is computed entirely by whichever thread takes it.
 #pragma omp parallel for schedule(dynamic, 1) num_threads(team)
   for (std::int64_t bh = 0; bh < pairs; ++bh) {
     const std::int64_t b = bh / H;
     const std::int64_t h = bh % H;
-    (wide ? forward_pair_v16 : forward_pair_v8)(g, at(q, b, h), q.row_stride, at(k, b, h), k.row_stride, at(v, b, h), v.row_stride, at(out, b, h),
+    pair_kernel(g, at(q, b, h), q.row_stride, at(k, b, h), k.row_stride, at(v, b, h), v.row_stride, at(out, b, h),
                  out.row_stride, lse + bh * T, scale, ws.slice());
   }
 }
@@ -621,12 +675,12 @@ void flash_attention_backward(std::int64_t B, std::int64_t H, std::int64_t T, st
   const std::int64_t pairs = B * H;
   const int team = team_size(pairs, T);
   Workspace ws(g.backward_floats(), team);
-  const bool wide = use_wide_vectors();
+  const BackwardPair pair_kernel = backward_pair_for(build_to_run());
 #pragma omp parallel for schedule(dynamic, 1) num_threads(team)
   for (std::int64_t bh = 0; bh < pairs; ++bh) {
     const std::int64_t b = bh / H;
     const std::int64_t h = bh % H;
-    (wide ? backward_pair_v16 : backward_pair_v8)(g, at(q, b, h), q.row_stride, at(k, b, h), k.row_stride, at(v, b, h), v.row_stride,
+    pair_kernel(g, at(q, b, h), q.row_stride, at(k, b, h), k.row_stride, at(v, b, h), v.row_stride,
                   at(out, b, h), out.row_stride, at(d_out, b, h), d_out.row_stride, lse + bh * T, at(dq, b, h),
                   dq.row_stride, at(dk, b, h), dk.row_stride, at(dv, b, h), dv.row_stride, scale, ws.slice());
   }

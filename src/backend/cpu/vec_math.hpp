@@ -8,9 +8,14 @@
 // clones give the same bits. A file that adds an AVX-512F build (which has
 // FMA: flash_attention.cpp, activation.cpp) is compiled with
 // -ffp-contract=off (CMakeLists.txt) so GCC does not contract a·b + c there
-// either. Reductions use 8 fixed lanes summed in a fixed order, so results
-// never depend on the thread count or the vector width.
+// either. A kernel that wants fused multiply-adds asks for them explicitly
+// (`fmadd`, `fma_lanes`, `exp2_fma`): one rounding in every build, a vfmadd
+// where the caller's target has FMA and libm's fmaf where it does not, so
+// those clones give the same bits too. Reductions use 8 fixed lanes summed
+// in a fixed order, so results never depend on the thread count or the
+// vector width.
 #include <bit>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -75,6 +80,47 @@ constexpr std::int64_t round_up(std::int64_t n, std::int64_t to) { return (n + t
   const float result = y * std::bit_cast<float>(static_cast<std::uint32_t>(n2 + 127) << 23);  // · 2^n
   const bool nan = (raw & ~kSign) > kInfBits;
   return std::bit_cast<float>(std::bit_cast<std::uint32_t>(result) | (nan ? kQuietNanBits : 0U));
+}
+
+/// a·b + c with one rounding (std::fma's bits on every target).
+[[gnu::always_inline]] inline float fmadd(float a, float b, float c) { return __builtin_fmaf(a, b, c); }
+
+/// fmadd lane by lane on a GCC vector (one vfmadd where the target has FMA).
+template <class V>
+[[gnu::always_inline]] inline V fma_lanes(V a, V b, V c) {
+  V r;
+  for (std::size_t i = 0; i < sizeof(V) / sizeof(float); ++i) r[i] = __builtin_fmaf(a[i], b[i], c[i]);
+  return r;
+}
+
+/// log2(e): exp(x) = 2^(x·log2(e)), so a kernel can fold it into a scale.
+constexpr float kLog2e = 1.44269504088896341F;
+constexpr float kLn2 = 0.693147180559945309F;
+
+/// 2^x: x rounded to an integer n and r = x − n in [-0.5, 0.5] (both
+/// exact), 2^r by a degree-6 minimax polynomial in Horner form with fused
+/// multiply-adds (max relative error 8.0e-8 against double exp2 over
+/// every float in [-126, 127]; exp_approx: 8.3e-8), times 2^n built from
+/// n's bits. x is clamped to [-126, 127] (below, the result is 2^-126, never a
+/// denormal or 0); NaN stays NaN. Branch-free, so loops calling it vectorize;
+/// 14 vector operations against exp_approx's ~30.
+[[gnu::always_inline]] inline float exp2_fma(float x) {
+  const float lo = x < -126.0F ? -126.0F : x;  // NaN compares false both times and stays
+  const float a = lo > 127.0F ? 127.0F : lo;
+  constexpr float kShift = 12583039.0F;  // 1.5·2^23 + 127: the sum's low bits are round(a) + 127
+  const float t = a + kShift;
+  const float n = t - kShift;
+  const float r = a - n;
+  float y = 1.5345812426e-4F;
+  y = fmadd(y, r, 1.3399930904e-3F);
+  y = fmadd(y, r, 9.6184890717e-3F);
+  y = fmadd(y, r, 5.5503286421e-2F);
+  y = fmadd(y, r, 2.4022646248e-1F);
+  y = fmadd(y, r, 6.9314718246e-1F);
+  y = fmadd(y, r, 1.0F);
+  // t's bits are 0x4B400000 + n + 127; shifting by 23 drops the first term
+  // and leaves (n + 127) in the exponent field: 2^n, n in [-126, 127].
+  return y * std::bit_cast<float>(std::bit_cast<std::uint32_t>(t) << 23);
 }
 
 /// 1 / (1 + exp(-x)) through exp_approx: exactly 1 for large x, about 6e-39
