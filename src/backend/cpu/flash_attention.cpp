@@ -47,15 +47,6 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 /// order at either width, so every build gives the same bits.
 using v16 = float __attribute__((vector_size(64)));
 
-/// vec::fma_lanes on 16 lanes: one vfmadd (GCC leaves the per-lane form at
-/// this width as 16 scalar fmas). Not always_inline: the product lambdas
-/// have no target of their own; the avx512f pair kernels inline it.
-__attribute__((target("avx512f,fma"))) inline v16 fma_lanes(v16 a, v16 b, v16 c) {
-  return reinterpret_cast<v16>(_mm512_fmadd_ps(reinterpret_cast<__m512>(a), reinterpret_cast<__m512>(b),
-                                               reinterpret_cast<__m512>(c)));
-}
-[[gnu::always_inline]] inline v8 fma_lanes(v8 a, v8 b, v8 c) { return vec::fma_lanes(a, b, c); }
-
 template <class V>
 constexpr std::int64_t lanes_of = static_cast<std::int64_t>(sizeof(V) / sizeof(float));
 
@@ -69,6 +60,40 @@ template <class V>
 [[gnu::always_inline]] inline void store_v(float* p, V v) {
   std::memcpy(p, &v, sizeof v);
 }
+
+/// The pair kernels' instruction sets: the tile products' vector V, and
+/// fma(s, b, c) = s·b + c per lane with one rounding (std::fma's bits) on V
+/// and on v8 (a last 8-column block at 16 lanes). GCC turns the per-lane
+/// fmadd form into a vfmadd only sometimes, so the AVX builds use the
+/// intrinsics; those are not always_inline because the product lambdas have
+/// no target of their own (each pair kernel, of the same target, inlines
+/// them).
+struct IsaBaseline {  // 8-lane vectors as SSE pairs, libm's fmaf per lane
+  using V = v8;
+  [[gnu::always_inline]] static v8 fma(float s, v8 b, v8 c) {
+    v8 r;
+    for (int i = 0; i < 8; ++i) r[i] = vec::fmadd(s, b[i], c[i]);
+    return r;
+  }
+};
+struct IsaAvx2 {
+  using V = v8;
+  __attribute__((target("avx2,fma"))) static v8 fma(float s, v8 b, v8 c) {
+    return reinterpret_cast<v8>(
+        _mm256_fmadd_ps(_mm256_set1_ps(s), reinterpret_cast<__m256>(b), reinterpret_cast<__m256>(c)));
+  }
+};
+struct IsaAvx512 {
+  using V = v16;
+  __attribute__((target("avx512f,fma"))) static v16 fma(float s, v16 b, v16 c) {
+    return reinterpret_cast<v16>(
+        _mm512_fmadd_ps(_mm512_set1_ps(s), reinterpret_cast<__m512>(b), reinterpret_cast<__m512>(c)));
+  }
+  __attribute__((target("avx512f,fma"))) static v8 fma(float s, v8 b, v8 c) {
+    return reinterpret_cast<v8>(
+        _mm256_fmadd_ps(_mm256_set1_ps(s), reinterpret_cast<__m256>(b), reinterpret_cast<__m256>(c)));
+  }
+};
 
 /// FlashBuild::Auto: choose by CPU; else the build tests forced.
 std::atomic<FlashBuild> g_forced_build{FlashBuild::Auto};
@@ -111,10 +136,11 @@ constexpr std::int64_t kNoEnd = std::numeric_limits<std::int64_t>::max() / 4;
 /// position (0·inf = NaN) out of the row. Columns go in blocks of two
 /// vectors V, then one V, then (V wider than 8) one v8: every element is the
 /// same sum in the same order whatever V is.
-template <class V, bool TransA, bool Accumulate, int R>
+template <class Isa, bool TransA, bool Accumulate, int R>
 [[gnu::always_inline]] inline void tile_rows(std::int64_t n, std::int64_t p0, std::int64_t k, std::int64_t s0,
                                              std::int64_t e0, const float* a, std::int64_t lda, const float* b,
                                              std::int64_t ldb, float* c, std::int64_t ldc, const float* row_scale) {
+  using V = typename Isa::V;
   auto a_at = [&](int i, std::int64_t p) { return TransA ? a[p * lda + i] : a[i * lda + p]; };
   // [first, head_end): some rows; [head_end, tail_begin): every row;
   // [tail_begin, tail_end): some rows; nothing before first or after tail_end.
@@ -140,8 +166,8 @@ template <class V, bool TransA, bool Accumulate, int R>
       for (int u = 0; u < NV; ++u) bv[u] = load_v<W>(b + p * ldb + j + u * L);
       for (int i = 0; i < R; ++i) {
         if (p >= s0 + i && p < e0 + i) {
-          const W s = W{} + a_at(i, p);
-          for (int u = 0; u < NV; ++u) acc[i][u] = fma_lanes(s, bv[u], acc[i][u]);
+          const float s = a_at(i, p);
+          for (int u = 0; u < NV; ++u) acc[i][u] = Isa::fma(s, bv[u], acc[i][u]);
         }
       }
     };
@@ -150,8 +176,8 @@ template <class V, bool TransA, bool Accumulate, int R>
       W bv[NV];
       for (int u = 0; u < NV; ++u) bv[u] = load_v<W>(b + p * ldb + j + u * L);
       for (int i = 0; i < R; ++i) {
-        const W s = W{} + a_at(i, p);  // one broadcast
-        for (int u = 0; u < NV; ++u) acc[i][u] = fma_lanes(s, bv[u], acc[i][u]);
+        const float s = a_at(i, p);  // one broadcast
+        for (int u = 0; u < NV; ++u) acc[i][u] = Isa::fma(s, bv[u], acc[i][u]);
       }
     }
     for (std::int64_t p = tail_begin; p < tail_end; ++p) ragged(p);
@@ -189,7 +215,7 @@ enum class Causal : std::uint8_t {
 /// C (m, n) = [diag(row_scale) C +] op(A) (m, k) · B (k, n); n a multiple
 /// of 8. With Accumulate, a row block none of whose rows has a term left
 /// by the mask is not touched, so row_scale must be 1 for rows without terms.
-template <class V, bool TransA, bool Accumulate>
+template <class Isa, bool TransA, bool Accumulate>
 [[gnu::always_inline]] inline void tile_gemm(std::int64_t m, std::int64_t n, std::int64_t k, const float* a,
                                              std::int64_t lda, const float* b, std::int64_t ldb, float* c,
                                              std::int64_t ldc, Causal causal = Causal::None, std::int64_t diag = 0,
@@ -218,7 +244,7 @@ template <class V, bool TransA, bool Accumulate>
     }
     const bool any_term = std::max<std::int64_t>(0, s0) < std::min(k, e0 + R - 1);
     if (nb > js && (Accumulate ? any_term : true)) {
-      tile_rows<V, TransA, Accumulate, R>(nb - js, 0, k, s0, e0, row_a(i), lda, b + js, ldb, c + i * ldc + js, ldc,
+      tile_rows<Isa, TransA, Accumulate, R>(nb - js, 0, k, s0, e0, row_a(i), lda, b + js, ldb, c + i * ldc + js, ldc,
                                           row_scale == nullptr ? nullptr : row_scale + i);
     }
   };
@@ -354,7 +380,7 @@ struct PairGeometry {
 /// lane-wise operations over contiguous rows (no reduction across lanes; a
 /// query's sum adds its keys one by one in key order, the same at every
 /// vector width), and P V reads Pᵀ as a transposed left operand.
-template <class V>
+template <class Isa>
 [[gnu::always_inline]] inline void forward_pair_impl(const PairGeometry& g, const float* q, std::int64_t q_stride,
                                                      const float* k, std::int64_t k_stride, const float* v,
                                                      std::int64_t v_stride, float* out, std::int64_t out_stride,
@@ -388,7 +414,7 @@ template <class V>
       const std::int64_t cols = std::min(bc, key_end - j0);
       const std::int64_t diag = i0 - j0;  // key c is seen by queries r >= c - diag
       const bool first = j0 == 0;         // every query sees key 0: m, l and O start here
-      tile_gemm<V, false, false>(cols, n, D, k + j0 * k_stride, k_stride, qt, brp, st, brp, Causal::ColumnsFrom,
+      tile_gemm<Isa, false, false>(cols, n, D, k + j0 * k_stride, k_stride, qt, brp, st, brp, Causal::ColumnsFrom,
                                  diag);  // Sᵀ = K Qᵀ
       // Key c is seen by queries [r0, n), r0 = first_query(c); the loops
       // start at r0 rounded down to a whole block and mask lanes before r0
@@ -433,11 +459,11 @@ template <class V>
       }
       if (first) {
         std::copy(tile_sum, tile_sum + n, l);
-        tile_gemm<V, true, false>(rows, Dp, cols, st, brp, vb, ldv, o, Dp, Causal::Inner, diag);  // O = P V
+        tile_gemm<Isa, true, false>(rows, Dp, cols, st, brp, vb, ldv, o, Dp, Causal::Inner, diag);  // O = P V
       } else {
         for (std::int64_t r = 0; r < n; ++r) l[r] = l[r] * tile_max[r] + tile_sum[r];
         // O = diag(α) O + P V: a row that sees no key of this tile has α = 1.
-        tile_gemm<V, true, true>(rows, Dp, cols, st, brp, vb + j0 * ldv, ldv, o, Dp, Causal::Inner, diag, tile_max);
+        tile_gemm<Isa, true, true>(rows, Dp, cols, st, brp, vb + j0 * ldv, ldv, o, Dp, Causal::Inner, diag, tile_max);
       }
     }
     for (std::int64_t r = 0; r < rows; ++r) {
@@ -450,7 +476,7 @@ template <class V>
   }
 }
 
-template <class V>
+template <class Isa>
 [[gnu::always_inline]] inline void backward_pair_impl(
     const PairGeometry& g, const float* q, std::int64_t q_stride, const float* k, std::int64_t k_stride,
     const float* v, std::int64_t v_stride, const float* o, std::int64_t o_stride, const float* d_out,
@@ -489,20 +515,20 @@ template <class V>
   for (std::int64_t j0 = 0; j0 < T; j0 += bc) {
     const std::int64_t cols = std::min(bc, T - j0);
     const std::int64_t n = round_up(cols, kLanes);
-    const std::int64_t nv = round_up(cols, lanes_of<V>);  // the row loops run whole vectors
+    const std::int64_t nv = round_up(cols, lanes_of<typename Isa::V>);  // the row loops run whole vectors
     // Query tiles that can see key j0 or later: i >= j0.
     for (std::int64_t i0 = (j0 / br) * br; i0 < T; i0 += br) {
       const std::int64_t rows = std::min(br, T - i0);
       const std::int64_t diag = i0 - j0;
-      tile_gemm<V, false, false>(rows, n, D, q + i0 * q_stride, q_stride, kt + j0, Tk, p, bcp, Causal::Columns,
+      tile_gemm<Isa, false, false>(rows, n, D, q + i0 * q_stride, q_stride, kt + j0, Tk, p, bcp, Causal::Columns,
                               diag);  // S = Q Kᵀ
       for (std::int64_t r = 0; r < rows; ++r) {
         const std::int64_t valid = std::clamp<std::int64_t>(r + diag + 1, 0, cols);  // keys j <= i
         exp_row(p + r * bcp, valid, nv, scale2, lse[i0 + r] * vec::kLog2e);  // P = exp(S·scale − L), 0 from `valid` on
       }
-      tile_gemm<V, true, true>(cols, Dp, rows, p, bcp, dop + i0 * lddo, lddo, dva + j0 * Dp, Dp, Causal::InnerFrom,
+      tile_gemm<Isa, true, true>(cols, Dp, rows, p, bcp, dop + i0 * lddo, lddo, dva + j0 * Dp, Dp, Causal::InnerFrom,
                             diag);  // dV += Pᵀ dO
-      tile_gemm<V, false, false>(rows, n, D, d_out + i0 * do_stride, do_stride, vt + j0, Tk, ds, bcp, Causal::Columns,
+      tile_gemm<Isa, false, false>(rows, n, D, d_out + i0 * do_stride, do_stride, vt + j0, Tk, ds, bcp, Causal::Columns,
                               diag);  // dP = dO Vᵀ
       for (std::int64_t r = 0; r < rows; ++r) {
         const float* pr = p + r * bcp;
@@ -514,9 +540,9 @@ template <class V>
           dsr[c] = c < valid ? d : 0.0F;
         }
       }
-      tile_gemm<V, false, true>(rows, Dp, cols, ds, bcp, kp + j0 * ldk, ldk, dqa + i0 * Dp, Dp, Causal::Inner,
+      tile_gemm<Isa, false, true>(rows, Dp, cols, ds, bcp, kp + j0 * ldk, ldk, dqa + i0 * Dp, Dp, Causal::Inner,
                              diag);  // dQ += dS K
-      tile_gemm<V, true, true>(cols, Dp, rows, ds, bcp, qp + i0 * ldq, ldq, dka + j0 * Dp, Dp, Causal::InnerFrom,
+      tile_gemm<Isa, true, true>(cols, Dp, rows, ds, bcp, qp + i0 * ldq, ldq, dka + j0 * Dp, Dp, Causal::InnerFrom,
                             diag);  // dK += dSᵀ Q
     }
   }
@@ -551,21 +577,21 @@ template <class V>
 #define RIFTCO_FORWARD_PAIR_CALL g, q, q_stride, k, k_stride, v, v_stride, out, out_stride, lse, scale, scratch
 
 __attribute__((optimize("no-split-loops"))) void forward_pair_baseline(RIFTCO_FORWARD_PAIR_ARGS) {
-  forward_pair_impl<v8>(RIFTCO_FORWARD_PAIR_CALL);
+  forward_pair_impl<IsaBaseline>(RIFTCO_FORWARD_PAIR_CALL);
 }
 __attribute__((target("avx2,fma"), optimize("no-split-loops"))) void forward_pair_avx2(RIFTCO_FORWARD_PAIR_ARGS) {
-  forward_pair_impl<v8>(RIFTCO_FORWARD_PAIR_CALL);
+  forward_pair_impl<IsaAvx2>(RIFTCO_FORWARD_PAIR_CALL);
 }
 __attribute__((target("avx512f,fma"), optimize("no-split-loops"))) void forward_pair_avx512(
     RIFTCO_FORWARD_PAIR_ARGS) {
-  forward_pair_impl<v16>(RIFTCO_FORWARD_PAIR_CALL);
+  forward_pair_impl<IsaAvx512>(RIFTCO_FORWARD_PAIR_CALL);
 }
-void backward_pair_baseline(RIFTCO_BACKWARD_PAIR_ARGS) { backward_pair_impl<v8>(RIFTCO_BACKWARD_PAIR_CALL); }
+void backward_pair_baseline(RIFTCO_BACKWARD_PAIR_ARGS) { backward_pair_impl<IsaBaseline>(RIFTCO_BACKWARD_PAIR_CALL); }
 __attribute__((target("avx2,fma"))) void backward_pair_avx2(RIFTCO_BACKWARD_PAIR_ARGS) {
-  backward_pair_impl<v8>(RIFTCO_BACKWARD_PAIR_CALL);
+  backward_pair_impl<IsaAvx2>(RIFTCO_BACKWARD_PAIR_CALL);
 }
 __attribute__((target("avx512f,fma"))) void backward_pair_avx512(RIFTCO_BACKWARD_PAIR_ARGS) {
-  backward_pair_impl<v16>(RIFTCO_BACKWARD_PAIR_CALL);
+  backward_pair_impl<IsaAvx512>(RIFTCO_BACKWARD_PAIR_CALL);
 }
 
 using ForwardPair = void (*)(RIFTCO_FORWARD_PAIR_ARGS);

@@ -9,13 +9,12 @@
 // FMA: flash_attention.cpp, activation.cpp) is compiled with
 // -ffp-contract=off (CMakeLists.txt) so GCC does not contract a·b + c there
 // either. A kernel that wants fused multiply-adds asks for them explicitly
-// (`fmadd`, `fma_lanes`, `exp2_fma`): one rounding in every build, a vfmadd
+// (`fmadd`, `exp2_fma`): one rounding in every build, a vfmadd
 // where the caller's target has FMA and libm's fmaf where it does not, so
 // those clones give the same bits too. Reductions use 8 fixed lanes summed
 // in a fixed order, so results never depend on the thread count or the
 // vector width.
 #include <bit>
-#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -84,14 +83,6 @@ constexpr std::int64_t round_up(std::int64_t n, std::int64_t to) { return (n + t
 
 /// a·b + c with one rounding (std::fma's bits on every target).
 [[gnu::always_inline]] inline float fmadd(float a, float b, float c) { return __builtin_fmaf(a, b, c); }
-
-/// fmadd lane by lane on a GCC vector (one vfmadd where the target has FMA).
-template <class V>
-[[gnu::always_inline]] inline V fma_lanes(V a, V b, V c) {
-  V r;
-  for (std::size_t i = 0; i < sizeof(V) / sizeof(float); ++i) r[i] = __builtin_fmaf(a[i], b[i], c[i]);
-  return r;
-}
 
 /// log2(e): exp(x) = 2^(x·log2(e)), so a kernel can fold it into a scale.
 constexpr float kLog2e = 1.44269504088896341F;
