@@ -419,43 +419,57 @@ template <class Isa>
       // Key c is seen by queries [r0, n), r0 = first_query(c); the loops
       // start at r0 rounded down to a whole block and mask lanes before r0
       // by selection (never by multiplying: those entries may be unwritten).
-      auto first_query = [&](std::int64_t c) { return std::clamp<std::int64_t>(c - diag, 0, rows); };
-      // Max over the tile's visible keys (NaN skipped, as std::max skips a
-      // NaN second argument); exact, so the order does not matter.
-      std::fill(tile_max, tile_max + n, kNegInf);
-      for (std::int64_t c = 0; c < cols; ++c) {
-        const float* __restrict sc = st + c * brp;
-        const std::int64_t r0 = first_query(c);
-        for (std::int64_t r = r0 / kQueryBlock * kQueryBlock; r < n; ++r) {
-          const float x = r >= r0 ? sc[r] : kNegInf;
-          tile_max[r] = tile_max[r] < x ? x : tile_max[r];
+      // A tile wholly left of the diagonal (diag >= cols − 1: every query
+      // sees every key) runs them unmasked. Query indices are int (n is at
+      // most a query tile, whose bc × n scores are allocated): 16 of them
+      // fit one vector compare.
+      auto softmax = [&]<bool Masked>() __attribute__((always_inline)) {
+        const int ni = static_cast<int>(n);
+        auto first_query = [&](std::int64_t c) {
+          return Masked ? static_cast<int>(std::clamp<std::int64_t>(c - diag, 0, rows)) : 0;
+        };
+        // Max over the tile's visible keys (NaN skipped, as std::max skips a
+        // NaN second argument); exact, so the order does not matter.
+        std::fill(tile_max, tile_max + n, kNegInf);
+        for (std::int64_t c = 0; c < cols; ++c) {
+          const float* __restrict sc = st + c * brp;
+          const int r0 = first_query(c);
+          for (int r = r0 / kQueryBlock * kQueryBlock; r < ni; ++r) {
+            const float x = r >= r0 ? sc[r] : kNegInf;
+            tile_max[r] = tile_max[r] < x ? x : tile_max[r];
+          }
         }
-      }
-      // Base 2: m is the max of S·scale2 (scale2 = scale·log2 e, positive,
-      // so max(S)·scale2 = max(S·scale2) exactly) and every exponential is
-      // 2^(s·scale2 − m), its argument rounded once.
-      if (first) {
-        for (std::int64_t r = 0; r < n; ++r) m[r] = tile_max[r] * scale2;
+        // Base 2: m is the max of S·scale2 (scale2 = scale·log2 e, positive,
+        // so max(S)·scale2 = max(S·scale2) exactly) and every exponential is
+        // 2^(s·scale2 − m), its argument rounded once.
+        if (first) {
+          for (int r = 0; r < ni; ++r) m[r] = tile_max[r] * scale2;
+        } else {
+          for (int r = 0; r < ni; ++r) {
+            const float mx = tile_max[r] * scale2;
+            const float next = m[r] < mx ? mx : m[r];
+            tile_max[r] = vec::exp2_fma(m[r] - next);  // the rescale factor α: exactly 1 when m stays
+            m[r] = next;
+          }
+        }
+        std::fill(tile_sum, tile_sum + n, 0.0F);
+        for (std::int64_t c = 0; c < cols; ++c) {
+          float* __restrict pc = st + c * brp;
+          const int r0 = first_query(c);
+          const int rb = r0 / kQueryBlock * kQueryBlock;
+          std::fill(pc, pc + rb, 0.0F);  // masked (and possibly unwritten) entries
+          for (int r = rb; r < ni; ++r) {
+            const float e = vec::exp2_fma(vec::fmadd(pc[r], scale2, -m[r]));
+            const float p = r >= r0 ? e : 0.0F;
+            pc[r] = p;
+            tile_sum[r] += p;
+          }
+        }
+      };
+      if (diag >= cols - 1) {
+        softmax.template operator()<false>();
       } else {
-        for (std::int64_t r = 0; r < n; ++r) {
-          const float mx = tile_max[r] * scale2;
-          const float next = m[r] < mx ? mx : m[r];
-          tile_max[r] = vec::exp2_fma(m[r] - next);  // the rescale factor α: exactly 1 when m stays
-          m[r] = next;
-        }
-      }
-      std::fill(tile_sum, tile_sum + n, 0.0F);
-      for (std::int64_t c = 0; c < cols; ++c) {
-        float* __restrict pc = st + c * brp;
-        const std::int64_t r0 = first_query(c);
-        const std::int64_t rb = r0 / kQueryBlock * kQueryBlock;
-        std::fill(pc, pc + rb, 0.0F);  // masked (and possibly unwritten) entries
-        for (std::int64_t r = rb; r < n; ++r) {
-          const float e = vec::exp2_fma(vec::fmadd(pc[r], scale2, -m[r]));
-          const float p = r >= r0 ? e : 0.0F;
-          pc[r] = p;
-          tile_sum[r] += p;
-        }
+        softmax.template operator()<true>();
       }
       if (first) {
         std::copy(tile_sum, tile_sum + n, l);
