@@ -126,7 +126,7 @@ void check_tiles(FlashTiles tiles) {
 constexpr std::int64_t kNoStart = std::numeric_limits<std::int64_t>::min() / 4;
 constexpr std::int64_t kNoEnd = std::numeric_limits<std::int64_t>::max() / 4;
 
-/// R rows of C (R <= 4, n a multiple of 8): C = [diag(row_scale) C +] op(A) B
+/// R rows of C (R <= 8, n a multiple of 8): C = [diag(row_scale) C +] op(A) B
 /// (row_scale: nullptr, or R factors that multiply the loaded C rows), where
 /// op(A)(i, p) = a[i·lda + p] (TransA false) or a[p·lda + i] (TransA true)
 /// and B is row-major (k, n). Row i sums the terms p in
@@ -187,6 +187,9 @@ template <class Isa, bool TransA, bool Accumulate, int R>
   };
   constexpr std::int64_t L = lanes_of<V>;
   std::int64_t j = 0;
+  if constexpr (L > kLanes) {  // 32 vector registers: 16 accumulators and 4 operands fit
+    for (; j + 4 * L <= n; j += 4 * L) columns.template operator()<V, 4>(j);
+  }
   for (; j + 2 * L <= n; j += 2 * L) columns.template operator()<V, 2>(j);
   if (j + L <= n) {
     columns.template operator()<V, 1>(j);
@@ -249,6 +252,11 @@ template <class Isa, bool TransA, bool Accumulate>
     }
   };
   std::int64_t i = 0;
+  if constexpr (lanes_of<typename Isa::V> > kLanes) {  // at most 2 vectors a row: 8 rows, 16 accumulators
+    if (n <= 2 * lanes_of<typename Isa::V>) {
+      for (; i + 8 <= m; i += 8) block.template operator()<8>(i);
+    }
+  }
   for (; i + 4 <= m; i += 4) block.template operator()<4>(i);
   switch (m - i) {
     case 3:
