@@ -74,6 +74,11 @@ TEST(DataParallelBackends, ACpuModelOnADeviceCommunicatorIsRefusedNamingBothBefo
   EXPECT_TRUE(bit_equal(gradients[0], randn({4, 3}, 3)));
   // The same model on a host communicator: accepted (the CPU path, unchanged).
   const auto single = make_single_process_communicator();
+  const std::uint64_t version = kept.version();
+  synchronize_gradients(*single, params, gradients);  // reads the inputs: no version bump, new outputs
+  EXPECT_EQ(kept.version(), version);
+  EXPECT_FALSE(gradients[0].shares_storage(kept));
+  EXPECT_TRUE(bit_equal(gradients[0], kept));
   GradientBucketer buckets(*single, params);
   EXPECT_EQ(buckets.backend(), Backend::Cpu);
   EXPECT_EQ(ShardedAdam(*single, params).backend(), Backend::Cpu);
