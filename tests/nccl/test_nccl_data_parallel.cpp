@@ -285,7 +285,10 @@ TEST(NcclDataParallel, ShardedAdamOnDeviceIsPlainDeviceAdamBitForBit) {
     std::vector<Tensor> averaged = local;  // the plain data-parallel path on the device
     synchronize_gradients(nccl(), b, averaged);
     // Local gradients on even steps, already averaged ones on odd steps.
+    reset_peak_memory(Backend::Cpu);
+    const std::int64_t cpu_live = memory_stats(Backend::Cpu).live_bytes;
     const float zn = step % 2 == 0 ? zero.step(local) : zero.step(averaged, ShardedAdam::Gradients::Averaged);
+    EXPECT_LT(memory_stats(Backend::Cpu).peak_bytes - cpu_live, 4096) << "the step's buffers are device buffers";
     const float pn = plain.step(averaged);
     EXPECT_EQ(std::memcmp(&zn, &pn, sizeof(float)), 0);
     for (std::size_t k = 0; k < a.size(); ++k) {
