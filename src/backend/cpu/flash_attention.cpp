@@ -1,5 +1,6 @@
 // FlashAttention-2 style causal attention: tiled forward with an online
-// softmax, backward that recomputes P = exp(S·scale − L) tile by tile.
+// softmax, backward that recomputes P = exp(S·scale − L) tile by tile, both
+// in base 2 (2^(S·scale·log2 e − m)) through vec::exp2_fma.
 //
 // Work is split by (b, h) pair: one thread runs a pair's whole forward (every
 // query tile) or backward, so each output element is computed by one thread
@@ -10,7 +11,8 @@
 // pair into per-thread scratch, zero-padded; Kᵀ and Vᵀ (backward) and each
 // query tile's Qᵀ (forward) are packed. Every tile product is the
 // register-blocked kernel `tile_gemm` below: 4 rows × 2 vectors of the
-// result in 8 vector accumulators, the inner dimension in order. The
+// result in 8 vector accumulators (at 16 lanes 4 × 4 or 8 × 2 in 16), the
+// inner dimension in order, every term one explicit fused multiply-add. The
 // forward computes its scores key-major (Sᵀ), so a query's max, sum and
 // rescale factor are per-lane operations; Δ uses 8 lanes reduced in a fixed
 // order.
