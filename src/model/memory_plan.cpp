@@ -168,9 +168,13 @@ std::int64_t group_top(const ActivationMemoryProfile& p, const CheckpointGroup& 
 /// Σ kept + top term of the last group; for every other group g, the
 /// kept values of the groups below g + the gradients of the groups above g
 /// + g's replay term; all gradients + the tail). Within a run the terms
-/// change by (kept - gradients) per group, so its first or last member sets it.
+/// change by (kept - gradients) per group, so its first or last member sets
+/// it. The group that holds block 0 is apart: it keeps later_block_extra
+/// less, and its replay and forward are the base and forward read at block 0
+/// (every other group's add later_block_extra).
 std::int64_t release_runs_peak(const ActivationMemoryProfile& p, const std::vector<Run>& runs) {
   const bool any = any_offloaded(p, runs);
+  const std::int64_t first_lighter = p.later_block_extra[index_of(runs.front().group.recompute)];
   std::int64_t kept_all = 0, gradients_all = 0, blocks = 0;
   for (const Run& r : runs) {
     kept_all += r.count * group_top_kept(p, r.group);
@@ -178,29 +182,39 @@ std::int64_t release_runs_peak(const ActivationMemoryProfile& p, const std::vect
     blocks += r.count * r.group.blocks;
   }
   const CheckpointGroup& last = runs.back().group;
+  const bool one_group = runs.size() == 1 && runs.front().count == 1;
   std::int64_t peak = std::max(kept_all + group_top(p, last, any), blocks * p.block_gradient_bytes + p.tail_bytes);
   if (last.recompute == BlockRecompute::Whole && last.blocks > 1) {  // a segment's replay as the last group
-    std::int64_t below = -group_kept(p, last);
-    for (const Run& r : runs) below += r.count * group_kept(p, r.group);
+    std::int64_t below = one_group ? 0 : -group_kept(p, last) - first_lighter;
+    for (const Run& r : runs) below += one_group ? 0 : r.count * group_kept(p, r.group);
     const std::int64_t inputs = !any ? 0 : offloaded(p, last) ? 2 : 1;
     peak = std::max(peak, below + p.top_segment_bytes + (last.blocks - 2) * p.top_segment_extra_per_block +
                               inputs * p.block_input_bytes);
   }
-  std::int64_t below = 0, gradients_to = 0;  // kept below the run; gradients up to and including it
-  for (std::size_t i = 0; i < runs.size(); ++i) {
-    const Run& r = runs[i];
-    const std::int64_t members = i + 1 == runs.size() ? r.count - 1 : r.count;  // the top group is apart
-    const std::int64_t kept = group_kept(p, r.group);
-    const std::int64_t gradients = r.group.blocks * p.block_gradient_bytes;
-    const CheckpointGroup& g = r.group;
-    const std::int64_t forward = p.forward[index_of(g.recompute)];  // a segment forwards one block at a time
-    peak = std::max(peak, below + (r.count - 1) * kept + forward);  // the run's last group's forward
-    if (members > 0) {
-      const std::int64_t first = below + gradients_all - gradients_to - gradients + group_replay(p, r.group, any);
-      peak = std::max(peak, first + std::max<std::int64_t>(0, (members - 1) * (kept - gradients)));
+  std::int64_t below = 0, gradients_to = 0;  // kept below the members; gradients up to and including them
+  // The runs' members in order, block 0's group apart: (count, group, whether it holds block 0).
+  const auto members = [&](std::int64_t count, const CheckpointGroup& g, bool first, bool top) {
+    const std::int64_t replayed = top ? count - 1 : count;  // the top group is apart
+    const std::int64_t extra = first ? 0 : p.later_block_extra[index_of(g.recompute)];
+    const std::int64_t kept = group_kept(p, g) - (first ? first_lighter : 0);
+    const std::int64_t gradients = g.blocks * p.block_gradient_bytes;
+    const std::int64_t forward = p.forward[index_of(g.recompute)] + extra;  // a segment forwards one block at a time
+    peak = std::max(peak, below + (count - 1) * kept + forward);  // the last member's forward
+    if (replayed > 0) {
+      const std::int64_t start = below + gradients_all - gradients_to - gradients + group_replay(p, g, any) + extra;
+      peak = std::max(peak, start + std::max<std::int64_t>(0, (replayed - 1) * (kept - gradients)));
     }
-    below += r.count * kept;
-    gradients_to += r.count * gradients;
+    below += count * kept;
+    gradients_to += count * gradients;
+  };
+  for (std::size_t i = 0; i < runs.size(); ++i) {
+    const bool top = i + 1 == runs.size();
+    if (i > 0) {
+      members(runs[i].count, runs[i].group, false, top);
+      continue;
+    }
+    members(1, runs[0].group, true, top && runs[0].count == 1);
+    if (runs[0].count > 1) members(runs[0].count - 1, runs[0].group, false, top);
   }
   return peak;
 }
@@ -415,10 +429,12 @@ ActivationMemoryProfile profile_activation_memory(const DecoderOnlyTransformer& 
   // window starts with the end of the upper block's backward) and the tail,
   // each the largest over the neighbours (LoRA adapters make them differ
   // slightly; without them they are equal).
+  std::array<std::int64_t, kOptions> first_base{};  // block 0's base below a block with the same option
   for (const BlockRecompute r : kAll) {
     const BlockWindows w1 = measure(*one, uniform(1, r));
     const BlockWindows w2 = measure(*two, uniform(2, r));
     const BlockWindows w3 = measure(*three, uniform(3, r));
+    first_base[index_of(r)] = w2.peaks[0] - gradients;
     // What a block keeps while a block above it runs backward (its window
     // beside the same gradients with one block more below it), and what it
     // adds to the top window (with adapters the two differ slightly).
@@ -437,6 +453,14 @@ ActivationMemoryProfile profile_activation_memory(const DecoderOnlyTransformer& 
       p.tail_bytes = std::max(p.tail_bytes, w.peaks[2] - 2 * gradients);
     }
   }
+  // Block 1 with each option between a keep block 0 and a block like it:
+  // what it needs beyond the same block as block 0 (base and kept read at
+  // block 0 differ from the other blocks' when block 0's input is a constant).
+  for (const BlockRecompute r : {BlockRecompute::Attention, BlockRecompute::Mlp, BlockRecompute::Whole}) {
+    const BlockWindows w = measure(*three, {{1, BlockRecompute::Nothing}, {1, r}, {1, r}});
+    p.later_block_extra[index_of(r)] =
+        w.peaks[1] - gradients - p.kept_bytes(BlockRecompute::Nothing) - first_base[index_of(r)];
+  }
   p.block_input_bytes = n * d.model_width * static_cast<std::int64_t>(sizeof(float));
   p.activation_offload = model.activation_offload() && model.backend() == Backend::Cuda;
   // A segment of two below a block: its windows beside one block's gradients.
@@ -453,7 +477,8 @@ ActivationMemoryProfile profile_activation_memory(const DecoderOnlyTransformer& 
   p.top_segment_bytes = top2;
   for (const BlockRecompute below : kAll) {  // and above a block with each option
     const std::vector<std::int64_t> w = measure(*three, {{1, below}, {2, BlockRecompute::Whole}}).peaks;
-    p.top_segment_bytes = std::max(p.top_segment_bytes, std::max(w[1], w[2]) - p.kept_bytes(below));
+    const std::int64_t first_kept = p.kept_bytes(below) - p.later_block_extra[index_of(below)];
+    p.top_segment_bytes = std::max(p.top_segment_bytes, std::max(w[1], w[2]) - first_kept);
   }
   p.top_segment_extra_per_block = std::max<std::int64_t>(0, top3 - top2);
 
