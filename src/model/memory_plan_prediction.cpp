@@ -11,30 +11,6 @@ namespace riftco_transformer {
 
 namespace memory_plan_detail {
 
-namespace {
-
-std::int64_t group_bytes(const ActivationMemoryProfile& p, const CheckpointGroup& g) {
-  if (g.recompute != BlockRecompute::Whole) return p.per_block[index_of(g.recompute)];
-  return g.blocks * p.per_block[index_of(BlockRecompute::Whole)] - (g.blocks - 1) * p.block_input_bytes;
-}
-
-std::int64_t group_base(const ActivationMemoryProfile& p, const CheckpointGroup& g) {
-  const std::int64_t base = p.base[index_of(g.recompute)];
-  return g.recompute == BlockRecompute::Whole ? base + (g.blocks - 1) * p.segment_extra_per_block : base;
-}
-
-}  // namespace
-
-std::int64_t group_kept(const ActivationMemoryProfile& p, const CheckpointGroup& g) {
-  const std::int64_t kept = group_bytes(p, g) - g.blocks * p.block_gradient_bytes;
-  return offloaded(p, g) ? kept - p.block_input_bytes : kept;
-}
-
-std::int64_t group_replay(const ActivationMemoryProfile& p, const CheckpointGroup& g, bool any) {
-  const std::int64_t inputs = !any ? 0 : offloaded(p, g) ? 2 : 1;
-  return group_base(p, g) + inputs * p.block_input_bytes;
-}
-
 bool any_offloaded(const ActivationMemoryProfile& p, std::span<const Run> runs) {
   return std::any_of(runs.begin(), runs.end(), [&](const Run& r) { return offloaded(p, r.group); });
 }
@@ -56,28 +32,6 @@ std::int64_t runs_peak(const ActivationMemoryProfile& p, std::span<const Run> ru
 }
 
 // ---- The GraphAfterBackward::Release model (docs/checkpointing.md, "The prediction").
-
-namespace {
-
-/// What group g adds to the top window: profile.top_kept per
-/// block, a segment's input once; offload as group_kept.
-std::int64_t group_top_kept_without_offload(const ActivationMemoryProfile& p, const CheckpointGroup& g) {
-  const std::int64_t per = p.top_kept[index_of(g.recompute)];
-  return g.recompute == BlockRecompute::Whole ? g.blocks * per - (g.blocks - 1) * p.block_input_bytes : per;
-}
-std::int64_t group_top_kept(const ActivationMemoryProfile& p, const CheckpointGroup& g) {
-  const std::int64_t kept = group_top_kept_without_offload(p, g);
-  return offloaded(p, g) ? kept - p.block_input_bytes : kept;
-}
-
-/// The top group's term above every group's top_kept: the head's backward
-/// or its own (a segment's replay: release_runs_peak).
-std::int64_t group_top(const ActivationMemoryProfile& p, const CheckpointGroup& g, bool any) {
-  const std::int64_t inputs = !any ? 0 : offloaded(p, g) ? 2 : 1;
-  return p.top[index_of(g.recompute)] + inputs * p.block_input_bytes;
-}
-
-}  // namespace
 
 /// The Release peak of the runs in this order (first run = first blocks):
 /// max(each group's forward above the values the groups below it keep;
