@@ -111,6 +111,9 @@ class ShardedAdam {
   /// Ranges [begin, end) of rank q's shard inside parameter i, in flat positions.
   template <class F>
   void for_each_piece(int rank, F&& f) const;
+  /// The same over flat positions [lo, hi) (a slice of a shard).
+  template <class F>
+  void for_each_piece_in(std::int64_t lo, std::int64_t hi, F&& f) const;
 
   Communicator& comm_;
   int rank_ = 0;

@@ -26,6 +26,10 @@ namespace {
 /// backends' own constant (backend/kernel_types.hpp), not a copy of it.
 constexpr std::int64_t kNormChunk = backend::kNormChunk;
 
+/// The parameter all-gather's slice per rank (4 MiB of floats): the step's
+/// gather buffers are world x this, not world x the largest shard.
+constexpr std::int64_t kGatherSlice = std::int64_t{1} << 20;
+
 std::int64_t max_gap(const std::vector<std::int64_t>& bounds) {
   std::int64_t m = 0;
   for (std::size_t r = 0; r + 1 < bounds.size(); ++r) m = std::max(m, bounds[r + 1] - bounds[r]);
@@ -109,8 +113,12 @@ void ShardedAdam::layout() {
 
 template <class F>
 void ShardedAdam::for_each_piece(int rank, F&& f) const {
-  const std::int64_t lo = bounds_[static_cast<std::size_t>(rank)];
-  const std::int64_t hi = bounds_[static_cast<std::size_t>(rank) + 1];
+  for_each_piece_in(bounds_[static_cast<std::size_t>(rank)], bounds_[static_cast<std::size_t>(rank) + 1],
+                    std::forward<F>(f));
+}
+
+template <class F>
+void ShardedAdam::for_each_piece_in(std::int64_t lo, std::int64_t hi, F&& f) const {
   for (std::size_t i = 0; i < params_.size(); ++i) {
     const std::int64_t b = std::max(lo, offset_[i]);
     const std::int64_t e = std::min(hi, offset_[i] + numel_[i]);
@@ -300,30 +308,42 @@ float ShardedAdam::update(std::span<const Tensor* const> gradients, Gradients ki
                        detail::adam_decay_factor(options_, weight_decay_[i])});
   });
   kernels.adam_update(updates, c);
+  grad_shard = Tensor();  // done with: the all-gather below does not hold it too
 
-  // 4. Every rank gets every updated shard.
+  // 4. Every rank gets every updated shard, in slices of at most
+  // kGatherSlice elements per rank (the same count of all-gathers on every
+  // rank: max_shard is the same everywhere), so the step's buffers stay a
+  // bounded fraction of the model's size: a whole-model gather buffer beside
+  // a shard-sized send buffer held more than the moments ZeRO-1 saves at N = 2.
   if (world_ > 1) {
-    Tensor send = Tensor::zeros({max_shard}, backend_);
-    float* out = send.device_data();
-    for_each_piece(rank_, [&](std::size_t i, std::int64_t b, std::int64_t e) {
-      kernels.copy_values(params_[i].value().device_data() + (b - offset_[i]), out + (b - begin), e - b);
-    });
-    Tensor gathered = Tensor::zeros({max_shard * world_}, backend_);
-    try {
-      comm_.all_gather(send, gathered);
-    } catch (const std::exception& e) {
-      failure_ = "step " + std::to_string(steps_) + "'s parameter all-gather failed (" + e.what() +
-                 "): this rank's shard was updated, the others' were not, so the ranks' parameters differ";
-      throw;
-    }
-    const float* rows = std::as_const(gathered).device_data();
-    for (int q = 0; q < world_; ++q) {
-      if (q == rank_) continue;
-      const float* row = rows + q * max_shard;
-      for_each_piece(q, [&](std::size_t i, std::int64_t b, std::int64_t e) {
-        if (!steps(i)) return;
-        kernels.copy_values(row + (b - bounds_[static_cast<std::size_t>(q)]), theta[i] + (b - offset_[i]), e - b);
+    const std::int64_t slice = std::min(max_shard, kGatherSlice);
+    Tensor send = Tensor::empty({slice}, backend_);
+    Tensor gathered = Tensor::empty({slice * world_}, backend_);
+    for (std::int64_t s = 0; s < max_shard; s += slice) {
+      const std::int64_t width = std::min(slice, max_shard - s);  // this slice's row, padded past a shard's end
+      float* out = send.device_data();
+      kernels.fill_values(out, slice, 0.0F);
+      for_each_piece_in(begin + s, std::min(begin + s + width, shard_end()), [&](std::size_t i, std::int64_t b, std::int64_t e) {
+        kernels.copy_values(params_[i].value().device_data() + (b - offset_[i]), out + (b - begin - s), e - b);
       });
+      try {
+        comm_.all_gather(send, gathered);
+      } catch (const std::exception& e) {
+        failure_ = "step " + std::to_string(steps_) + "'s parameter all-gather failed (" + e.what() +
+                   "): this rank's shard was updated, the others' were not, so the ranks' parameters differ";
+        throw;
+      }
+      const float* rows = std::as_const(gathered).device_data();
+      for (int q = 0; q < world_; ++q) {
+        if (q == rank_) continue;
+        const std::int64_t lo = bounds_[static_cast<std::size_t>(q)] + s;
+        const std::int64_t hi = std::min(lo + width, bounds_[static_cast<std::size_t>(q) + 1]);
+        const float* row = rows + q * slice;
+        for_each_piece_in(lo, hi, [&](std::size_t i, std::int64_t b, std::int64_t e) {
+          if (!steps(i)) return;
+          kernels.copy_values(row + (b - lo), theta[i] + (b - offset_[i]), e - b);
+        });
+      }
     }
   }
   return norm;

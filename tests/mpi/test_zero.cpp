@@ -185,6 +185,49 @@ TEST(MpiZero, StateBytesPerRankAreAboutOneNthByTheAllocatorsCounters) {
   if (comm().world_size() == 2) EXPECT_LE(ratio, 0.55);  // issue 17's target
 }
 
+TEST(MpiZero, AStepPeaksBelowPlainAdamsMomentsByTheAllocatorsCounters) {
+  // The step's flat buffers are counted Tensors: the gradient shard, and the
+  // parameter all-gather in slices of at most 2^20 floats per rank. At N = 2
+  // the moments (8 MiB of 16 MiB) plus the step's temporaries must stay
+  // under plain Adam's 32 MiB of moments, or ZeRO-1 saves nothing at its peak
+  // (a whole-model all-gather buffer plus a shard-sized send buffer did:
+  // 8 + 8 + 8 + 16 = 40 MiB).
+  Random init(6);
+  std::vector<Variable> params;
+  for (int k = 0; k < 8; ++k) params.emplace_back(Tensor::normal({512, 1000 + k}, init), true, "w" + std::to_string(k));
+  std::vector<Tensor> grads;
+  for (const Variable& p : params) grads.push_back(Tensor::normal(p.shape(), init, 0.0F, 0.01F));
+  std::int64_t plain_peak = 0;
+  const auto plain_params = copies(params);
+  {
+    const std::int64_t start = memory_stats().live_bytes;
+    reset_peak_memory();
+    Adam plain(plain_params, options());
+    plain.step(grads);  // the same gradients on every rank: already their average
+    plain_peak = memory_stats().peak_bytes - start;
+  }
+  const std::int64_t start = memory_stats().live_bytes;
+  reset_peak_memory();
+  ShardedAdam zero(comm(), params, options());
+  zero.step(grads, ShardedAdam::Gradients::Averaged);
+  const std::int64_t zero_peak = memory_stats().peak_bytes - start;
+  std::vector<float> all(static_cast<std::size_t>(comm().world_size()));
+  comm().all_gather(std::vector<float>{static_cast<float>(zero_peak)}, all);
+  const double largest = *std::max_element(all.begin(), all.end());
+  if (comm().rank() == 0) {
+    std::printf("[zero] N = %d: step peak over live %lld B plain, %.0f B largest rank\n",
+                comm().world_size(), static_cast<long long>(plain_peak), largest);
+  }
+  // ZeRO's state alone is 1/N of plain's 32 MiB of moments.
+  const double moments = 2.0 * 4.0 * 8 * 512 * 1004;  // about 32 MiB: plain Adam's m and v
+  EXPECT_LT(largest, moments) << "ZeRO-1's step holds more than plain Adam's moments";
+  // Shards of 2M (N = 2) or 1.4M (N = 3) floats: gathered in several slices, still plain Adam's bits.
+  for (std::size_t k = 0; k < params.size(); ++k) {
+    EXPECT_TRUE(same_bits(params[k].value().values(), plain_params[k].value().values())) << params[k].name();
+  }
+  expect_identical_on_every_rank(params);
+}
+
 TEST(MpiZero, GatheredStateResumesIntoPlainAdamOrANewShardedAdam) {
   const auto params = make_parameters();
   const auto plain_params = copies(params);
