@@ -114,6 +114,14 @@ class ShardedAdam {
   /// The same over flat positions [lo, hi) (a slice of a shard).
   template <class F>
   void for_each_piece_in(std::int64_t lo, std::int64_t hi, F&& f) const;
+  /// The all-gather of every rank's shard (a step's parameters, state()'s
+  /// moments), in slices of a bounded number of elements per rank, so its
+  /// buffers stay a small fraction of the model: pack(lo, hi, out) writes
+  /// this rank's flat positions [lo, hi) to out[0, hi - lo); unpack(q, lo,
+  /// hi, row) reads rank q's [lo, hi) from row[0, hi - lo) (every rank, this
+  /// one too). The same number of collectives on every rank.
+  template <class Pack, class Unpack>
+  void gather_shards(Pack&& pack, Unpack&& unpack) const;
 
   Communicator& comm_;
   int rank_ = 0;

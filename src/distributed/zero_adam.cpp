@@ -126,6 +126,29 @@ void ShardedAdam::for_each_piece_in(std::int64_t lo, std::int64_t hi, F&& f) con
   }
 }
 
+template <class Pack, class Unpack>
+void ShardedAdam::gather_shards(Pack&& pack, Unpack&& unpack) const {
+  const std::int64_t max_shard = max_gap(bounds_);
+  const std::int64_t slice = std::min(max_shard, kGatherSlice);
+  const backend::Kernels& kernels = backend::kernels(backend_, "ShardedAdam");
+  Tensor send = Tensor::empty({slice}, backend_);
+  Tensor gathered = Tensor::empty({slice * world_}, backend_);
+  for (std::int64_t s = 0; s < max_shard; s += slice) {
+    const std::int64_t width = std::min(slice, max_shard - s);  // rows are padded past a shorter shard's end
+    float* out = send.device_data();
+    kernels.fill_values(out, slice, 0.0F);
+    const std::int64_t lo = shard_begin() + s;
+    pack(lo, std::max(lo, std::min(lo + width, shard_end())), out);
+    comm_.all_gather(send, gathered);
+    const float* rows = std::as_const(gathered).device_data();
+    for (int q = 0; q < world_; ++q) {
+      const std::int64_t q_lo = bounds_[static_cast<std::size_t>(q)] + s;
+      const std::int64_t q_hi = std::min(q_lo + width, bounds_[static_cast<std::size_t>(q) + 1]);
+      if (q_lo < q_hi) unpack(q, q_lo, q_hi, rows + q * slice);
+    }
+  }
+}
+
 std::int64_t ShardedAdam::state_bytes() const { return m_.nbytes() + v_.nbytes(); }
 
 float ShardedAdam::weight_decay_of(std::size_t index) const {
@@ -310,40 +333,25 @@ float ShardedAdam::update(std::span<const Tensor* const> gradients, Gradients ki
   kernels.adam_update(updates, c);
   grad_shard = Tensor();  // done with: the all-gather below does not hold it too
 
-  // 4. Every rank gets every updated shard, in slices of at most
-  // kGatherSlice elements per rank (the same count of all-gathers on every
-  // rank: max_shard is the same everywhere), so the step's buffers stay a
-  // bounded fraction of the model's size: a whole-model gather buffer beside
-  // a shard-sized send buffer held more than the moments ZeRO-1 saves at N = 2.
+  // 4. Every rank gets every updated shard (in slices: gather_shards).
   if (world_ > 1) {
-    const std::int64_t slice = std::min(max_shard, kGatherSlice);
-    Tensor send = Tensor::empty({slice}, backend_);
-    Tensor gathered = Tensor::empty({slice * world_}, backend_);
-    for (std::int64_t s = 0; s < max_shard; s += slice) {
-      const std::int64_t width = std::min(slice, max_shard - s);  // this slice's row, padded past a shard's end
-      float* out = send.device_data();
-      kernels.fill_values(out, slice, 0.0F);
-      for_each_piece_in(begin + s, std::min(begin + s + width, shard_end()), [&](std::size_t i, std::int64_t b, std::int64_t e) {
-        kernels.copy_values(params_[i].value().device_data() + (b - offset_[i]), out + (b - begin - s), e - b);
-      });
-      try {
-        comm_.all_gather(send, gathered);
-      } catch (const std::exception& e) {
-        failure_ = "step " + std::to_string(steps_) + "'s parameter all-gather failed (" + e.what() +
-                   "): this rank's shard was updated, the others' were not, so the ranks' parameters differ";
-        throw;
-      }
-      const float* rows = std::as_const(gathered).device_data();
-      for (int q = 0; q < world_; ++q) {
-        if (q == rank_) continue;
-        const std::int64_t lo = bounds_[static_cast<std::size_t>(q)] + s;
-        const std::int64_t hi = std::min(lo + width, bounds_[static_cast<std::size_t>(q) + 1]);
-        const float* row = rows + q * slice;
-        for_each_piece_in(lo, hi, [&](std::size_t i, std::int64_t b, std::int64_t e) {
-          if (!steps(i)) return;
-          kernels.copy_values(row + (b - lo), theta[i] + (b - offset_[i]), e - b);
-        });
-      }
+    try {
+      gather_shards(
+          [&](std::int64_t lo, std::int64_t hi, float* out) {
+            for_each_piece_in(lo, hi, [&](std::size_t i, std::int64_t b, std::int64_t e) {
+              kernels.copy_values(params_[i].value().device_data() + (b - offset_[i]), out + (b - lo), e - b);
+            });
+          },
+          [&](int q, std::int64_t lo, std::int64_t hi, const float* row) {
+            if (q == rank_) return;
+            for_each_piece_in(lo, hi, [&](std::size_t i, std::int64_t b, std::int64_t e) {
+              if (steps(i)) kernels.copy_values(row + (b - lo), theta[i] + (b - offset_[i]), e - b);
+            });
+          });
+    } catch (const std::exception& e) {
+      failure_ = "step " + std::to_string(steps_) + "'s parameter all-gather failed (" + e.what() +
+                 "): this rank's shard was updated, the others' were not, so the ranks' parameters differ";
+      throw;
     }
   }
   return norm;
@@ -351,25 +359,20 @@ float ShardedAdam::update(std::span<const Tensor* const> gradients, Gradients ki
 
 Adam::State ShardedAdam::state() const {
   if (!failure_.empty()) refuse_after_failure(failure_, "state()");
-  const std::int64_t max_shard = max_gap(bounds_);
   const backend::Kernels& kernels = backend::kernels(backend_, "ShardedAdam");
   Adam::State s;
   s.steps = steps_;
   for (const Tensor* moment : {&m_, &v_}) {
-    Tensor send = Tensor::zeros({max_shard}, backend_);
-    kernels.copy_values(moment->device_data(), send.device_data(), moment->numel());
-    Tensor gathered = Tensor::zeros({max_shard * world_}, backend_);
-    comm_.all_gather(send, gathered);
-    const float* rows = std::as_const(gathered).device_data();
+    const float* mine = moment->device_data();
     std::vector<Tensor> full;
     for (std::size_t i = 0; i < params_.size(); ++i) full.push_back(Tensor::zeros(params_[i].shape(), backend_));
-    for (int q = 0; q < world_; ++q) {
-      const float* row = rows + q * max_shard;
-      for_each_piece(q, [&](std::size_t i, std::int64_t b, std::int64_t e) {
-        kernels.copy_values(row + (b - bounds_[static_cast<std::size_t>(q)]), full[i].device_data() + (b - offset_[i]),
-                            e - b);
-      });
-    }
+    gather_shards(
+        [&](std::int64_t lo, std::int64_t hi, float* out) { kernels.copy_values(mine + (lo - shard_begin()), out, hi - lo); },
+        [&](int, std::int64_t lo, std::int64_t hi, const float* row) {
+          for_each_piece_in(lo, hi, [&](std::size_t i, std::int64_t b, std::int64_t e) {
+            kernels.copy_values(row + (b - lo), full[i].device_data() + (b - offset_[i]), e - b);
+          });
+        });
     (moment == &m_ ? s.first_moment : s.second_moment) = std::move(full);
   }
   return s;

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "riftco_transformer/distributed.hpp"
@@ -185,7 +186,7 @@ TEST(MpiZero, StateBytesPerRankAreAboutOneNthByTheAllocatorsCounters) {
   if (comm().world_size() == 2) EXPECT_LE(ratio, 0.55);  // issue 17's target
 }
 
-TEST(MpiZero, AStepPeaksBelowPlainAdamsMomentsByTheAllocatorsCounters) {
+TEST(MpiZero, AStepAndStatePeakBelowPlainAdamsMomentsByTheAllocatorsCounters) {
   // The step's flat buffers are counted Tensors: the gradient shard, and the
   // parameter all-gather in slices of at most 2^20 floats per rank. At N = 2
   // the moments (8 MiB of 16 MiB) plus the step's temporaries must stay
@@ -199,11 +200,12 @@ TEST(MpiZero, AStepPeaksBelowPlainAdamsMomentsByTheAllocatorsCounters) {
   for (const Variable& p : params) grads.push_back(Tensor::normal(p.shape(), init, 0.0F, 0.01F));
   std::int64_t plain_peak = 0;
   const auto plain_params = copies(params);
+  std::unique_ptr<Adam> plain;
   {
     const std::int64_t start = memory_stats().live_bytes;
     reset_peak_memory();
-    Adam plain(plain_params, options());
-    plain.step(grads);  // the same gradients on every rank: already their average
+    plain = std::make_unique<Adam>(plain_params, options());
+    plain->step(grads);  // the same gradients on every rank: already their average
     plain_peak = memory_stats().peak_bytes - start;
   }
   const std::int64_t start = memory_stats().live_bytes;
@@ -226,6 +228,21 @@ TEST(MpiZero, AStepPeaksBelowPlainAdamsMomentsByTheAllocatorsCounters) {
     EXPECT_TRUE(same_bits(params[k].value().values(), plain_params[k].value().values())) << params[k].name();
   }
   expect_identical_on_every_rank(params);
+  // state() (a checkpoint) gathers the full moments through the same slices:
+  // it holds them (2 x 16 MiB, its result) and its shard's, plus the slice
+  // buffers, not a whole-model gather buffer beside them.
+  const std::int64_t live = memory_stats().live_bytes;
+  reset_peak_memory();
+  const Adam::State state = zero.state();
+  const double state_peak = static_cast<double>(memory_stats().peak_bytes - live);
+  if (comm().rank() == 0) std::printf("[zero] N = %d: state() peak %.0f B on rank 0\n", comm().world_size(), state_peak);
+  const double result = 2.0 * 4.0 * 512 * 8028;  // the full moments it returns
+  EXPECT_LE(state_peak, result + 4.0 * (comm().world_size() + 1) * (1 << 20) + 65536) << "state() peak " << state_peak;
+  const Adam::State expected = plain->state();
+  for (std::size_t k = 0; k < params.size(); ++k) {
+    EXPECT_TRUE(same_bits(state.first_moment[k].values(), expected.first_moment[k].values())) << params[k].name();
+    EXPECT_TRUE(same_bits(state.second_moment[k].values(), expected.second_moment[k].values())) << params[k].name();
+  }
 }
 
 TEST(MpiZero, GatheredStateResumesIntoPlainAdamOrANewShardedAdam) {
