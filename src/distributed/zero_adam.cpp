@@ -26,9 +26,10 @@ namespace {
 /// backends' own constant (backend/kernel_types.hpp), not a copy of it.
 constexpr std::int64_t kNormChunk = backend::kNormChunk;
 
-/// The parameter all-gather's slice per rank (4 MiB of floats): the step's
-/// gather buffers are world x this, not world x the largest shard.
-constexpr std::int64_t kGatherSlice = std::int64_t{1} << 20;
+/// The slice per rank of the step's reduce-scatter and all-gather and of
+/// state()'s gather (1 MiB of floats): their buffers are (world + 1) x this,
+/// not world x the largest shard (S3 at N = 8: about 40 slices a step).
+constexpr std::int64_t kGatherSlice = std::int64_t{1} << 18;
 
 std::int64_t max_gap(const std::vector<std::int64_t>& bounds) {
   std::int64_t m = 0;
@@ -249,16 +250,26 @@ float ShardedAdam::update(std::span<const Tensor* const> gradients, Gradients ki
     kernels.copy_values(g.device_data() + (b - offset_[i]), out, e - b);
   };
   if (kind == Gradients::Local && world_ > 1) {
-    Tensor send = Tensor::zeros({max_shard * world_}, backend_);
-    float* rows = send.device_data();
-    for (int q = 0; q < world_; ++q) {
-      float* row = rows + q * max_shard;
-      for_each_piece(q, [&](std::size_t i, std::int64_t b, std::int64_t e) {
-        copy_gradient(i, b, e, row + (b - bounds_[static_cast<std::size_t>(q)]));
-      });
-    }
-    comm_.reduce_scatter_sum(send, grad_shard);  // rank-order sums, as all_reduce_sum
+    // In slices of at most kGatherSlice elements per rank, as gather_shards:
+    // the reduce-scatter's input is world x slice, not world x the largest shard.
+    const std::int64_t slice = std::min(max_shard, kGatherSlice);
+    Tensor send = Tensor::empty({slice * world_}, backend_);
+    Tensor mine = Tensor::empty({slice}, backend_);
     float* shard = grad_shard.device_data();
+    for (std::int64_t s = 0; s < max_shard; s += slice) {
+      const std::int64_t width = std::min(slice, max_shard - s);
+      float* rows = send.device_data();
+      kernels.fill_values(rows, slice * world_, 0.0F);  // padding and ranks without a gradient: zeros
+      for (int q = 0; q < world_; ++q) {
+        const std::int64_t lo = bounds_[static_cast<std::size_t>(q)] + s;
+        const std::int64_t hi = std::min(lo + width, bounds_[static_cast<std::size_t>(q) + 1]);
+        for_each_piece_in(lo, hi, [&](std::size_t i, std::int64_t b, std::int64_t e) {
+          copy_gradient(i, b, e, rows + q * slice + (b - lo));
+        });
+      }
+      comm_.reduce_scatter_sum(send, mine);  // rank-order sums, as all_reduce_sum
+      kernels.copy_values(std::as_const(mine).device_data(), shard + s, width);
+    }
     kernels.divide_values(shard, shard, max_shard, static_cast<float>(world_));  // all_reduce_average's arithmetic
   } else {
     float* shard = grad_shard.device_data();
