@@ -53,7 +53,8 @@ class ShardedAdam {
   /// gradient on every rank is skipped (its moments do not move); one that
   /// has a gradient on some ranks counts zeros for the others. A non-finite
   /// norm is a ValueError on every rank naming the parameter, and nothing
-  /// changes; a gradient of the wrong shape is a ShapeError (raised before
+  /// changes; a gradient of the wrong shape is a ShapeError, one on another
+  /// backend a BackendError (raised before
   /// any communication: every rank must see it, as they do when the shapes
   /// are the same everywhere).
   float step(Gradients kind = Gradients::Local);
@@ -88,7 +89,8 @@ class ShardedAdam {
   Adam::State state() const;
   /// Every rank passes the full state (as saved, on the parameters'
   /// backend); each keeps its shard. Validates shapes and backends first
-  /// (ValueError / ShapeError; nothing changes).
+  /// (ValueError / ShapeError / BackendError for a state on another
+  /// backend; nothing changes).
   /// Also clears a failed step (below): restoring a saved state together
   /// with its parameters is how a caller recovers.
   void set_state(const Adam::State& state);

@@ -220,14 +220,14 @@ float ShardedAdam::update(std::span<const Tensor* const> gradients, Gradients ki
   for (std::size_t i = 0; i < count; ++i) {
     const Tensor& value = params_[i].value();
     if (value.backend() != backend_ || value.numel() != numel_[i]) {
-      throw ShapeError("[ShardedAdam] parameter '" + params_[i].name() + "' is now " + shape_string(value.shape()) +
+      distributed_detail::throw_mismatch(value.numel() != numel_[i], "[ShardedAdam] parameter '" + params_[i].name() + "' is now " + shape_string(value.shape()) +
                        " on " + backend_name(value.backend()) + " but its shard was laid out for " +
                        std::to_string(numel_[i]) + " elements on " + backend_name(backend_) +
                        ": build a new ShardedAdam");
     }
     const Tensor& g = *gradients[i];
     if (g.defined() && (g.shape() != value.shape() || g.backend() != backend_)) {
-      throw ShapeError("[ShardedAdam] gradient " + shape_string(g.shape()) + " on " + backend_name(g.backend()) +
+      distributed_detail::throw_mismatch(g.shape() != value.shape(), "[ShardedAdam] gradient " + shape_string(g.shape()) + " on " + backend_name(g.backend()) +
                        " of '" + params_[i].name() + "' does not match its value " + shape_string(value.shape()) +
                        " on " + backend_name(backend_));
     }
@@ -401,7 +401,8 @@ void ShardedAdam::set_state(const Adam::State& state) {
     for (const Tensor* t : {&state.first_moment[i], &state.second_moment[i]}) {
       if (!t->defined() || t->shape() != shape || t->backend() != backend_ ||
           params_[i].value().numel() != numel_[i]) {
-        throw ShapeError("[ShardedAdam] state for '" + params_[i].name() + "' has shape " +
+        distributed_detail::throw_mismatch(!t->defined() || t->shape() != shape || params_[i].value().numel() != numel_[i],
+                                           "[ShardedAdam] state for '" + params_[i].name() + "' has shape " +
                          (t->defined() ? shape_string(t->shape()) + " on " + backend_name(t->backend())
                                        : std::string("(undefined)")) +
                          ", parameter is " + shape_string(shape) + " (" + std::to_string(numel_[i]) +
