@@ -31,8 +31,10 @@ runs, in fresh processes and alternating round by round,
 Reported per thread count, shape and policy: median step time, the ratio ours
 / fastest PyTorch 2 form (and which form), ours / 1.13, peak training memory
 (RSS growth on every side; allocator peaks: ours, and PyTorch 2's c10
-allocator through the profiler), compile times, phase times, a thread-scaling
-table when several counts ran, and the targets of issues 6 and 16. Outputs:
+allocator through the profiler), compile times, phase times, ours' model
+FLOPs utilization (model FLOPs per step / step time / the 512-bit FMA peak at
+the same thread count; `model_flops`), a thread-scaling table when several
+counts ran, and the targets of issues 6 and 16. Outputs:
 JSON, Markdown (written between the RESULTS markers of docs/benchmarks.md in
 a full run) and a PNG chart.
 """
@@ -68,6 +70,7 @@ TARGET_MEMORY = 0.8
 TARGET_BLOCK_COST = 1.25  # issue 16 (issue 6: 1.35)
 TARGET_S2_BLOCK_PEAK = 0.35
 TARGET_MATMUL_PEAK = 0.70
+TARGET_S3_MFU = 0.60  # issue 16: the whole S3 step in model FLOPs / the 512-bit FMA peak
 
 
 def log(*args):
@@ -344,8 +347,69 @@ def bench_kernels(args, blas):
         rows.append({"name": name, "real_time": b["real_time"], "time_unit": b["time_unit"],
                      "rate": b.get(rate_key) if rate_key else None, "unit": rate_key,
                      "of_peak": b.get("of_peak"), "one_thread_gflops": b.get("one_thread_GFLOP/s"),
-                     "avx512_gflops": b.get("avx512_GFLOP/s")})
-    return {"context": data.get("context", {}), "rows": rows, "repetitions": 1 if args.quick else 3}
+                     "avx512_gflops": b.get("avx512_GFLOP/s"),
+                     "one_thread_avx512_gflops": b.get("one_thread_avx512_GFLOP/s")})
+    return {"context": data.get("context", {}), "rows": rows, "repetitions": 1 if args.quick else 3,
+            "threads": args.threads[0]}
+
+
+def ffn_width(width):
+    """rt-bench-step's feed-forward width: SwiGLU's 8/3·C rounded down to a multiple of 8."""
+    return width * 8 // 3 // 8 * 8
+
+
+def model_flops(shape):
+    """Model FLOPs of one training step (forward + backward) of a SHAPES row,
+    PaLM's MFU convention (Chowdhery et al. 2022, appendix B): the forward is
+    2 FLOPs per matmul weight per token (q, k, v, o, the SwiGLU gate, up and
+    down per block, and the LM head; the embedding is a lookup, norms and
+    pointwise ops are left out) plus attention's score and value products
+    over the causal pairs (2·d FLOPs per pair, head and product: C·T(T+1) each
+    per layer and sequence); the backward is twice the forward. What a
+    checkpointing policy replays is not model FLOPs: the block policy does
+    the same model FLOPs as disabled in a longer step, as MFU (not hardware
+    FLOPs utilization) counts it."""
+    c, layers, vocab, seq, batch = shape["width"], shape["layers"], shape["vocab"], shape["seq"], shape["batch"]
+    f = shape.get("ffn") or ffn_width(c)
+    matmul_weights = layers * (4 * c * c + 3 * c * f) + vocab * c
+    attention = layers * batch * 2 * c * seq * (seq + 1)
+    forward = 2 * matmul_weights * batch * seq + attention
+    return 3 * forward
+
+
+def fma_peak_512(kernels, threads, kernel_threads):
+    """(GFLOP/s, note) of the 512-bit FMA loop at `threads`, from the kernel
+    table's BM_PeakFma row (measured on `kernel_threads`); None without it.
+    At 1 thread a kernel table from before `one_thread_avx512_GFLOP/s` existed
+    gives the all-thread 512-bit figure scaled by the 256-bit loop's one-thread
+    share (noted as derived)."""
+    row = next((b for b in (kernels or {}).get("rows", []) if b["name"].startswith("BM_PeakFma")), None)
+    if not row or not row.get("avx512_gflops"):
+        return None
+    if threads == kernel_threads:
+        return row["avx512_gflops"], "measured"
+    if threads == 1:
+        if row.get("one_thread_avx512_gflops"):
+            return row["one_thread_avx512_gflops"], "measured"
+        if row.get("one_thread_gflops") and row.get("rate"):
+            return row["avx512_gflops"] * row["one_thread_gflops"] / row["rate"], "derived"
+    return None
+
+
+def utilization(rows, kernels, kernel_threads):
+    """Per row: model GFLOP per step, achieved GFLOP/s (model FLOPs over the
+    median step, Adam included) and its fraction of the 512-bit FMA peak at
+    the row's thread count (None where that peak is not known)."""
+    out = []
+    for r in rows:
+        flops = model_flops(r)
+        achieved = flops / r["ours"]["step_seconds"] / 1e9
+        peak = fma_peak_512(kernels, r["threads"], kernel_threads)
+        out.append({"shape": r["shape"], "policy": r["policy"], "threads": r["threads"],
+                    "model_gflop": flops / 1e9, "step_seconds": r["ours"]["step_seconds"],
+                    "achieved_gflops": achieved, "peak_gflops": peak and peak[0], "peak_note": peak and peak[1],
+                    "of_peak": peak and achieved / peak[0]})
+    return out
 
 
 def mib(b):
@@ -498,6 +562,27 @@ def markdown(result):
             lines.append(f"| {r['shape']} | {r['policy']} | {phases(r['ours'])} | {phases(r.get('torch2_eager'))} "
                          f"| {phases(r.get('torch2_compiled'))} | {phases(r.get('torch'))} |")
         lines.append("")
+        us = [u for u in result.get("utilization", []) if u["threads"] == threads]
+        if us:
+            lines.append("Model FLOPs utilization (ours; PaLM's MFU convention, `model_flops` in "
+                         "bench/run_benchmarks.py): model FLOPs per step = 3 × the forward's (2 per matmul "
+                         "weight per token — attention projections, SwiGLU, LM head; not the embedding lookup, "
+                         "norms or pointwise ops — plus attention's causal score and value products); the block "
+                         "policy's replay is not counted, so its row has the same model FLOPs in a longer step. "
+                         "Achieved = model FLOPs / median step (Adam included); peak = the 512-bit FMA loop at "
+                         f"{threads} thread{'s' if threads > 1 else ''}"
+                         + (" (derived: the all-thread 512-bit figure × the 256-bit loop's one-thread share)"
+                            if any(u["peak_note"] == "derived" for u in us) else "") + ".")
+            lines.append("")
+            lines.append("| shape | policy | model GFLOP / step | ours s/step | achieved GFLOP/s | 512-bit FMA peak "
+                         "| **of peak (MFU)** |")
+            lines.append("|---|---|---:|---:|---:|---:|---:|")
+            for u in us:
+                peak = "—" if u["peak_gflops"] is None else f"{u['peak_gflops']:.1f}"
+                mfu = "—" if u["of_peak"] is None else f"{100 * u['of_peak']:.1f}%"
+                lines.append(f"| {u['shape']} | {u['policy']} | {u['model_gflop']:.2f} | {u['step_seconds']:.3f} "
+                             f"| {u['achieved_gflops']:.1f} | {peak} | **{mfu}** |")
+            lines.append("")
     counts = thread_counts(rows)
     if len(counts) > 1:
         lo, hi = min(counts), max(counts)
@@ -549,6 +634,8 @@ def markdown(result):
                 rate += f" (256-bit; one thread {b['one_thread_gflops']:.1f})"
                 if b.get("avx512_gflops"):
                     rate += f"; 512-bit {b['avx512_gflops']:.1f} GFLOP/s"
+                    if b.get("one_thread_avx512_gflops"):
+                        rate += f", one thread {b['one_thread_avx512_gflops']:.1f}"
             peak = "—" if b["of_peak"] is None else f"{100 * b['of_peak']:.0f}%"
             lines.append(f"| `{b['name']}` | {b['real_time']:.1f} {b['time_unit']} | {rate} | {peak} |")
         lines.append("")
@@ -558,9 +645,9 @@ def markdown(result):
     return "\n".join(lines)
 
 
-def targets(rows, kernels):
-    """Issue 16's targets per thread count; issue 6's (against 1.13) at the
-    first thread count; the kernel rows."""
+def targets(rows, kernels, utilization=None):
+    """Issue 16's targets per thread count (S3's MFU from `utilization`);
+    issue 6's (against 1.13) at the first thread count; the kernel rows."""
     out = []
     counts = thread_counts(rows)
     for threads in counts:
@@ -586,6 +673,12 @@ def targets(rows, kernels):
                                       f"({r['torch2_leanest']}) <= {TARGET_MEMORY}",
                             "measured": f"{r['memory_ratio_torch2']:.2f}",
                             "met": r["memory_ratio_torch2"] <= TARGET_MEMORY})
+    for u in utilization or []:
+        if u["shape"] == "S3" and u["of_peak"] is not None:
+            out.append({"issue": 16, "threads": u["threads"],
+                        "target": f"S3 {u['policy']}: whole step >= {int(TARGET_S3_MFU * 100)}% of the 512-bit "
+                                  "FMA peak in model FLOPs (MFU)",
+                        "measured": f"{100 * u['of_peak']:.1f}%", "met": u["of_peak"] >= TARGET_S3_MFU})
     rs = [r for r in rows if r["threads"] == counts[0]] if counts else []
     for r in rs:
         if "time_ratio" in r:
@@ -803,7 +896,9 @@ def make_result(args, rows, kernels):
 def publish(result, args):
     """Targets, chart, JSON, Markdown and the docs block from result["steps"]."""
     rows, kernels = result["steps"], result.get("kernels")
-    result["targets"] = targets(rows, kernels)
+    kernel_threads = (kernels or {}).get("threads") or (result["threads"][0] if result.get("threads") else None)
+    result["utilization"] = utilization(rows, kernels, kernel_threads)
+    result["targets"] = targets(rows, kernels, result["utilization"])
     png = args.out_dir / "benchmarks.png"
     result["chart"] = str(png) if chart(rows, png) else None
     result.pop("chart_relative", None)

@@ -20,13 +20,16 @@ namespace riftco_transformer {
 /// parameter's shape (a rank whose rows had no real targets) and comes back
 /// defined when any rank had one; undefined on every rank, it stays
 /// undefined (Adam skips the parameter, as one process would). Outputs are
-/// new CPU tensors: the inputs' storage is not written.
-/// Checks (before any communication) that there is one gradient per
-/// parameter and that each defined one is a CPU tensor of its parameter's
-/// shape (ShapeError / BackendError naming the parameter). Every rank must
-/// call it with the same parameters; a failing MPI call is a
-/// CommunicationError. Today: one all-reduce over the flattened gradients
-/// (and one flag per parameter).
+/// new tensors on the parameters' backend: the inputs' storage is not
+/// written. Checks (before any communication) that there is one gradient
+/// per parameter and that each defined one is of its parameter's shape on
+/// the parameters' backend (ShapeError / BackendError naming the
+/// parameter), and that `comm` reduces that backend (a BackendError naming
+/// both: a CPU model on the nccl communicator, a CUDA model on the mpi one
+/// at world size > 1). Every rank must call it with the same parameters; a
+/// failing collective is a CommunicationError. One all-reduce over the
+/// flattened gradients (and one flag per parameter) in a buffer on the
+/// parameters' backend: a CUDA model's over NCCL, without a host copy.
 void synchronize_gradients(Communicator& comm, std::span<const Variable> parameters, std::vector<Tensor>& gradients);
 
 /// A 64-bit hash (the checkpoints' Hash64) of every parameter's shape and

@@ -15,7 +15,11 @@
 // all-or-nothing: a failure anywhere, communication included, leaves every
 // public gradient as it was. The sums are the rank-order sums of the plain
 // all-reduce, so the gradients are bit-identical to backward() followed by
-// all_reduce_average of each gradient. docs/distributed.md.
+// all_reduce_average of each gradient. The buckets live on the parameters'
+// backend and are packed, accumulated and divided by that backend's kernels:
+// a CUDA model's buckets are device buffers reduced by the nccl communicator
+// (no host copy), with the bits of the CPU path on the same values.
+// docs/distributed.md.
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -41,9 +45,12 @@ struct BucketOptions {
 
 class GradientBucketer final : public BackwardHooks {
  public:
-  /// `parameters`: leaves that require grad, CPU tensors, each listed once
-  /// (ValueError otherwise). Every rank must register the same shapes in the
-  /// same order. The communicator must outlive the bucketer.
+  /// `parameters`: leaves that require grad, each listed once (ValueError
+  /// otherwise), all on one backend, which the communicator must reduce (a
+  /// BackendError naming both otherwise: a CPU model on the nccl
+  /// communicator, a CUDA model on the mpi one at world size > 1). The
+  /// buckets are made on that backend. Every rank must register the same
+  /// shapes in the same order. The communicator must outlive the bucketer.
   GradientBucketer(Communicator& communicator, std::vector<Variable> parameters, BucketOptions options = {});
   ~GradientBucketer() override;
   GradientBucketer(const GradientBucketer&) = delete;
@@ -62,8 +69,8 @@ class GradientBucketer final : public BackwardHooks {
   /// neither), so the result equals the accumulator's sums followed by a
   /// plain all-reduce, bit for bit. `base`: one tensor per parameter (e.g.
   /// GradientAccumulator::gradients() of the earlier micro-batches), each
-  /// undefined or of its parameter's shape on the CPU (ShapeError before
-  /// anything runs). output.backward() must take a scalar. `graph`: what the
+  /// undefined or of its parameter's shape on the parameters' backend
+  /// (ShapeError before anything runs). output.backward() must take a scalar. `graph`: what the
   /// pass does with the graph (GraphAfterBackward; the training loop frees it
   /// as the pass goes).
   void backward(const Variable& output, std::span<const Tensor> base, float weight,
@@ -77,6 +84,8 @@ class GradientBucketer final : public BackwardHooks {
 
   const std::vector<Variable>& parameters() const { return params_; }
   const BucketOptions& options() const { return options_; }
+  /// Where the buckets live: the parameters' backend.
+  Backend backend() const { return backend_; }
   std::size_t bucket_count() const { return buckets_.size(); }
   /// Indices into parameters() of bucket `b`'s members, in their order in
   /// the bucket's buffer (ValueError for a bad index).
@@ -127,9 +136,11 @@ class GradientBucketer final : public BackwardHooks {
   std::vector<Bucket> buckets_;
   std::vector<Slot> slots_;  // per parameter
   std::unordered_map<const Node*, std::size_t> index_;
-  /// The buckets' buffers, kept alive past an abandoned request (MPI may
-  /// still write into them): released, never freed, when one is pending.
-  std::unique_ptr<std::vector<std::vector<float>>> buffers_;
+  Backend backend_ = Backend::Cpu;  // the parameters', the buckets'
+  /// The buckets' buffers (on backend_), kept alive past an abandoned request
+  /// (MPI or NCCL may still write into them): released, never freed, when one
+  /// is pending.
+  std::unique_ptr<std::vector<Tensor>> buffers_;
   std::vector<std::unique_ptr<CollectiveRequest>> requests_;  // per bucket, this pass
   std::vector<Tensor> base_;  // accumulation: the earlier micro-batches' sums (empty: none)
   float weight_ = 1.0F;

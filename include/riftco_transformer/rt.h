@@ -1,4 +1,4 @@
-/* riftco C ABI 2.x (2.0 and what 2.1-2.4 appended): a stable C interface over the C++ library.
+/* riftco C ABI 2.x (2.0 and what 2.1-2.5 appended): a stable C interface over the C++ library.
  *
  * Plain C11 (also valid C++). Every function returns an rt_status; on failure
  * rt_last_error_message() gives the calling thread's message. Exceptions never
@@ -24,7 +24,7 @@ extern "C" {
 #endif
 
 #define RT_ABI_VERSION_MAJOR 2
-#define RT_ABI_VERSION_MINOR 4
+#define RT_ABI_VERSION_MINOR 5
 
 /* ---- status and errors ---------------------------------------------------- */
 
@@ -285,6 +285,20 @@ RT_API rt_status rt_model_fingerprint(const rt_model* model, char* buffer, size_
 
 RT_API rt_status rt_variable_destroy(rt_variable* variable);
 RT_API rt_status rt_variable_backward(const rt_variable* variable);
+/* Appended in ABI 2.5: backward with a seed and a choice of what happens to
+ * the graph (Python's backward(seed, retain_graph=...); C++
+ * Variable::backward(seed, GraphAfterBackward)). seed: NULL with
+ * seed_count 0 seeds a scalar output with 1 (as rt_variable_backward);
+ * otherwise seed_count must equal numel and the seed takes the variable's
+ * shape. retain_graph 1 keeps the graph (rt_variable_backward's behaviour: a
+ * later backward on it gives the same gradients); 0 frees each node's saved
+ * tensors as the pass goes (a lower peak, bit-identical gradients), and a
+ * later backward, rt_variable_leaf_count or rt_variable_leaf through the
+ * released graph is RT_ERROR_BACKWARD (list the leaves before). Any other
+ * retain_graph, or a seed_count that does not fit, is
+ * RT_ERROR_INVALID_ARGUMENT and nothing runs. */
+RT_API rt_status rt_variable_backward_ex(const rt_variable* variable, const float* seed, size_t seed_count,
+                                         int retain_graph);
 RT_API rt_status rt_variable_ndim(const rt_variable* variable, size_t* ndim);
 /* Copies the shape into dims[0..ndim); max_dims must be >= ndim. */
 RT_API rt_status rt_variable_shape(const rt_variable* variable, int64_t* dims, size_t max_dims);

@@ -50,6 +50,11 @@ class Variable {
   rt_variable* get() const { return handle_.get(); }
 
   void backward() const { check(rt_variable_backward(get())); }
+  /// retain_graph false frees the graph as the pass goes (ABI 2.5,
+  /// rt_variable_backward_ex): a later backward through it throws.
+  void backward(bool retain_graph) const {
+    check(rt_variable_backward_ex(get(), nullptr, 0, retain_graph ? 1 : 0));
+  }
   float item() const {
     float value = 0.0F;
     check(rt_variable_item(get(), &value));

@@ -16,7 +16,10 @@
 // Shards are cut on the boundaries of the norm's 32768-element chunks
 // (each parameter cut from its start), so they differ by at most one chunk.
 // state() gathers the full moments (Adam::State), so a checkpoint resumes at
-// any N, or into a plain Adam. docs/distributed.md.
+// any N, or into a plain Adam. The moments and every flat buffer of a step
+// live on the parameters' backend and are packed, divided and updated by its
+// kernels: on CUDA over the nccl communicator, without a host copy of
+// gradients, moments or parameters. docs/distributed.md.
 #include <cstdint>
 #include <span>
 #include <string>
@@ -36,9 +39,11 @@ class ShardedAdam {
   enum class Gradients { Local, Averaged };
 
   /// The same parameter rules as Adam (leaves that require grad, each once;
-  /// ValueError otherwise), CPU tensors only (BackendError). Every rank must
-  /// pass the same shapes in the same order. The communicator must outlive
-  /// this object.
+  /// ValueError otherwise), all on one backend that the communicator reduces
+  /// (BackendError naming both otherwise: a CPU model on the nccl
+  /// communicator, a CUDA model on the mpi one at world size > 1). Every
+  /// rank must pass the same shapes in the same order. The communicator must
+  /// outlive this object.
   ShardedAdam(Communicator& communicator, std::vector<Variable> parameters, AdamOptions options = {});
   ShardedAdam(Communicator& communicator, std::vector<ParameterGroup> groups, AdamOptions options);
 
@@ -65,6 +70,8 @@ class ShardedAdam {
   void set_learning_rate(float lr);
   std::int64_t step_count() const { return steps_; }
   const std::vector<Variable>& parameters() const { return params_; }
+  /// Where the moments and the step's buffers live: the parameters' backend.
+  Backend backend() const { return backend_; }
   const std::vector<Adam::GroupInfo>& groups() const { return groups_; }
   float weight_decay_of(std::size_t index) const;
 
@@ -76,10 +83,12 @@ class ShardedAdam {
   std::int64_t state_bytes() const;
 
   /// Collective: the full moments gathered from every rank, one tensor per
-  /// parameter (the format of Adam::state(), whatever N).
+  /// parameter on the parameters' backend (the format of Adam::state(),
+  /// whatever N).
   Adam::State state() const;
-  /// Every rank passes the full state (as saved); each keeps its shard.
-  /// Validates shapes first (ValueError / ShapeError; nothing changes).
+  /// Every rank passes the full state (as saved, on the parameters'
+  /// backend); each keeps its shard. Validates shapes and backends first
+  /// (ValueError / ShapeError; nothing changes).
   /// Also clears a failed step (below): restoring a saved state together
   /// with its parameters is how a caller recovers.
   void set_state(const Adam::State& state);
@@ -106,6 +115,7 @@ class ShardedAdam {
   Communicator& comm_;
   int rank_ = 0;
   int world_ = 1;
+  Backend backend_ = Backend::Cpu;  // the parameters'
   std::vector<Variable> params_;
   AdamOptions options_;
   std::vector<Adam::GroupInfo> groups_;

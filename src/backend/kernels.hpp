@@ -19,6 +19,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "kernel_types.hpp"
 #include "riftco_transformer/tensor.hpp"
@@ -126,9 +127,22 @@ class Kernels {
   /// Σ x² over spans of this backend's memory, in double, thread-count
   /// independent.
   virtual double sum_of_squares(std::span<const std::span<const float>> spans) const = 0;
+  /// The terms of sum_of_squares, returned to the host: each span cut from
+  /// its start into kNormChunk chunks, one double per chunk, in order
+  /// (sum_of_squares adds exactly these, in this order).
+  virtual std::vector<double> sum_of_squares_partials(std::span<const std::span<const float>> spans) const = 0;
   virtual void adam_update(std::span<const AdamUpdate> params, const AdamCoefficients& c) const = 0;
   /// No NaN or ±inf among `values` (this backend's memory).
   virtual bool all_finite(std::span<const float> values) const = 0;
+
+  // ---- flat buffers (data parallelism: gradient buckets, ZeRO-1 shards) ----
+  /// dst[i] = src[i], i < n (this backend's memory; the ranges must not overlap).
+  virtual void copy_values(const float* src, float* dst, std::int64_t n) const = 0;
+  /// dst[i] = value, i < n.
+  virtual void fill_values(float* dst, std::int64_t n, float value) const = 0;
+  /// dst[i] = src[i] / divisor, an IEEE division per element (the
+  /// communicators' all_reduce_average arithmetic; src may equal dst).
+  virtual void divide_values(const float* src, float* dst, std::int64_t n, float divisor) const = 0;
 
   // ---- attention ----------------------------------------------------------
   virtual FlashTiles flash_default_tiles(std::int64_t head_width) const = 0;

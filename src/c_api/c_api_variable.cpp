@@ -35,6 +35,26 @@ rt_status rt_variable_backward(const rt_variable* variable) {
   return guard(f, [&] { variable_of(variable, f).backward(); });
 }
 
+rt_status rt_variable_backward_ex(const rt_variable* variable, const float* seed, size_t seed_count,
+                                  int retain_graph) {
+  constexpr const char* f = "rt_variable_backward_ex";
+  return guard(f, [&] {
+    const rt::Variable& v = variable_of(variable, f);
+    if (retain_graph != 0 && retain_graph != 1) {
+      bad_argument(f, "retain_graph is " + std::to_string(retain_graph) +
+                          ", not 0 (free the graph as the pass goes) or 1 (keep it)");
+    }
+    const auto graph = retain_graph == 1 ? rt::GraphAfterBackward::Keep : rt::GraphAfterBackward::Release;
+    if (seed == nullptr) {
+      if (seed_count != 0) bad_argument(f, "seed is NULL but seed_count is " + std::to_string(seed_count));
+      v.backward(graph);
+      return;
+    }
+    check_count(v.value(), seed_count, f);
+    v.backward(rt::Tensor::from_data(v.shape(), std::span<const float>(seed, seed_count)), graph);
+  });
+}
+
 rt_status rt_variable_ndim(const rt_variable* variable, size_t* ndim) {
   constexpr const char* f = "rt_variable_ndim";
   return guard(f, [&] {

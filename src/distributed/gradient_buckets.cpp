@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "../backend/kernels.hpp"
+#include "model_backend.hpp"
 #include "riftco_transformer/errors.hpp"
 
 namespace riftco_transformer {
@@ -26,7 +27,7 @@ void BucketOptions::validate() const {
 GradientBucketer::GradientBucketer(Communicator& communicator, std::vector<Variable> parameters,
                                    BucketOptions options)
     : comm_(communicator), params_(std::move(parameters)), options_(options),
-      buffers_(std::make_unique<std::vector<std::vector<float>>>()) {
+      buffers_(std::make_unique<std::vector<Tensor>>()) {
   options_.validate();
   for (std::size_t i = 0; i < params_.size(); ++i) {
     const Variable& p = params_[i];
@@ -34,15 +35,11 @@ GradientBucketer::GradientBucketer(Communicator& communicator, std::vector<Varia
       throw ValueError("[GradientBucketer] parameter " + std::to_string(i) +
                        (p.defined() ? " '" + p.name() + "'" : "") + " must be a leaf that requires grad");
     }
-    if (p.backend() != Backend::Cpu) {
-      throw BackendError("[GradientBucketer] parameter " + std::to_string(i) + " '" + p.name() + "' " +
-                         shape_string(p.shape()) + " is on " + backend_name(p.backend()) +
-                         ": the communicator reduces CPU gradients");
-    }
     if (!index_.emplace(p.node(), i).second) {
       throw ValueError("[GradientBucketer] parameter " + std::to_string(i) + " '" + p.name() + "' appears twice");
     }
   }
+  backend_ = distributed_detail::model_backend(comm_, params_, "GradientBucketer");
   // Reverse registration order: the last parameters fill the first bucket.
   // Clamped in double first: converting a value past int64's range (1e300
   // MiB) is undefined behaviour; 2^62 elements is more than any model holds.
@@ -59,7 +56,7 @@ GradientBucketer::GradientBucketer(Communicator& communicator, std::vector<Varia
     b.members.push_back(k);
     b.elements += n;
   }
-  for (const Bucket& b : buckets_) buffers_->emplace_back(static_cast<std::size_t>(b.elements), 0.0F);
+  for (const Bucket& b : buckets_) buffers_->push_back(Tensor::zeros({b.elements}, backend_));
   requests_.resize(buckets_.size());
 }
 
@@ -105,10 +102,10 @@ void GradientBucketer::set_base(std::span<const Tensor> base, float weight) {
   if (!std::isfinite(weight)) throw ValueError("[GradientBucketer] weight must be finite, got " + std::to_string(weight));
   for (std::size_t k = 0; k < base.size(); ++k) {
     const Tensor& b = base[k];
-    if (b.defined() && (b.shape() != params_[k].shape() || b.backend() != Backend::Cpu)) {
+    if (b.defined() && (b.shape() != params_[k].shape() || b.backend() != backend_)) {
       throw ShapeError("[GradientBucketer] the accumulated gradient of '" + params_[k].name() + "' is " +
                        shape_string(b.shape()) + " on " + backend_name(b.backend()) + ", the parameter " +
-                       shape_string(params_[k].shape()) + " on cpu");
+                       shape_string(params_[k].shape()) + " on " + backend_name(backend_));
     }
   }
   base_.assign(base.begin(), base.end());
@@ -166,27 +163,27 @@ void GradientBucketer::begin_pass() {
 
 void GradientBucketer::fill(std::size_t index, const Tensor* gradient) {
   Slot& slot = slots_[index];
-  std::vector<float>& buffer = (*buffers_)[slot.bucket];
   const Variable& p = params_[index];
   // The bucket's layout was made for the sizes at construction.
   const std::int64_t n = p.value().numel();
-  if (n != slot.elements || p.backend() != Backend::Cpu) {
+  if (n != slot.elements || p.backend() != backend_) {
     throw ShapeError("[GradientBucketer] parameter " + std::to_string(index) + " '" + p.name() + "' is now " +
                      shape_string(p.shape()) + " on " + backend_name(p.backend()) +
                      ", not what its bucket was laid out for: build a new GradientBucketer");
   }
-  float* out = buffer.data() + slot.offset;
   const bool has_gradient = gradient != nullptr && gradient->defined();
-  if (has_gradient && (gradient->shape() != p.shape() || gradient->backend() != Backend::Cpu)) {
+  if (has_gradient && (gradient->shape() != p.shape() || gradient->backend() != backend_)) {
     throw ShapeError("[GradientBucketer] gradient " + shape_string(gradient->shape()) + " on " +
                      backend_name(gradient->backend()) + " for parameter '" + p.name() + "' " +
-                     shape_string(p.shape()) + ": the buckets reduce CPU gradients of the parameter's shape");
+                     shape_string(p.shape()) + ": the buckets reduce " + backend_name(backend_) +
+                     " gradients of the parameter's shape");
   }
+  // Packing, accumulation and zeros on the buckets' backend, by its kernels.
+  const backend::Kernels& kernels = backend::kernels(backend_, "GradientBucketer");
   Tensor combined;  // accumulation: GradientAccumulator::add's kernels, so its bits
   const Tensor* source = has_gradient ? gradient : nullptr;
   if (!base_.empty()) {
     const Tensor& base = base_[index];
-    const backend::Kernels& kernels = backend::kernels(Backend::Cpu, "GradientBucketer");
     if (has_gradient && base.defined()) {
       combined = base.clone();
       kernels.axpy_inplace(combined, weight_, *gradient);  // base + weight · g
@@ -198,11 +195,11 @@ void GradientBucketer::fill(std::size_t index, const Tensor* gradient) {
       source = &base;
     }
   }
+  float* out = (*buffers_)[slot.bucket].device_data() + slot.offset;
   if (source != nullptr) {
-    const std::span<const float> g = source->values();
-    std::copy(g.begin(), g.end(), out);
+    kernels.copy_values(source->device_data(), out, n);
   } else {
-    std::fill(out, out + n, 0.0F);  // no contribution on this rank: zeros, as the commit would publish
+    kernels.fill_values(out, n, 0.0F);  // no contribution on this rank: zeros, as the commit would publish
   }
   slot.filled = true;
   ++final_count_;
@@ -211,8 +208,7 @@ void GradientBucketer::fill(std::size_t index, const Tensor* gradient) {
 
 void GradientBucketer::start_ready_buckets() {
   while (next_start_ < buckets_.size() && buckets_[next_start_].pending == 0) {
-    std::vector<float>& buffer = (*buffers_)[next_start_];
-    requests_[next_start_] = comm_.start_all_reduce_sum(buffer);
+    requests_[next_start_] = comm_.start_all_reduce_sum((*buffers_)[next_start_]);  // on its backend
     report_.started.push_back(next_start_);
     report_.final_parameters_at_start.push_back(final_count_);
     ++next_start_;
@@ -263,18 +259,17 @@ std::vector<std::pair<Variable, Tensor>> GradientBucketer::finish() {
     r.reset();
   }
   const auto world = static_cast<float>(comm_.world_size());
+  const backend::Kernels& kernels = backend::kernels(backend_, "GradientBucketer");
   std::vector<std::pair<Variable, Tensor>> reduced;
   reduced.reserve(params_.size());
   for (std::size_t k = 0; k < params_.size(); ++k) {
     const Slot& slot = slots_[k];
-    const float* in = (*buffers_)[slot.bucket].data() + slot.offset;
-    Tensor g = Tensor::empty(params_[k].shape());
-    float* out = g.data();
-    const std::int64_t n = g.numel();
+    const float* in = std::as_const((*buffers_)[slot.bucket]).device_data() + slot.offset;
+    Tensor g = Tensor::empty(params_[k].shape(), backend_);
     if (options_.average && world != 1.0F) {
-      for (std::int64_t i = 0; i < n; ++i) out[i] = in[i] / world;  // all_reduce_average's arithmetic
+      kernels.divide_values(in, g.device_data(), g.numel(), world);  // all_reduce_average's arithmetic
     } else {
-      std::copy(in, in + n, out);
+      kernels.copy_values(in, g.device_data(), g.numel());
     }
     reduced.emplace_back(params_[k], std::move(g));
   }

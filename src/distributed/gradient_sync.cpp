@@ -1,10 +1,14 @@
 // synchronize_gradients: one all-reduce of the flattened gradients after
 // backward, for callers that do not reduce during backward. The pipelines
 // use GradientBucketer (gradient_buckets.hpp: buckets started inside
-// backward), which gives the same bits.
-#include <algorithm>
+// backward), which gives the same bits. The flat buffer lives on the
+// parameters' backend and is packed by its kernels (a CUDA model's never
+// crosses the host: only the per-parameter flags are read back).
 #include <string>
+#include <utility>
 
+#include "../backend/kernels.hpp"
+#include "model_backend.hpp"
 #include "riftco_transformer/data_parallel.hpp"
 #include "riftco_transformer/errors.hpp"
 
@@ -15,38 +19,54 @@ void synchronize_gradients(Communicator& comm, std::span<const Variable> paramet
     throw ShapeError("[synchronize_gradients] " + std::to_string(gradients.size()) + " gradients for " +
                      std::to_string(parameters.size()) + " parameters");
   }
-  std::size_t total = 0;
+  const Backend backend = distributed_detail::model_backend(comm, parameters, "synchronize_gradients");
+  std::int64_t total = 0;
   for (std::size_t i = 0; i < parameters.size(); ++i) {
     const Tensor& g = gradients[i];
     const Shape& shape = parameters[i].shape();
     const std::string name =
         parameters[i].name().empty() ? "parameter " + std::to_string(i) : "'" + parameters[i].name() + "'";
-    if (g.defined() && g.backend() != Backend::Cpu) {
-      throw BackendError("[synchronize_gradients] the gradient of " + name + " is not a CPU tensor");
+    if (g.defined() && g.backend() != backend) {
+      throw BackendError("[synchronize_gradients] the gradient of " + name + " is on " + backend_name(g.backend()) +
+                         ", the parameters on " + backend_name(backend));
     }
     if (g.defined() && g.shape() != shape) {
       throw ShapeError("[synchronize_gradients] the gradient of " + name + " is " + shape_string(g.shape()) +
                        ", the parameter is " + shape_string(shape));
     }
-    total += static_cast<std::size_t>(parameters[i].value().numel());
+    total += parameters[i].value().numel();
   }
   // The gradients, then one flag per parameter: 1 where this rank has a gradient.
-  std::vector<float> flat(total + parameters.size(), 0.0F);
-  std::size_t offset = 0;
+  const auto count = static_cast<std::int64_t>(parameters.size());
+  const backend::Kernels& kernels = backend::kernels(backend, "synchronize_gradients");
+  Tensor flat = Tensor::zeros({total + count}, backend);
+  float* out = flat.device_data();
+  std::int64_t offset = 0;
   for (std::size_t i = 0; i < parameters.size(); ++i) {
-    const auto n = static_cast<std::size_t>(parameters[i].value().numel());
+    const std::int64_t n = parameters[i].value().numel();
     if (gradients[i].defined()) {
-      std::ranges::copy(gradients[i].values(), flat.begin() + static_cast<std::ptrdiff_t>(offset));
-      flat[total + i] = 1.0F;
+      kernels.copy_values(std::as_const(gradients[i]).device_data(), out + offset, n);  // read: no version bump
+      kernels.fill_values(out + total + static_cast<std::int64_t>(i), 1, 1.0F);
     }
     offset += n;
   }
-  comm.all_reduce_average(std::span<float>(flat));
+  comm.all_reduce_average(flat);
+  const float* in = std::as_const(flat).device_data();
+  std::vector<float> present;  // the flags, on the host (the gradients stay where they are)
+  if (backend == Backend::Cpu) {
+    present.assign(in + total, in + total + count);
+  } else {
+    Tensor flags = Tensor::empty({count}, backend);
+    kernels.copy_values(in + total, flags.device_data(), count);
+    present = flags.to_vector();
+  }
   offset = 0;
   for (std::size_t i = 0; i < parameters.size(); ++i) {
-    const auto n = static_cast<std::size_t>(parameters[i].value().numel());
-    if (flat[total + i] > 0.0F) {
-      gradients[i] = Tensor::from_data(parameters[i].shape(), std::span<const float>(flat).subspan(offset, n));
+    const std::int64_t n = parameters[i].value().numel();
+    if (present[i] > 0.0F) {
+      Tensor g = Tensor::empty(parameters[i].shape(), backend);
+      kernels.copy_values(in + offset, g.device_data(), n);
+      gradients[i] = std::move(g);
     }
     offset += n;
   }

@@ -12,6 +12,7 @@
 
 #include "../backend/kernels.hpp"
 #include "../optim/adam_coefficients.hpp"
+#include "model_backend.hpp"
 #include "riftco_transformer/errors.hpp"
 
 namespace riftco_transformer {
@@ -66,11 +67,6 @@ void ShardedAdam::add_parameters(std::vector<Variable> parameters) {
       throw ValueError("[ShardedAdam] parameter " + std::to_string(i) + (p.defined() ? " '" + p.name() + "'" : "") +
                        " must be a leaf that requires grad");
     }
-    if (p.backend() != Backend::Cpu) {
-      throw BackendError("[ShardedAdam] parameter " + std::to_string(i) + " '" + p.name() + "' " +
-                         shape_string(p.shape()) + " is on " + backend_name(p.backend()) +
-                         ": the communicator works on CPU tensors");
-    }
     params_.push_back(std::move(p));
   }
 }
@@ -82,6 +78,7 @@ void ShardedAdam::layout() {
       throw ValueError("[ShardedAdam] parameter " + std::to_string(i) + " '" + params_[i].name() + "' appears twice");
     }
   }
+  backend_ = distributed_detail::model_backend(comm_, params_, "ShardedAdam");
   std::int64_t total = 0;
   for (std::size_t i = 0; i < params_.size(); ++i) {
     const std::int64_t n = params_[i].value().numel();
@@ -106,8 +103,8 @@ void ShardedAdam::layout() {
   bounds_.resize(static_cast<std::size_t>(world_) + 1);
   for (std::size_t r = 0; r <= static_cast<std::size_t>(world_); ++r) bounds_[r] = start_of(chunk_bounds_[r]);
   const std::int64_t shard = shard_end() - shard_begin();
-  m_ = Tensor::zeros({shard});
-  v_ = Tensor::zeros({shard});
+  m_ = Tensor::zeros({shard}, backend_);
+  v_ = Tensor::zeros({shard}, backend_);
 }
 
 template <class F>
@@ -190,70 +187,73 @@ float ShardedAdam::update(std::span<const Tensor* const> gradients, Gradients ki
   // Local checks, before any communication.
   for (std::size_t i = 0; i < count; ++i) {
     const Tensor& value = params_[i].value();
-    if (value.backend() != Backend::Cpu || value.numel() != numel_[i]) {
+    if (value.backend() != backend_ || value.numel() != numel_[i]) {
       throw ShapeError("[ShardedAdam] parameter '" + params_[i].name() + "' is now " + shape_string(value.shape()) +
                        " on " + backend_name(value.backend()) + " but its shard was laid out for " +
-                       std::to_string(numel_[i]) + " elements on cpu: build a new ShardedAdam");
+                       std::to_string(numel_[i]) + " elements on " + backend_name(backend_) +
+                       ": build a new ShardedAdam");
     }
     const Tensor& g = *gradients[i];
-    if (g.defined() && (g.shape() != value.shape() || g.backend() != Backend::Cpu)) {
+    if (g.defined() && (g.shape() != value.shape() || g.backend() != backend_)) {
       throw ShapeError("[ShardedAdam] gradient " + shape_string(g.shape()) + " on " + backend_name(g.backend()) +
                        " of '" + params_[i].name() + "' does not match its value " + shape_string(value.shape()) +
-                       " on cpu");
+                       " on " + backend_name(backend_));
     }
   }
-  // Which parameters step: those with a gradient on some rank.
+  // Which parameters step: those with a gradient on some rank (host flags).
   std::vector<float> present(count);
   for (std::size_t i = 0; i < count; ++i) present[i] = gradients[i]->defined() ? 1.0F : 0.0F;
   comm_.all_reduce_sum(present);
   auto steps = [&](std::size_t i) { return present[i] > 0.0F; };
 
+  // Every flat buffer below is on the parameters' backend, filled by its kernels.
+  const backend::Kernels& kernels = backend::kernels(backend_, "ShardedAdam");
   // 1. This rank's shard of the averaged gradient.
   const std::int64_t begin = shard_begin();
-  const auto max_shard = static_cast<std::size_t>(max_gap(bounds_));
-  std::vector<float> grad(max_shard, 0.0F);
+  const std::int64_t max_shard = max_gap(bounds_);
+  Tensor grad_shard = Tensor::zeros({max_shard}, backend_);
   auto copy_gradient = [&](std::size_t i, std::int64_t b, std::int64_t e, float* out) {
     const Tensor& g = *gradients[i];
     if (!g.defined()) return;  // zeros
-    const float* in = g.values().data() + (b - offset_[i]);
-    std::copy(in, in + (e - b), out);
+    kernels.copy_values(g.device_data() + (b - offset_[i]), out, e - b);
   };
   if (kind == Gradients::Local && world_ > 1) {
-    std::vector<float> send(max_shard * static_cast<std::size_t>(world_), 0.0F);
+    Tensor send = Tensor::zeros({max_shard * world_}, backend_);
+    float* rows = send.device_data();
     for (int q = 0; q < world_; ++q) {
-      float* row = send.data() + static_cast<std::size_t>(q) * max_shard;
+      float* row = rows + q * max_shard;
       for_each_piece(q, [&](std::size_t i, std::int64_t b, std::int64_t e) {
         copy_gradient(i, b, e, row + (b - bounds_[static_cast<std::size_t>(q)]));
       });
     }
-    comm_.reduce_scatter_sum(send, grad);  // rank-order sums, as all_reduce_sum
-    const auto n = static_cast<float>(world_);
-    for (float& x : grad) x /= n;  // all_reduce_average's arithmetic
+    comm_.reduce_scatter_sum(send, grad_shard);  // rank-order sums, as all_reduce_sum
+    float* shard = grad_shard.device_data();
+    kernels.divide_values(shard, shard, max_shard, static_cast<float>(world_));  // all_reduce_average's arithmetic
   } else {
+    float* shard = grad_shard.device_data();
     for_each_piece(rank_, [&](std::size_t i, std::int64_t b, std::int64_t e) {
-      copy_gradient(i, b, e, grad.data() + (b - begin));
+      copy_gradient(i, b, e, shard + (b - begin));
     });
   }
+  const float* grad = std::as_const(grad_shard).device_data();
 
-  // 2. The global norm: this rank's chunk partials, gathered, added in
-  // Adam's order (parameters in order, each from its start).
-  const backend::Kernels& kernels = backend::kernels(Backend::Cpu, "ShardedAdam");
+  // 2. The global norm: this rank's chunk partials (one per chunk of the
+  // grid: each piece below is one chunk), gathered, added in Adam's order
+  // (parameters in order, each from its start).
   std::size_t max_chunks = 0;
   for (int r = 0; r < world_; ++r) {
     max_chunks = std::max(max_chunks, chunk_bounds_[static_cast<std::size_t>(r) + 1] - chunk_bounds_[static_cast<std::size_t>(r)]);
   }
-  std::vector<double> mine;
+  std::vector<std::span<const float>> my_chunks;
   for (std::size_t c = chunk_bounds_[static_cast<std::size_t>(rank_)]; c < chunk_bounds_[static_cast<std::size_t>(rank_) + 1]; ++c) {
     if (!steps(chunks_[c].param)) continue;
-    const std::span<const float> piece(grad.data() + (chunks_[c].begin - begin),
-                                       static_cast<std::size_t>(chunks_[c].end - chunks_[c].begin));
-    const std::span<const float> spans[1] = {piece};
-    mine.push_back(kernels.sum_of_squares(spans));  // one chunk: exactly its partial
+    my_chunks.emplace_back(grad + (chunks_[c].begin - begin), static_cast<std::size_t>(chunks_[c].end - chunks_[c].begin));
   }
+  const std::vector<double> mine = kernels.sum_of_squares_partials(my_chunks);  // one per chunk: exactly its partial
   std::vector<float> packed(2 * max_chunks, 0.0F);
   if (!mine.empty()) std::memcpy(packed.data(), mine.data(), mine.size() * sizeof(double));
   std::vector<float> all_packed(packed.size() * static_cast<std::size_t>(world_));
-  comm_.all_gather(packed, all_packed);  // moves bytes only
+  comm_.all_gather(packed, all_packed);  // host bytes (the partials), moved only
   double squares = 0.0;
   for (int q = 0; q < world_; ++q) {
     std::size_t k = 0;
@@ -270,7 +270,7 @@ float ShardedAdam::update(std::span<const Tensor* const> gradients, Gradients ki
     float culprit = std::numeric_limits<float>::max();
     for_each_piece(rank_, [&](std::size_t i, std::int64_t b, std::int64_t e) {
       if (!steps(i) || culprit != std::numeric_limits<float>::max()) return;
-      const std::span<const float> piece(grad.data() + (b - begin), static_cast<std::size_t>(e - b));
+      const std::span<const float> piece(grad + (b - begin), static_cast<std::size_t>(e - b));
       if (!kernels.all_finite(piece)) culprit = static_cast<float>(i);
     });
     std::vector<float> culprits(static_cast<std::size_t>(world_));
@@ -289,26 +289,26 @@ float ShardedAdam::update(std::span<const Tensor* const> gradients, Gradients ki
     if (!steps(i)) continue;
     // Bumps the buffer's version on every rank (graphs that read it become stale).
     Tensor handle = params_[i].mutable_value("updated in place by ShardedAdam::step");
-    theta[i] = const_cast<float*>(std::as_const(handle).values().data());
+    theta[i] = const_cast<float*>(std::as_const(handle).device_data());
   }
-  float* m = m_.data();
-  float* v = v_.data();
+  float* m = m_.device_data();
+  float* v = v_.device_data();
   std::vector<backend::AdamUpdate> updates;
   for_each_piece(rank_, [&](std::size_t i, std::int64_t b, std::int64_t e) {
     if (!steps(i)) return;
-    updates.push_back({theta[i] + (b - offset_[i]), m + (b - begin), v + (b - begin), grad.data() + (b - begin),
-                       e - b, detail::adam_decay_factor(options_, weight_decay_[i])});
+    updates.push_back({theta[i] + (b - offset_[i]), m + (b - begin), v + (b - begin), grad + (b - begin), e - b,
+                       detail::adam_decay_factor(options_, weight_decay_[i])});
   });
   kernels.adam_update(updates, c);
 
   // 4. Every rank gets every updated shard.
   if (world_ > 1) {
-    std::vector<float> send(max_shard, 0.0F);
+    Tensor send = Tensor::zeros({max_shard}, backend_);
+    float* out = send.device_data();
     for_each_piece(rank_, [&](std::size_t i, std::int64_t b, std::int64_t e) {
-      const float* in = params_[i].value().values().data() + (b - offset_[i]);
-      std::copy(in, in + (e - b), send.data() + (b - begin));
+      kernels.copy_values(params_[i].value().device_data() + (b - offset_[i]), out + (b - begin), e - b);
     });
-    std::vector<float> gathered(max_shard * static_cast<std::size_t>(world_));
+    Tensor gathered = Tensor::zeros({max_shard * world_}, backend_);
     try {
       comm_.all_gather(send, gathered);
     } catch (const std::exception& e) {
@@ -316,13 +316,13 @@ float ShardedAdam::update(std::span<const Tensor* const> gradients, Gradients ki
                  "): this rank's shard was updated, the others' were not, so the ranks' parameters differ";
       throw;
     }
+    const float* rows = std::as_const(gathered).device_data();
     for (int q = 0; q < world_; ++q) {
       if (q == rank_) continue;
-      const float* row = gathered.data() + static_cast<std::size_t>(q) * max_shard;
+      const float* row = rows + q * max_shard;
       for_each_piece(q, [&](std::size_t i, std::int64_t b, std::int64_t e) {
         if (!steps(i)) return;
-        const float* in = row + (b - bounds_[static_cast<std::size_t>(q)]);
-        std::copy(in, in + (e - b), theta[i] + (b - offset_[i]));
+        kernels.copy_values(row + (b - bounds_[static_cast<std::size_t>(q)]), theta[i] + (b - offset_[i]), e - b);
       });
     }
   }
@@ -331,21 +331,23 @@ float ShardedAdam::update(std::span<const Tensor* const> gradients, Gradients ki
 
 Adam::State ShardedAdam::state() const {
   if (!failure_.empty()) refuse_after_failure(failure_, "state()");
-  const auto max_shard = static_cast<std::size_t>(max_gap(bounds_));
+  const std::int64_t max_shard = max_gap(bounds_);
+  const backend::Kernels& kernels = backend::kernels(backend_, "ShardedAdam");
   Adam::State s;
   s.steps = steps_;
   for (const Tensor* moment : {&m_, &v_}) {
-    std::vector<float> send(max_shard, 0.0F);
-    std::copy(moment->values().begin(), moment->values().end(), send.begin());
-    std::vector<float> gathered(max_shard * static_cast<std::size_t>(world_));
+    Tensor send = Tensor::zeros({max_shard}, backend_);
+    kernels.copy_values(moment->device_data(), send.device_data(), moment->numel());
+    Tensor gathered = Tensor::zeros({max_shard * world_}, backend_);
     comm_.all_gather(send, gathered);
+    const float* rows = std::as_const(gathered).device_data();
     std::vector<Tensor> full;
-    for (std::size_t i = 0; i < params_.size(); ++i) full.push_back(Tensor::zeros(params_[i].shape()));
+    for (std::size_t i = 0; i < params_.size(); ++i) full.push_back(Tensor::zeros(params_[i].shape(), backend_));
     for (int q = 0; q < world_; ++q) {
-      const float* row = gathered.data() + static_cast<std::size_t>(q) * max_shard;
+      const float* row = rows + q * max_shard;
       for_each_piece(q, [&](std::size_t i, std::int64_t b, std::int64_t e) {
-        const float* in = row + (b - bounds_[static_cast<std::size_t>(q)]);
-        std::copy(in, in + (e - b), full[i].data() + (b - offset_[i]));
+        kernels.copy_values(row + (b - bounds_[static_cast<std::size_t>(q)]), full[i].device_data() + (b - offset_[i]),
+                            e - b);
       });
     }
     (moment == &m_ ? s.first_moment : s.second_moment) = std::move(full);
@@ -363,25 +365,25 @@ void ShardedAdam::set_state(const Adam::State& state) {
   for (std::size_t i = 0; i < params_.size(); ++i) {
     const Shape& shape = params_[i].value().shape();
     for (const Tensor* t : {&state.first_moment[i], &state.second_moment[i]}) {
-      if (!t->defined() || t->shape() != shape || t->backend() != Backend::Cpu ||
+      if (!t->defined() || t->shape() != shape || t->backend() != backend_ ||
           params_[i].value().numel() != numel_[i]) {
         throw ShapeError("[ShardedAdam] state for '" + params_[i].name() + "' has shape " +
-                         (t->defined() ? shape_string(t->shape()) : std::string("(undefined)")) +
+                         (t->defined() ? shape_string(t->shape()) + " on " + backend_name(t->backend())
+                                       : std::string("(undefined)")) +
                          ", parameter is " + shape_string(shape) + " (" + std::to_string(numel_[i]) +
-                         " elements when this ShardedAdam was built), on cpu");
+                         " elements when this ShardedAdam was built), on " + backend_name(backend_));
       }
     }
   }
   const std::int64_t begin = shard_begin();
-  Tensor m = Tensor::zeros(m_.shape());
-  Tensor v = Tensor::zeros(v_.shape());
-  float* mp = m.data();
-  float* vp = v.data();
+  const backend::Kernels& kernels = backend::kernels(backend_, "ShardedAdam");
+  Tensor m = Tensor::zeros(m_.shape(), backend_);
+  Tensor v = Tensor::zeros(v_.shape(), backend_);
+  float* mp = m.device_data();
+  float* vp = v.device_data();
   for_each_piece(rank_, [&](std::size_t i, std::int64_t b, std::int64_t e) {
-    const float* mi = state.first_moment[i].values().data() + (b - offset_[i]);
-    const float* vi = state.second_moment[i].values().data() + (b - offset_[i]);
-    std::copy(mi, mi + (e - b), mp + (b - begin));
-    std::copy(vi, vi + (e - b), vp + (b - begin));
+    kernels.copy_values(state.first_moment[i].device_data() + (b - offset_[i]), mp + (b - begin), e - b);
+    kernels.copy_values(state.second_moment[i].device_data() + (b - offset_[i]), vp + (b - begin), e - b);
   });
   m_ = std::move(m);
   v_ = std::move(v);

@@ -73,16 +73,8 @@ static void make_batch(void) {
   }
 }
 
-/* Loss and every parameter gradient, concatenated, for one policy. */
-static float* loss_and_gradients(rt_activation_checkpointing policy, rt_attention attention, float* loss_out,
-                                 size_t* total_out) {
-  rt_transformer_config c = tiny_config();
-  rt_model* model = NULL;
-  OK(rt_model_create(&c, 42, attention, policy, &model));
-  rt_variable* loss = NULL;
-  OK(rt_model_loss(model, g_tokens, g_targets, B, T, &loss));
-  OK(rt_variable_item(loss, loss_out));
-  OK(rt_variable_backward(loss));
+/* Every parameter gradient of `model`, concatenated (malloc'd; *total_out elements). */
+static float* model_gradients(const rt_model* model, size_t* total_out) {
   size_t count = 0;
   OK(rt_model_parameter_count(model, &count));
   int64_t elements = 0;
@@ -104,6 +96,25 @@ static float* loss_and_gradients(rt_activation_checkpointing policy, rt_attentio
   }
   CHECK((int64_t)offset == elements);
   *total_out = offset;
+  return all;
+}
+
+/* Loss and every parameter gradient, concatenated, for one policy.
+ * retain_graph -1: rt_variable_backward; 0 or 1: rt_variable_backward_ex. */
+static float* loss_and_gradients(rt_activation_checkpointing policy, rt_attention attention, int retain_graph,
+                                 float* loss_out, size_t* total_out) {
+  rt_transformer_config c = tiny_config();
+  rt_model* model = NULL;
+  OK(rt_model_create(&c, 42, attention, policy, &model));
+  rt_variable* loss = NULL;
+  OK(rt_model_loss(model, g_tokens, g_targets, B, T, &loss));
+  OK(rt_variable_item(loss, loss_out));
+  if (retain_graph < 0) {
+    OK(rt_variable_backward(loss));
+  } else {
+    OK(rt_variable_backward_ex(loss, NULL, 0, retain_graph));
+  }
+  float* all = model_gradients(model, total_out);
   rt_variable_destroy(loss);
   rt_model_destroy(model);
   return all;
@@ -148,8 +159,8 @@ static void test_struct_init(void) {
 }
 
 static void test_version_and_names(void) {
-  CHECK(rt_abi_version() == ((2u << 16) | 4u));
-  CHECK(RT_ABI_VERSION_MAJOR == 2 && RT_ABI_VERSION_MINOR == 4);
+  CHECK(rt_abi_version() == ((2u << 16) | 5u));
+  CHECK(RT_ABI_VERSION_MAJOR == 2 && RT_ABI_VERSION_MINOR == 5);
   CHECK(strcmp(rt_status_name(RT_ERROR_STALE_GRAPH), "RT_ERROR_STALE_GRAPH") == 0);
   CHECK(strcmp(rt_status_name((rt_status)99), "unknown") == 0);
 }
@@ -189,23 +200,132 @@ static void test_policy_and_parity(void) {
   FAILS(rt_model_set_dropout(model, 1.5f, 3), RT_ERROR_VALUE, "set_dropout");
   rt_model_destroy(model);
 
-  /* Loss and every gradient bit-identical between the five policies. */
+  /* Loss and every gradient bit-identical between the five policies, and
+   * for each between rt_variable_backward and rt_variable_backward_ex that
+   * keeps (1) or frees (0) the graph. */
   for (int a = 0; a < 2; ++a) {
     rt_attention att = a == 0 ? RT_ATTENTION_MATERIALIZED : RT_ATTENTION_FLASH;
     const rt_activation_checkpointing policies[5] = {
         RT_ACTIVATION_CHECKPOINTING_DISABLED, RT_ACTIVATION_CHECKPOINTING_TRANSFORMER_BLOCK,
         RT_ACTIVATION_CHECKPOINTING_BLOCK_SEGMENTS, RT_ACTIVATION_CHECKPOINTING_ATTENTION,
         RT_ACTIVATION_CHECKPOINTING_MLP};
-    float loss[5];
-    size_t n[5];
-    float* grads[5];
-    for (int k = 0; k < 5; ++k) grads[k] = loss_and_gradients(policies[k], att, &loss[k], &n[k]);
-    for (int k = 1; k < 5; ++k) {
-      CHECK(memcmp(&loss[0], &loss[k], sizeof(float)) == 0);
-      CHECK(n[0] == n[k] && memcmp(grads[0], grads[k], n[0] * sizeof(float)) == 0);
+    float loss[5][3];
+    size_t n[5][3];
+    float* grads[5][3];
+    for (int k = 0; k < 5; ++k) {
+      for (int r = 0; r < 3; ++r) grads[k][r] = loss_and_gradients(policies[k], att, r - 1, &loss[k][r], &n[k][r]);
     }
-    for (int k = 0; k < 5; ++k) free(grads[k]);
+    for (int k = 0; k < 5; ++k) {
+      for (int r = 0; r < 3; ++r) {
+        if (k == 0 && r == 0) continue;
+        CHECK(memcmp(&loss[0][0], &loss[k][r], sizeof(float)) == 0);
+        CHECK(n[0][0] == n[k][r] && memcmp(grads[0][0], grads[k][r], n[0][0] * sizeof(float)) == 0);
+      }
+    }
+    for (int k = 0; k < 5; ++k) {
+      for (int r = 0; r < 3; ++r) free(grads[k][r]);
+    }
   }
+}
+
+/* rt_variable_backward_ex (ABI 2.5): retain_graph 0 frees the graph (a
+ * second pass or a leaf listing through it is RT_ERROR_BACKWARD, naming the
+ * release); a retain_graph other than 0/1 or a seed that does not fit is
+ * refused with the gradients and the graph untouched; a seed scales;
+ * training with either gives the same weights. */
+static void test_backward_release(void) {
+  rt_transformer_config c = tiny_config();
+  rt_model* model = NULL;
+  OK(rt_model_create(&c, 9, RT_ATTENTION_FLASH, RT_ACTIVATION_CHECKPOINTING_TRANSFORMER_BLOCK, &model));
+  rt_variable* loss = NULL;
+  OK(rt_model_loss(model, g_tokens, g_targets, B, T, &loss));
+  OK(rt_variable_backward_ex(loss, NULL, 0, 1));
+  size_t n = 0;
+  float* kept = model_gradients(model, &n);
+
+  const int bad_flags[3] = {2, -1, 256};
+  for (int i = 0; i < 3; ++i) {
+    FAILS(rt_variable_backward_ex(loss, NULL, 0, bad_flags[i]), RT_ERROR_INVALID_ARGUMENT, "retain_graph is");
+  }
+  FAILS(rt_variable_backward_ex(loss, NULL, 0, 2), RT_ERROR_INVALID_ARGUMENT, "not 0 (free the graph");
+  const float seed2[2] = {1.0f, 1.0f};
+  FAILS(rt_variable_backward_ex(loss, seed2, 2, 1), RT_ERROR_INVALID_ARGUMENT, "count is 2");
+  FAILS(rt_variable_backward_ex(loss, NULL, 1, 1), RT_ERROR_INVALID_ARGUMENT, "seed is NULL but seed_count is 1");
+  FAILS(rt_variable_backward_ex(NULL, NULL, 0, 1), RT_ERROR_INVALID_ARGUMENT, "variable is NULL");
+  size_t m = 0;
+  float* after_refusals = model_gradients(model, &m);
+  CHECK(m == n && memcmp(kept, after_refusals, n * sizeof(float)) == 0);
+  free(after_refusals);
+
+  /* The refusals left the graph whole: a seed of 2 doubles every gradient
+   * exactly (a power of two), a seed of 1 is the default seed. */
+  const float two = 2.0f;
+  OK(rt_variable_backward_ex(loss, &two, 1, 1));
+  float* doubled = model_gradients(model, &m);
+  int exact = m == n;
+  for (size_t i = 0; exact && i < n; ++i) exact = doubled[i] == 2.0f * kept[i];
+  CHECK(exact);
+  free(doubled);
+
+  const float one = 1.0f;
+  size_t leaves = 0;
+  OK(rt_variable_leaf_count(loss, &leaves)); /* listed before the release */
+  rt_variable* head = NULL;
+  OK(rt_variable_leaf(loss, 0, &head));
+  OK(rt_variable_backward_ex(loss, &one, 1, 0));
+  float* released = model_gradients(model, &m);
+  CHECK(m == n && memcmp(kept, released, n * sizeof(float)) == 0);
+  free(released);
+  int64_t head_numel = 0;
+  OK(rt_variable_numel(head, &head_numel));
+  float* head_grad = malloc(sizeof(float) * (size_t)head_numel);
+  int has = 0;
+  OK(rt_variable_grad(head, head_grad, (size_t)head_numel, &has));
+  CHECK(has == 1);
+
+  /* The graph is gone: every later pass through it fails up front, the
+   * gradients stay those of the release pass. */
+  FAILS(rt_variable_backward_ex(loss, NULL, 0, 0), RT_ERROR_BACKWARD, "was released by an earlier backward");
+  FAILS(rt_variable_backward_ex(loss, NULL, 0, 1), RT_ERROR_BACKWARD, "was released by an earlier backward");
+  FAILS(rt_variable_backward(loss), RT_ERROR_BACKWARD, "was released by an earlier backward");
+  FAILS(rt_variable_leaf_count(loss, &leaves), RT_ERROR_BACKWARD, "was released by an earlier backward");
+  float* after = model_gradients(model, &m);
+  CHECK(m == n && memcmp(kept, after, n * sizeof(float)) == 0);
+  free(after);
+  float loss_value = 0.0f;
+  OK(rt_variable_item(loss, &loss_value)); /* the handle's own value stays */
+  CHECK(isfinite(loss_value));
+  free(head_grad);
+  rt_variable_destroy(head);
+  free(kept);
+
+  rt_variable_destroy(loss);
+  rt_model_destroy(model);
+
+  /* Training through the ABI with the released graph (as the pipelines'
+   * stage loop trains) gives the same weights, bit for bit, as with the kept
+   * one: three Adam steps each, from the same seed. */
+  char fingerprints[2][17];
+  for (int keep = 0; keep < 2; ++keep) {
+    rt_model* m = NULL;
+    OK(rt_model_create(&c, 11, RT_ATTENTION_FLASH, RT_ACTIVATION_CHECKPOINTING_BLOCK_SEGMENTS, &m));
+    rt_adam_options options;
+    OK(rt_adam_options_default(&options));
+    rt_adam* adam = NULL;
+    OK(rt_adam_create(m, &options, &adam));
+    for (int step = 0; step < 3; ++step) {
+      rt_variable* l = NULL;
+      OK(rt_model_loss(m, g_tokens, g_targets, B, T, &l));
+      OK(rt_variable_backward_ex(l, NULL, 0, keep));
+      rt_variable_destroy(l);
+      OK(rt_adam_step(adam, NULL));
+      OK(rt_adam_zero_grad(adam));
+    }
+    OK(rt_model_fingerprint(m, fingerprints[keep], sizeof fingerprints[keep]));
+    rt_adam_destroy(adam);
+    rt_model_destroy(m);
+  }
+  CHECK(strcmp(fingerprints[0], fingerprints[1]) == 0);
 }
 
 static void test_graph_lifetime(void) {
@@ -1277,6 +1397,7 @@ int main(void) {
   test_version_and_names();
   test_struct_init();
   test_policy_and_parity();
+  test_backward_release();
   test_graph_lifetime();
   test_decode_ignores_the_policy();
   test_errors_leave_handles_usable();

@@ -65,6 +65,25 @@ TEST(CAbiRaii, TrainsOneStepAndDecodesThroughHandles) {
   EXPECT_THROW(grouped.weight_decay("nothing"), rt::Error);
 }
 
+TEST(CAbiRaii, BackwardWithoutRetainGraphFreesIt) {
+  const std::vector<int32_t> tokens = {1, 2, 3, 4, 5, 6, 7, 8};
+  const std::vector<int32_t> targets = {2, 3, 4, 5, 6, 7, 8, 9};
+  rt::Model model(tiny(), 3, RT_ATTENTION_FLASH, RT_ACTIVATION_CHECKPOINTING_DISABLED);
+  rt::Variable kept = model.loss(tokens, targets, 1);
+  kept.backward(true);
+  const std::vector<float> kept_grad = model.parameter("lm_head.weight").grad();
+  kept.backward(true);  // the kept graph runs again
+  rt::Variable released = model.loss(tokens, targets, 1);
+  released.backward(false);
+  EXPECT_EQ(model.parameter("lm_head.weight").grad(), kept_grad);
+  try {
+    released.backward(false);
+    ADD_FAILURE() << "expected rt::Error";
+  } catch (const rt::Error& e) {
+    EXPECT_EQ(e.status(), RT_ERROR_BACKWARD) << e.what();
+  }
+}
+
 TEST(CAbiStatus, EveryExceptionClassHasItsStatusAndKeepsItsMessage) {
   namespace r = riftco_transformer;
   using V = r::CheckpointContractError::Violation;

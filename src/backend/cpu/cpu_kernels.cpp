@@ -110,6 +110,14 @@ class CpuKernels final : public Kernels {
     cpu::adam_update(params, c);
   }
   bool all_finite(std::span<const float> values) const override { return cpu::all_finite(values); }
+  std::vector<double> sum_of_squares_partials(std::span<const std::span<const float>> spans) const override {
+    return cpu::sum_of_squares_partials(spans);
+  }
+  void copy_values(const float* src, float* dst, std::int64_t n) const override { cpu::copy_values(src, dst, n); }
+  void fill_values(float* dst, std::int64_t n, float value) const override { cpu::fill_values(dst, n, value); }
+  void divide_values(const float* src, float* dst, std::int64_t n, float divisor) const override {
+    cpu::divide_values(src, dst, n, divisor);
+  }
 
   FlashTiles flash_default_tiles(std::int64_t head_width) const override {
     return cpu::flash_default_tiles(head_width);

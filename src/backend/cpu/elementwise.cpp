@@ -1,4 +1,5 @@
 // Elementwise arithmetic, broadcasting and its reduction, and permutes.
+#include <algorithm>
 #include <cstring>
 
 #include "kernels.hpp"
@@ -220,6 +221,20 @@ Tensor permute(const Tensor& in, std::span<const std::int64_t> perm) {
     }
   }
   return out;
+}
+
+// Flat buffers (gradient buckets, ZeRO-1 shards): plain loops, one IEEE
+// operation per element.
+void copy_values(const float* src, float* dst, std::int64_t n) {
+  if (n > 0) std::copy(src, src + n, dst);
+}
+
+void fill_values(float* dst, std::int64_t n, float value) {
+  if (n > 0) std::fill(dst, dst + n, value);
+}
+
+void divide_values(const float* src, float* dst, std::int64_t n, float divisor) {
+  for (std::int64_t i = 0; i < n; ++i) dst[i] = src[i] / divisor;
 }
 
 }  // namespace riftco_transformer::cpu

@@ -4,6 +4,7 @@
 // so results are bit-identical for a fixed thread count.
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "../kernel_types.hpp"
 #include "riftco_transformer/tensor.hpp"
@@ -127,6 +128,8 @@ Tensor cross_entropy_backward(const Tensor& probs, std::span<const std::int32_t>
 /// chunks whose partial sums are added in order, so the result does not
 /// depend on the thread count.
 double sum_of_squares(std::span<const std::span<const float>> spans);
+/// sum_of_squares's terms: one double per chunk, in order.
+std::vector<double> sum_of_squares_partials(std::span<const std::span<const float>> spans);
 
 /// One Adam(W) update over a parameter and the step's coefficients
 /// (formula: backend/kernel_types.hpp).
@@ -139,5 +142,13 @@ void adam_update(std::span<const AdamUpdate> params, const AdamCoefficients& c);
 /// True when no value is NaN or ±inf (names the culprit when the gradient
 /// norm is not finite).
 bool all_finite(std::span<const float> values);
+
+// ---- flat buffers -----------------------------------------------------------
+/// dst[i] = src[i] (no overlap).
+void copy_values(const float* src, float* dst, std::int64_t n);
+/// dst[i] = value.
+void fill_values(float* dst, std::int64_t n, float value);
+/// dst[i] = src[i] / divisor (IEEE division; src may equal dst).
+void divide_values(const float* src, float* dst, std::int64_t n, float divisor);
 
 }  // namespace riftco_transformer::cpu

@@ -70,7 +70,7 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void adam_span(floa
 
 }  // namespace
 
-double sum_of_squares(std::span<const std::span<const float>> spans) {
+std::vector<double> sum_of_squares_partials(std::span<const std::span<const float>> spans) {
   const std::vector<Chunk> chunks =
       cut_into_chunks(spans.size(), [&](std::size_t s) { return static_cast<std::int64_t>(spans[s].size()); });
   std::vector<double> partial(chunks.size(), 0.0);
@@ -80,8 +80,12 @@ double sum_of_squares(std::span<const std::span<const float>> spans) {
     const Chunk& ch = chunks[static_cast<std::size_t>(i)];
     partial[static_cast<std::size_t>(i)] = squares_span(spans[ch.span].data() + ch.begin, ch.end - ch.begin);
   }
+  return partial;
+}
+
+double sum_of_squares(std::span<const std::span<const float>> spans) {
   double total = 0.0;
-  for (double p : partial) total += p;
+  for (const double p : sum_of_squares_partials(spans)) total += p;
   return total;
 }
 

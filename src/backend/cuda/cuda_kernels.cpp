@@ -113,6 +113,14 @@ class CudaKernels final : public Kernels {
     cuda::adam_update(params, c);
   }
   bool all_finite(std::span<const float> values) const override { return cuda::all_finite(values); }
+  std::vector<double> sum_of_squares_partials(std::span<const std::span<const float>> spans) const override {
+    return cuda::sum_of_squares_partials(spans);
+  }
+  void copy_values(const float* src, float* dst, std::int64_t n) const override { cuda::copy_values(src, dst, n); }
+  void fill_values(float* dst, std::int64_t n, float value) const override { cuda::fill_values(dst, n, value); }
+  void divide_values(const float* src, float* dst, std::int64_t n, float divisor) const override {
+    cuda::divide_values(src, dst, n, divisor);
+  }
 
   FlashTiles flash_default_tiles(std::int64_t head_width) const override {
     return cpu::flash_default_tiles(head_width);  // ignored by the cuda kernels (tiles follow from D)

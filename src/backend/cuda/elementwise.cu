@@ -54,6 +54,12 @@ __global__ void axpy_kernel(float* y, float alpha, const float* x, std::int64_t 
 __global__ void scale_kernel(const float* a, float s, float* out, std::int64_t n) {
   GRID_STRIDE(i, n) out[i] = a[i] * s;
 }
+__global__ void fill_kernel(float* out, std::int64_t n, float value) {
+  GRID_STRIDE(i, n) out[i] = value;
+}
+__global__ void divide_kernel(const float* in, float* out, std::int64_t n, float divisor) {
+  GRID_STRIDE(i, n) out[i] = in[i] / divisor;  // IEEE-rounded: -prec-div is on (no --use_fast_math)
+}
 
 __device__ inline float apply(BinaryOp op, float x, float y) {
   switch (op) {
@@ -171,6 +177,26 @@ Tensor scale(const Tensor& a, float s) {
   scale_kernel<<<detail::grid_for(n), detail::kThreads>>>(a.device_data(), s, out.device_data(), n);
   detail::check_launch("scale", "scale_kernel");
   return out;
+}
+
+void copy_values(const float* src, float* dst, std::int64_t n) {
+  if (n <= 0) return;
+  // On the legacy default stream, ordered with every kernel (docs/cuda.md).
+  detail::check(cudaMemcpyAsync(dst, src, static_cast<std::size_t>(n) * sizeof(float), cudaMemcpyDeviceToDevice,
+                                cudaStreamLegacy),
+                "copy_values", "cudaMemcpyAsync");
+}
+
+void fill_values(float* dst, std::int64_t n, float value) {
+  if (n <= 0) return;
+  fill_kernel<<<detail::grid_for(n), detail::kThreads>>>(dst, n, value);
+  detail::check_launch("fill_values", "fill_kernel");
+}
+
+void divide_values(const float* src, float* dst, std::int64_t n, float divisor) {
+  if (n <= 0) return;
+  divide_kernel<<<detail::grid_for(n), detail::kThreads>>>(src, dst, n, divisor);
+  detail::check_launch("divide_values", "divide_kernel");
 }
 
 Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b, const Shape& out_shape) {

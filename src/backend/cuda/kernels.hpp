@@ -90,9 +90,17 @@ Tensor cross_entropy_backward(const Tensor& probs, std::span<const std::int32_t>
 /// Spans of device floats; fixed chunks, each summed in double by a fixed
 /// tree, the chunk sums added in order on the host.
 double sum_of_squares(std::span<const std::span<const float>> spans);
+/// Its terms: one double per chunk, in order (copied to the host).
+std::vector<double> sum_of_squares_partials(std::span<const std::span<const float>> spans);
 /// The AdamUpdate pointers are device pointers.
 void adam_update(std::span<const AdamUpdate> params, const AdamCoefficients& c);
 /// No NaN or ±inf among `values` (device floats).
 bool all_finite(std::span<const float> values);
+
+// ---- flat buffers (device pointers, the legacy default stream) --------------------
+void copy_values(const float* src, float* dst, std::int64_t n);
+void fill_values(float* dst, std::int64_t n, float value);
+/// dst[i] = src[i] / divisor: an IEEE-rounded division (nvcc's default -prec-div=true).
+void divide_values(const float* src, float* dst, std::int64_t n, float divisor);
 
 }  // namespace riftco_transformer::cuda

@@ -61,14 +61,14 @@ __global__ void adam_kernel(const AdamChunk* chunks, AdamCoefficients c) {
 
 }  // namespace
 
-double sum_of_squares(std::span<const std::span<const float>> spans) {
+std::vector<double> sum_of_squares_partials(std::span<const std::span<const float>> spans) {
   constexpr const char* op = "sum_of_squares";
   std::vector<SquaresChunk> chunks;
   for (const std::span<const float> s : spans) {
     const auto n = static_cast<std::int64_t>(s.size());
     for (std::int64_t b = 0; b < n; b += kChunk) chunks.push_back({s.data() + b, std::min(kChunk, n - b)});
   }
-  if (chunks.empty()) return 0.0;
+  if (chunks.empty()) return {};
   const auto count = static_cast<std::int64_t>(chunks.size());
   const detail::DeviceArray<SquaresChunk> device_chunks(std::span<const SquaresChunk>(chunks), op);
   const detail::DeviceArray<double> device_partial(chunks.size(), op);
@@ -77,8 +77,12 @@ double sum_of_squares(std::span<const std::span<const float>> spans) {
   detail::check_launch(op, "squares_kernel");
   std::vector<double> partial(chunks.size());
   device_partial.copy_to(partial, op);
+  return partial;
+}
+
+double sum_of_squares(std::span<const std::span<const float>> spans) {
   double total = 0.0;
-  for (const double p : partial) total += p;
+  for (const double p : sum_of_squares_partials(spans)) total += p;
   return total;
 }
 
