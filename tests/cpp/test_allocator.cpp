@@ -1,12 +1,14 @@
 // The CPU caching allocator (src/tensor/memory.cpp, host_page_cache.cpp):
 // counters exact, large blocks reused, the bytes held bounded by the most
 // ever live at once across requests of mismatched sizes, recycled blocks
-// never aliasing live ones, zero-byte and huge requests.
+// never aliasing live ones, zero-byte and huge requests, the mapping limit.
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <fstream>
 #include <new>
 #include <thread>
 #include <vector>
@@ -225,4 +227,52 @@ TEST(Allocator, ThreadsRecyclingConcurrentlyKeepCountersExact) {
   EXPECT_EQ(s.free_count - s0.free_count, kThreads * kRounds * 4);
   // At most every thread's four largest blocks live at once (rounded up by < 25%).
   if (!kAsan) EXPECT_LE(s.reserved_bytes - s0.reserved_bytes, static_cast<std::int64_t>(kThreads * 4 * 9 * kMiB / 4) * 5 / 4);
+}
+
+namespace {
+/// Cycles that assemble a 4 MiB block from two cached 2 MiB ones while a
+/// 1 MiB block stays cached; true when the cache was dropped on the way
+/// (the bytes held fell below their steady value).
+bool cache_dropped_over(int cycles) {
+  release_cached_memory();
+  const std::int64_t base = memory_stats().reserved_bytes;
+  void* a = detail::allocate_bytes(Backend::Cpu, 2 * kMiB);
+  void* b = detail::allocate_bytes(Backend::Cpu, 2 * kMiB);
+  void* c = detail::allocate_bytes(Backend::Cpu, kMiB);
+  detail::free_bytes(Backend::Cpu, a, 2 * kMiB);
+  detail::free_bytes(Backend::Cpu, b, 2 * kMiB);
+  detail::free_bytes(Backend::Cpu, c, kMiB);
+  const std::int64_t steady = memory_stats().reserved_bytes - base;  // 5 MiB held
+  bool dropped = false;
+  for (int i = 0; i < cycles; ++i) {
+    void* whole = detail::allocate_bytes(Backend::Cpu, 4 * kMiB);  // from the two 2 MiB blocks
+    detail::free_bytes(Backend::Cpu, whole, 4 * kMiB);
+    void* head = detail::allocate_bytes(Backend::Cpu, 2 * kMiB);  // the 4 MiB block's halves
+    void* tail = detail::allocate_bytes(Backend::Cpu, 2 * kMiB);
+    detail::free_bytes(Backend::Cpu, head, 2 * kMiB);
+    detail::free_bytes(Backend::Cpu, tail, 2 * kMiB);
+    dropped = dropped || memory_stats().reserved_bytes - base < steady;
+  }
+  return dropped;
+}
+}  // namespace
+
+TEST(Allocator, CachedBlocksAreUnmappedWhenTheProcessNearsItsMappingLimit) {
+  if (kAsan) GTEST_SKIP() << "the cache is off under AddressSanitizer";
+  std::int64_t limit = 65530;
+  std::ifstream("/proc/sys/vm/max_map_count") >> limit;
+  const std::int64_t budget = limit / 4;
+  if (budget > 100000) GTEST_SKIP() << "vm.max_map_count " << limit << " is too large to approach in a test";
+  EXPECT_FALSE(cache_dropped_over(300));  // moving pieces alone stays far from the limit
+  // Every other page of one region made read-only: one kernel mapping per page.
+  const std::size_t pages = static_cast<std::size_t>(budget) + 64;
+  const std::size_t page = 4096;
+  char* region = static_cast<char*>(mmap(nullptr, 2 * pages * page, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+  ASSERT_NE(region, MAP_FAILED);
+  for (std::size_t i = 0; i < pages; ++i) ASSERT_EQ(mprotect(region + 2 * i * page, page, PROT_READ), 0);
+  EXPECT_TRUE(cache_dropped_over(300));  // at least one check (every 256 assemblies) saw the count past the budget
+  munmap(region, 2 * pages * page);
+  void* after = detail::allocate_bytes(Backend::Cpu, 4 * kMiB);  // and the allocator still serves
+  std::memset(after, 1, 4 * kMiB);
+  detail::free_bytes(Backend::Cpu, after, 4 * kMiB);
 }
