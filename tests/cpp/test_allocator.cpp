@@ -197,6 +197,20 @@ TEST(Allocator, HugeRequestsThrowBadAllocAndChangeNoCounter) {
   { Tensor after = Tensor::full({1 << 20}, 2.0F); EXPECT_EQ(after.data()[12345], 2.0F); }  // still serving
 }
 
+TEST(Allocator, RequestsWhoseRoundingWouldOverflowThrowBadAlloc) {
+  // Rounding these up to a size class or a page wraps around (SIZE_MAX was
+  // handed a 64-byte block) or passes 2^63 in the signed counters.
+  const MemoryStats s0 = memory_stats();
+  for (const std::size_t bytes : {SIZE_MAX, SIZE_MAX - 4095, std::size_t{1} << 63, (std::size_t{1} << 63) - 4,
+                                  (std::size_t{1} << 62) + 1}) {
+    EXPECT_THROW((void)detail::allocate_bytes(Backend::Cpu, bytes), std::bad_alloc) << bytes;
+  }
+  const MemoryStats s1 = memory_stats();
+  EXPECT_EQ(s1.live_bytes, s0.live_bytes);
+  EXPECT_EQ(s1.allocation_count, s0.allocation_count);
+  EXPECT_EQ(s1.reserved_bytes, s0.reserved_bytes);  // refused before the cache is touched
+}
+
 TEST(Allocator, ThreadsRecyclingConcurrentlyKeepCountersExact) {
   release_cached_memory();
   const MemoryStats s0 = memory_stats();
