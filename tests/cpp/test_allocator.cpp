@@ -6,6 +6,7 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdint>
 #include <cstring>
 #include <fstream>
@@ -13,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "../../src/tensor/host_page_cache.hpp"
 #include "riftco_transformer/memory.hpp"
 #include "riftco_transformer/tensor.hpp"
 
@@ -289,4 +291,69 @@ TEST(Allocator, CachedBlocksAreUnmappedWhenTheProcessNearsItsMappingLimit) {
   void* after = detail::allocate_bytes(Backend::Cpu, 4 * kMiB);  // and the allocator still serves
   std::memset(after, 1, 4 * kMiB);
   detail::free_bytes(Backend::Cpu, after, 4 * kMiB);
+}
+
+namespace {
+/// How the injected move fails: as a kernel before 6.17 does for a block
+/// spanning several mappings (target unmapped first, then EFAULT), the same
+/// with another thread mapping something into that hole before the cache
+/// refills it, or with the target left mapped (ENOMEM at the mapping limit).
+enum class MoveFailure { EmptyHole, TakenHole, Intact };
+MoveFailure g_failure = MoveFailure::EmptyHole;
+int g_moves = 0;
+void* g_other = nullptr;  // "another thread's" mapping in the hole
+std::size_t g_other_bytes = 0;
+
+void* failing_move(void* from, std::size_t bytes, void* to) {
+  (void)from;
+  if (g_moves++ > 0) return mremap(from, bytes, bytes, MREMAP_MAYMOVE | MREMAP_FIXED, to);
+  if (g_failure != MoveFailure::Intact) munmap(to, bytes);
+  if (g_failure == MoveFailure::TakenHole) {
+    g_other = mmap(to, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
+    g_other_bytes = bytes;
+    if (g_other != MAP_FAILED) std::memset(g_other, 0x5A, bytes);
+  }
+  errno = g_failure == MoveFailure::Intact ? ENOMEM : EFAULT;
+  return MAP_FAILED;
+}
+}  // namespace
+
+TEST(Allocator, AFailedMoveNeverTouchesAnotherMappingAndStillServes) {
+  // A 4 MiB request assembled from two cached 2 MiB blocks, the first move
+  // failing. The cache refilled the failed move's target with MAP_FIXED,
+  // which replaced whatever another thread had mapped there meanwhile.
+  if (kAsan) GTEST_SKIP() << "the cache is off under AddressSanitizer";
+  for (const MoveFailure failure : {MoveFailure::EmptyHole, MoveFailure::TakenHole, MoveFailure::Intact}) {
+    SCOPED_TRACE(static_cast<int>(failure));
+    release_cached_memory();
+    const MemoryStats s0 = memory_stats();
+    void* a = detail::allocate_bytes(Backend::Cpu, 2 * kMiB);
+    void* b = detail::allocate_bytes(Backend::Cpu, 2 * kMiB);
+    detail::free_bytes(Backend::Cpu, a, 2 * kMiB);
+    detail::free_bytes(Backend::Cpu, b, 2 * kMiB);
+    g_failure = failure;
+    g_moves = 0;
+    g_other = nullptr;
+    const detail::HostPagesMove previous = detail::host_pages_set_move(failing_move);
+    void* whole = detail::allocate_bytes(Backend::Cpu, 4 * kMiB);
+    detail::host_pages_set_move(previous);
+    EXPECT_GE(g_moves, 1);  // the request was assembled and the failure injected
+    std::memset(whole, 0x11, 4 * kMiB);
+    if (failure == MoveFailure::TakenHole) {
+      ASSERT_NE(g_other, MAP_FAILED);
+      const auto* p = static_cast<const unsigned char*>(g_other);
+      EXPECT_TRUE(std::all_of(p, p + g_other_bytes, [](unsigned char v) { return v == 0x5A; }))
+          << "the other mapping was replaced by the cache's pages";
+    }
+    const auto* w = static_cast<const unsigned char*>(whole);
+    EXPECT_TRUE(std::all_of(w, w + 4 * kMiB, [](unsigned char v) { return v == 0x11; }));
+    EXPECT_EQ(memory_stats().live_bytes - s0.live_bytes, static_cast<std::int64_t>(4 * kMiB));
+    detail::free_bytes(Backend::Cpu, whole, 4 * kMiB);
+    if (failure == MoveFailure::TakenHole && g_other != MAP_FAILED) munmap(g_other, g_other_bytes);
+    EXPECT_EQ(memory_stats().live_bytes, s0.live_bytes);
+    void* again = detail::allocate_bytes(Backend::Cpu, 4 * kMiB);  // the cache still serves
+    std::memset(again, 0x22, 4 * kMiB);
+    detail::free_bytes(Backend::Cpu, again, 4 * kMiB);
+  }
+  release_cached_memory();
 }
