@@ -8,6 +8,7 @@
 #include <bit>
 #include <cmath>
 #include <iostream>
+#include <limits>
 #include <vector>
 
 #include "../../src/backend/cpu/flash_attention.hpp"
@@ -485,6 +486,52 @@ TEST(AttentionDeterminism, FlashBuildsGiveTheSameBits) {
         EXPECT_TRUE(bit_equal(base.dv, other.dv));
       }
       cpu::flash_force_build(cpu::FlashBuild::Auto);
+    }
+  }
+}
+
+TEST(AttentionDeterminism, FlashBuildsAgreeOnExtremeInputsAndMaskFutureNaNs) {
+  // Scores far past the base-2 exp's clamps (+-1e30 queries), subnormal
+  // keys, an infinite value and a NaN key at position `bad`: every build
+  // gives the same bits (NaNs included), and, as in the materialized path,
+  // a query row before `bad` never sees the NaN through the causal mask.
+  std::vector<cpu::FlashBuild> builds{cpu::FlashBuild::Baseline};
+  for (const cpu::FlashBuild b : {cpu::FlashBuild::Avx2, cpu::FlashBuild::Avx512}) {
+    if (cpu::flash_build_supported(b)) builds.push_back(b);
+  }
+  for (const std::int64_t t : {1, 5, 33}) {
+    for (const std::int64_t d : {5, 16, 20}) {
+      Inputs in = make_inputs({1, 2, t, d}, 300 + static_cast<std::uint64_t>(t * d));
+      float* q = in.q.data();
+      float* k = in.k.data();
+      float* v = in.v.data();
+      q[0] = 1e30F;
+      q[in.q.numel() - 1] = -1e30F;
+      k[d - 1] = 1e-40F;
+      v[in.v.numel() / 2] = std::numeric_limits<float>::infinity();
+      const std::int64_t bad = t - 1;  // the last key of head 0
+      k[bad * d] = std::numeric_limits<float>::quiet_NaN();
+      const Result m = run_kind(kMaterialized, in.q, in.k, in.v, in.seed);
+      std::vector<Result> per_build;
+      for (const cpu::FlashBuild b : builds) {
+        cpu::flash_force_build(b);
+        per_build.push_back(run_kind(kFlash, in.q, in.k, in.v, in.seed));
+      }
+      cpu::flash_force_build(cpu::FlashBuild::Auto);
+      SCOPED_TRACE("T " + std::to_string(t) + ", D " + std::to_string(d));
+      for (std::size_t i = 1; i < per_build.size(); ++i) {
+        EXPECT_TRUE(bit_equal(per_build[0].out, per_build[i].out)) << "build " << static_cast<int>(builds[i]);
+        EXPECT_TRUE(bit_equal(per_build[0].dq, per_build[i].dq));
+        EXPECT_TRUE(bit_equal(per_build[0].dk, per_build[i].dk));
+        EXPECT_TRUE(bit_equal(per_build[0].dv, per_build[i].dv));
+      }
+      const float* fo = per_build[0].out.data();
+      const float* mo = m.out.data();
+      for (std::int64_t row = 0; row < bad; ++row) {  // head 0, rows before the NaN key
+        for (std::int64_t c = 0; c < d; ++c) {
+          EXPECT_EQ(std::isnan(fo[row * d + c]), std::isnan(mo[row * d + c])) << "row " << row << " col " << c;
+        }
+      }
     }
   }
 }
