@@ -50,6 +50,9 @@ ConfigClass<C>& stage_fields(ConfigClass<C>& c) {
              "bits); one process: plain Adam")
       .field("gradient_bucket_mib", &StageSettings::gradient_bucket_mib, "int",
              "gradient all-reduce bucket size in MiB under mpirun, in [1, 65536] (PyTorch DDP's bucket_cap_mb)")
+      .choice("device", &StageSettings::device, &rt::parse_backend, &rt::backend_name,
+              "'cpu' | 'cuda': where the run trains (the model, gradients and Adam state); 'cuda' without a "
+              "CUDA build or device is a BackendError before any file is written")
       .real("dropout", &StageSettings::dropout)
       .path("data", &StageSettings::data, "None: the stage's default data")
       .path("tokenizer", &StageSettings::tokenizer, "None: bytes; a SentencePiece model file (train_tokenizer)")
