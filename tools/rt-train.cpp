@@ -89,8 +89,8 @@ void add_stage_options(CLI::App& app, StageSettings& s, StageText& t) {
           "SIZE"))
       ->group(policy);
   app.add_flag("--activation-offload", s.activation_offload,
-               "keep checkpointed groups' block-boundary inputs in pinned host memory (cuda models; the CPU "
-               "pipelines record it and move nothing; docs/checkpointing.md)")
+               "keep checkpointed groups' block-boundary inputs in pinned host memory (--device cuda; on the "
+               "CPU it is recorded and moves nothing; docs/checkpointing.md)")
       ->group(policy);
   add_number(app, "--zero,--zero-stage", s.zero_stage,
              "ZeRO stage under mpirun: 0 plain Adam on every rank, 1 Adam state sharded across the ranks "

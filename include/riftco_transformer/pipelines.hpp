@@ -40,8 +40,8 @@ struct StageSettings {
   /// activation_checkpointing left Disabled. 0: no budget.
   std::int64_t activation_memory_budget = 0;
   /// Execution policy (metadata.json only): DecoderOnlyTransformer::
-  /// set_activation_offload. The pipelines train on the CPU, where it changes
-  /// nothing (no bytes move, the same bits); it is recorded for the run.
+  /// set_activation_offload. It moves inputs on a cuda run (`device`) and
+  /// changes nothing on the CPU (no bytes move, the same bits).
   bool activation_offload = false;
   /// Data parallelism (docs/distributed.md), execution policy like the
   /// above: the same bits either way, so resume may change them.

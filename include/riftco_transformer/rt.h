@@ -427,8 +427,8 @@ typedef struct rt_pretraining_config {
   int64_t activation_memory_budget;
   /* Appended in ABI 2.2: nonzero keeps checkpointed groups' block-boundary
    * inputs in pinned host memory (activation offload, docs/checkpointing.md);
-   * the pipelines train on the CPU, where it moves nothing and is recorded in
-   * metadata.json. A smaller struct_size reads 0. */
+   * recorded in metadata.json; it moves inputs on a cuda run (device, ABI
+   * 2.5) and nothing on the CPU. A smaller struct_size reads 0. */
   int activation_offload;
   /* Appended in ABI 2.3 (data parallelism under mpirun, docs/distributed.md):
    * zero_stage 0 (plain Adam on every rank) or 1 (ZeRO-1: Adam's moments

@@ -43,8 +43,8 @@ ConfigClass<C>& stage_fields(ConfigClass<C>& c) {
           "bytes (or '256MiB', '1.5GiB') every step's activation peak must fit; the run chooses what each block "
           "recomputes (activation_checkpointing stays 'disabled'); 0: none")
       .field("activation_offload", &StageSettings::activation_offload, "bool",
-             "keep checkpointed groups' block-boundary inputs in pinned host memory (cuda models; the CPU "
-             "pipelines record it in metadata.json and move nothing)")
+             "keep checkpointed groups' block-boundary inputs in pinned host memory (device 'cuda'; on the "
+             "CPU it is recorded in metadata.json and moves nothing)")
       .field("zero_stage", &StageSettings::zero_stage, "int",
              "under mpirun: 0 plain Adam on every rank, 1 ZeRO-1 (Adam state sharded across the ranks, the same "
              "bits); one process: plain Adam")
