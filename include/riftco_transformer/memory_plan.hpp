@@ -78,6 +78,14 @@ struct ActivationMemoryProfile {
   std::int64_t tail_bytes = 0;
   /// Parameter-gradient bytes of one block (trainable parameters only).
   std::int64_t block_gradient_bytes = 0;
+  /// Release: what a block with this option needs when it is not block 0,
+  /// beyond what the same block needs as block 0, measured against the keep
+  /// option (0 for it). With a frozen token embedding block 0's input is a
+  /// constant: block 0 keeps less and its backward makes no input gradient.
+  /// The group that holds block 0 keeps its kept bytes less this; every
+  /// other group adds it to its base and its forward (which are read at
+  /// block 0). All 0 when block 0's input trains.
+  std::array<std::int64_t, 4> later_block_extra{};
   /// One block's input (B·T·C floats): what a segment keeps once.
   std::int64_t block_input_bytes = 0;
   /// Extra working set per additional block of a segment while it replays.
@@ -94,11 +102,12 @@ struct ActivationMemoryProfile {
   /// FLOPs of one whole forward (blocks + head), for scale.
   double forward_flops = 0;
 
-  /// Bytes a block with this option keeps for backward (per_block minus its gradients).
+  /// Bytes a block other than block 0 with this option keeps for backward
+  /// (per_block minus its gradients; block 0 keeps later_block_extra less).
   std::int64_t kept_bytes(BlockRecompute option) const;
 };
 
-/// Probes 1-, 2- and 3-layer copies of `model` (38 forward + backward
+/// Probes 1-, 2- and 3-layer copies of `model` (41 forward + backward
 /// passes at this batch and sequence length, without offload, each backward
 /// with GraphAfterBackward::Release, its peak read per block).
 /// The model itself is not touched. activation_offload is the model's

@@ -40,4 +40,18 @@ inline Batch random_batch(std::int64_t batch, std::int64_t t, std::int64_t vocab
   return b;
 }
 
+/// A random plan of `layers` blocks: each group a block with one of the four
+/// options or (one draw in five) a segment of a random length.
+inline riftco_transformer::ActivationCheckpointingPlan random_plan(std::int64_t layers, riftco_transformer::Random& r) {
+  using riftco_transformer::BlockRecompute;
+  riftco_transformer::ActivationCheckpointingPlan plan;
+  for (std::int64_t left = layers; left > 0;) {
+    const std::uint32_t o = r.below(5);
+    const std::int64_t blocks = o == 4 ? 1 + r.below(static_cast<std::uint32_t>(left)) : 1;
+    plan.push_back({blocks, o == 4 ? BlockRecompute::Whole : static_cast<BlockRecompute>(o)});
+    left -= blocks;
+  }
+  return plan;
+}
+
 }  // namespace rt_test

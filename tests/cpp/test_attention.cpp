@@ -8,6 +8,7 @@
 #include <bit>
 #include <cmath>
 #include <iostream>
+#include <vector>
 
 #include "../../src/backend/cpu/flash_attention.hpp"
 #include "gradcheck.hpp"
@@ -449,33 +450,41 @@ TEST(AttentionDeterminism, FlashDoesNotDependOnTheThreadCount) {
   EXPECT_TRUE(bit_equal(one.dv, three.dv));
 }
 
-TEST(AttentionDeterminism, FlashVectorWidthsGiveTheSameBits) {
-  // 16-lane (AVX-512F) and 8-lane tile products add the same terms in the
-  // same order: the bits agree on every head width (D = 8, 24 leave an
-  // 8-wide column block) and on many ragged tiles.
-  __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f") == 0) {
-    EXPECT_THROW(cpu::flash_force_vector_lanes(16), ValueError);
-    GTEST_SKIP() << "no AVX-512F: only the 8-lane kernels run here";
+TEST(AttentionDeterminism, FlashBuildsGiveTheSameBits) {
+  // The AVX-512F (16-lane), AVX2 + FMA (8-lane) and baseline builds (8-lane
+  // vectors as SSE pairs, libm fmaf) add the same terms in the same order
+  // with explicit fused multiply-adds: the bits agree on every head width
+  // (D = 8, 24 leave an 8-wide column block; 3, 20, 72 are packed) and on
+  // many ragged tiles.
+  EXPECT_THROW(cpu::flash_force_build(static_cast<cpu::FlashBuild>(4)), ValueError);
+  std::vector<cpu::FlashBuild> others;
+  for (const cpu::FlashBuild b : {cpu::FlashBuild::Avx2, cpu::FlashBuild::Avx512}) {
+    if (cpu::flash_build_supported(b)) {
+      others.push_back(b);
+    } else {
+      EXPECT_THROW(cpu::flash_force_build(b), ValueError);
+    }
   }
-  EXPECT_THROW(cpu::flash_force_vector_lanes(4), ValueError);
-  for (const std::int64_t d : {8, 16, 24, 32, 40, 64}) {
+  if (others.empty()) GTEST_SKIP() << "no AVX2 + FMA: only the baseline build runs here";
+  for (const std::int64_t d : {3, 8, 16, 20, 24, 32, 40, 64, 72}) {
     for (const cpu::FlashTiles tiles : {cpu::flash_default_tiles(d), cpu::FlashTiles{24, 40}, cpu::FlashTiles{7, 9}}) {
       const Inputs in = make_inputs({2, 2, 77, d}, 101 + static_cast<std::uint64_t>(d));
       auto attend = [tiles](const Variable& q, const Variable& k, const Variable& v) {
         return flash_with_tiles(q, k, v, tiles);
       };
-      cpu::flash_force_vector_lanes(8);
-      const Result narrow = run(attend, in.q, in.k, in.v, in.seed);
-      cpu::flash_force_vector_lanes(16);
-      const Result wide = run(attend, in.q, in.k, in.v, in.seed);
-      cpu::flash_force_vector_lanes(0);
-      SCOPED_TRACE("D " + std::to_string(d) + ", tiles " + std::to_string(tiles.query_rows) + "x" +
-                   std::to_string(tiles.key_rows));
-      EXPECT_TRUE(bit_equal(narrow.out, wide.out));
-      EXPECT_TRUE(bit_equal(narrow.dq, wide.dq));
-      EXPECT_TRUE(bit_equal(narrow.dk, wide.dk));
-      EXPECT_TRUE(bit_equal(narrow.dv, wide.dv));
+      cpu::flash_force_build(cpu::FlashBuild::Baseline);
+      const Result base = run(attend, in.q, in.k, in.v, in.seed);
+      for (const cpu::FlashBuild b : others) {
+        cpu::flash_force_build(b);
+        const Result other = run(attend, in.q, in.k, in.v, in.seed);
+        SCOPED_TRACE("build " + std::to_string(static_cast<int>(b)) + ", D " + std::to_string(d) + ", tiles " +
+                     std::to_string(tiles.query_rows) + "x" + std::to_string(tiles.key_rows));
+        EXPECT_TRUE(bit_equal(base.out, other.out));
+        EXPECT_TRUE(bit_equal(base.dq, other.dq));
+        EXPECT_TRUE(bit_equal(base.dk, other.dk));
+        EXPECT_TRUE(bit_equal(base.dv, other.dv));
+      }
+      cpu::flash_force_build(cpu::FlashBuild::Auto);
     }
   }
 }

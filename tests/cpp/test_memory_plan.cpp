@@ -67,17 +67,6 @@ std::int64_t measured(DecoderOnlyTransformer& m, const Case& s, const Activation
   return peak;
 }
 
-ActivationCheckpointingPlan random_plan(std::int64_t layers, Random& r) {
-  ActivationCheckpointingPlan plan;
-  for (std::int64_t left = layers; left > 0;) {
-    const std::uint32_t o = r.below(5);
-    const std::int64_t blocks = o == 4 ? 1 + r.below(static_cast<std::uint32_t>(left)) : 1;
-    plan.push_back({blocks, o == 4 ? BlockRecompute::Whole : static_cast<BlockRecompute>(o)});
-    left -= blocks;
-  }
-  return plan;
-}
-
 /// Every plan of `layers` blocks: each group one block with an option, or a segment.
 void every_plan(std::int64_t left, ActivationCheckpointingPlan& prefix,
                 const std::function<void(const ActivationCheckpointingPlan&)>& visit) {
@@ -160,7 +149,7 @@ TEST(MemoryPlan, MixedPlansGiveTheDisabledGradientsBitForBit) {
     const auto reference = gradients(ActivationCheckpointingPlan(static_cast<std::size_t>(s.dims.layers), CheckpointGroup{}));
     Random r(3);
     for (int trial = 0; trial < 3; ++trial) {
-      const ActivationCheckpointingPlan plan = random_plan(s.dims.layers, r);
+      const ActivationCheckpointingPlan plan = rt_test::random_plan(s.dims.layers, r);
       EXPECT_EQ(gradients(plan), reference) << s.name << ": " << describe_plan(plan);
     }
   }
@@ -176,7 +165,7 @@ TEST(MemoryPlan, PredictedPeakMatchesTheAllocatorForEveryPlanShape) {
     const bool exact = !s.lora && s.dropout == 0.0F;
     Random r(11);
     for (int trial = 0; trial < 10; ++trial) {
-      const ActivationCheckpointingPlan plan = random_plan(s.dims.layers, r);
+      const ActivationCheckpointingPlan plan = rt_test::random_plan(s.dims.layers, r);
       const std::int64_t real = measured(*m, s, plan);
       const std::int64_t predicted = predicted_activation_peak(profile, plan);
       EXPECT_GE(predicted, real) << s.name << ": " << describe_plan(plan);  // never an under-estimate

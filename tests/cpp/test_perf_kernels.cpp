@@ -1,13 +1,16 @@
 // Kernels changed for speed: the OpenMP-partitioned GEMM against a float64
 // reference on ragged shapes, every transpose and strided C; the caching
 // allocator's accounting; rope_packed against rope_apply; gemm_group
-// against one gemm() per product.
+// against one gemm() per product; the flash kernels' exp2_fma on every
+// instruction set against its scalar form and double exp2.
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 #include "../../src/backend/cpu/kernels.hpp"
@@ -45,6 +48,19 @@ std::vector<double> reference(const GemmCase& g, const Tensor& a, const Tensor& 
     }
   }
   return c;
+}
+
+/// exp2_fma over a span as the flash kernels' loops run it: vectorized in
+/// the AVX-512F and AVX2 builds (a vfmadd per fmadd), one element at a time
+/// with libm's fmaf in the test's baseline build.
+__attribute__((target("avx512f,fma"))) void exp2_span_avx512(const float* x, float* y, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) y[i] = cpu::vec::exp2_fma(x[i]);
+}
+__attribute__((target("avx2,fma"))) void exp2_span_avx2(const float* x, float* y, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) y[i] = cpu::vec::exp2_fma(x[i]);
+}
+__attribute__((optimize("no-tree-vectorize"))) void exp2_span_scalar(const float* x, float* y, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) y[i] = cpu::vec::exp2_fma(x[i]);
 }
 
 }  // namespace
@@ -128,6 +144,67 @@ TEST(PerfActivation, SwigluKernelsEqualTheScalarFormulaBitForBit) {
     ASSERT_EQ(std::bit_cast<std::uint32_t>(d_gate.data()[i]), std::bit_cast<std::uint32_t>(expect_dg)) << i;
     ASSERT_EQ(std::bit_cast<std::uint32_t>(d_up.data()[i]), std::bit_cast<std::uint32_t>(expect_du)) << i;
   }
+}
+
+TEST(PerfExp2, VectorBuildsEqualTheScalarFormAndStayWithinTheBound) {
+  // Every 997th float of magnitude below 130, both signs (2.3 M), the
+  // integers there, the clamps and specials: the AVX-512F and AVX2 builds
+  // give the scalar baseline's bits (NaN stays NaN), the result is within
+  // 8.0e-8 of double exp2 on [-126, 127] and clamped outside it.
+  std::vector<float> x;
+  for (std::uint32_t b = 0; b < 0x43020000U; b += 997) {  // |x| < 130
+    x.push_back(std::bit_cast<float>(b));
+    x.push_back(-std::bit_cast<float>(b));
+  }
+  for (int i = -140; i <= 140; ++i) x.push_back(static_cast<float>(i));
+  for (const float v : {-126.0F, -126.5F, 127.0F, 127.5F, 0.5F, -0.5F, std::numeric_limits<float>::infinity(),
+                        -std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN(),
+                        -std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::denorm_min()}) {
+    x.push_back(v);
+  }
+  const auto n = static_cast<std::int64_t>(x.size());
+  std::vector<float> scalar(x.size()), vector(x.size());
+  exp2_span_scalar(x.data(), scalar.data(), n);
+  double worst = 0.0;
+  for (std::int64_t i = 0; i < n; ++i) {
+    const float xi = x[static_cast<std::size_t>(i)];
+    const float yi = scalar[static_cast<std::size_t>(i)];
+    if (std::isnan(xi)) {
+      ASSERT_TRUE(std::isnan(yi)) << xi;
+    } else if (xi >= -126.0F && xi <= 127.0F) {
+      const double ref = std::exp2(static_cast<double>(xi));
+      worst = std::max(worst, std::fabs(yi - ref) / ref);
+    } else {
+      ASSERT_EQ(yi, xi < 0 ? std::ldexp(1.0F, -126) : std::ldexp(1.0F, 127)) << xi;  // clamped
+    }
+  }
+  EXPECT_LE(worst, 8.0e-8);
+  EXPECT_EQ(cpu::vec::exp2_fma(0.0F), 1.0F);
+  EXPECT_EQ(cpu::vec::exp2_fma(-3.0F), 0.125F);
+  __builtin_cpu_init();
+  const bool fma = __builtin_cpu_supports("fma") != 0;
+  auto same_bits = [&](const char* build) {
+    for (std::int64_t i = 0; i < n; ++i) {
+      const auto k = static_cast<std::size_t>(i);
+      if (std::isnan(x[k])) {
+        ASSERT_TRUE(std::isnan(vector[k])) << build << " " << x[k];
+      } else {
+        ASSERT_EQ(std::bit_cast<std::uint32_t>(vector[k]), std::bit_cast<std::uint32_t>(scalar[k])) << build << " " << x[k];
+      }
+    }
+  };
+  int builds = 0;
+  if (fma && __builtin_cpu_supports("avx2") != 0) {
+    exp2_span_avx2(x.data(), vector.data(), n);
+    same_bits("avx2");
+    ++builds;
+  }
+  if (fma && __builtin_cpu_supports("avx512f") != 0) {
+    exp2_span_avx512(x.data(), vector.data(), n);
+    same_bits("avx512f");
+    ++builds;
+  }
+  if (builds == 0) GTEST_SKIP() << "no FMA: only the scalar form runs here";
 }
 
 TEST(PerfGemm, BatchedMatmulMatchesPerItemProducts) {

@@ -1,5 +1,6 @@
 // FlashAttention-2 style causal attention: tiled forward with an online
-// softmax, backward that recomputes P = exp(S·scale − L) tile by tile.
+// softmax, backward that recomputes P = exp(S·scale − L) tile by tile, both
+// in base 2 (2^(S·scale·log2 e − m)) through vec::exp2_fma.
 //
 // Work is split by (b, h) pair: one thread runs a pair's whole forward (every
 // query tile) or backward, so each output element is computed by one thread
@@ -10,12 +11,14 @@
 // pair into per-thread scratch, zero-padded; Kᵀ and Vᵀ (backward) and each
 // query tile's Qᵀ (forward) are packed. Every tile product is the
 // register-blocked kernel `tile_gemm` below: 4 rows × 2 vectors of the
-// result in 8 vector accumulators, the inner dimension in order. The
+// result in 8 vector accumulators (at 16 lanes 4 × 4 or 8 × 2 in 16), the
+// inner dimension in order, every term one explicit fused multiply-add. The
 // forward computes its scores key-major (Sᵀ), so a query's max, sum and
 // rescale factor are per-lane operations; Δ uses 8 lanes reduced in a fixed
 // order.
 #include "flash_attention.hpp"
 
+#include <immintrin.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -41,8 +44,9 @@ using vec::v8;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 /// 16 floats: the tile products' vector in the AVX-512 instantiation. The
-/// products add each term separately (multiply, then add; no FMA), in the
-/// same order at either width, so both widths give the same bits.
+/// products add each term with an explicit fused multiply-add (vec::fma_lanes:
+/// one rounding in every build, libm's fmaf in the baseline one), in the same
+/// order at either width, so every build gives the same bits.
 using v16 = float __attribute__((vector_size(64)));
 
 template <class V>
@@ -59,17 +63,53 @@ template <class V>
   std::memcpy(p, &v, sizeof v);
 }
 
-/// 0: choose by CPU (16 lanes where AVX-512F runs), else 8 or 16.
-std::atomic<int> g_forced_lanes{0};
+/// The pair kernels' instruction sets: the tile products' vector V, and
+/// fma(s, b, c) = s·b + c per lane with one rounding (std::fma's bits) on V
+/// and on v8 (a last 8-column block at 16 lanes). GCC turns the per-lane
+/// fmadd form into a vfmadd only sometimes, so the AVX builds use the
+/// intrinsics; those are not always_inline because the product lambdas have
+/// no target of their own (each pair kernel, of the same target, inlines
+/// them).
+struct IsaBaseline {  // 8-lane vectors as SSE pairs, libm's fmaf per lane
+  using V = v8;
+  [[gnu::always_inline]] static v8 fma(float s, v8 b, v8 c) {
+    v8 r;
+    for (int i = 0; i < 8; ++i) r[i] = vec::fmadd(s, b[i], c[i]);
+    return r;
+  }
+};
+struct IsaAvx2 {
+  using V = v8;
+  __attribute__((target("avx2,fma"))) static v8 fma(float s, v8 b, v8 c) {
+    return reinterpret_cast<v8>(
+        _mm256_fmadd_ps(_mm256_set1_ps(s), reinterpret_cast<__m256>(b), reinterpret_cast<__m256>(c)));
+  }
+};
+struct IsaAvx512 {
+  using V = v16;
+  __attribute__((target("avx512f,fma"))) static v16 fma(float s, v16 b, v16 c) {
+    return reinterpret_cast<v16>(
+        _mm512_fmadd_ps(_mm512_set1_ps(s), reinterpret_cast<__m512>(b), reinterpret_cast<__m512>(c)));
+  }
+  __attribute__((target("avx512f,fma"))) static v8 fma(float s, v8 b, v8 c) {
+    return reinterpret_cast<v8>(
+        _mm256_fmadd_ps(_mm256_set1_ps(s), reinterpret_cast<__m256>(b), reinterpret_cast<__m256>(c)));
+  }
+};
 
-bool use_wide_vectors() {
-  const int forced = g_forced_lanes.load(std::memory_order_relaxed);
-  if (forced != 0) return forced == 16;
-  static const bool wide = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") != 0;
+/// FlashBuild::Auto: choose by CPU; else the build tests forced.
+std::atomic<FlashBuild> g_forced_build{FlashBuild::Auto};
+
+FlashBuild build_to_run() {
+  const FlashBuild forced = g_forced_build.load(std::memory_order_relaxed);
+  if (forced != FlashBuild::Auto) return forced;
+  static const FlashBuild best = [] {
+    for (const FlashBuild b : {FlashBuild::Avx512, FlashBuild::Avx2}) {
+      if (flash_build_supported(b)) return b;
+    }
+    return FlashBuild::Baseline;
   }();
-  return wide;
+  return best;
 }
 
 /// Calls with at most this many (B·H·T²) score elements run on one thread.
@@ -88,7 +128,7 @@ void check_tiles(FlashTiles tiles) {
 constexpr std::int64_t kNoStart = std::numeric_limits<std::int64_t>::min() / 4;
 constexpr std::int64_t kNoEnd = std::numeric_limits<std::int64_t>::max() / 4;
 
-/// R rows of C (R <= 4, n a multiple of 8): C = [diag(row_scale) C +] op(A) B
+/// R rows of C (R <= 8, n a multiple of 8): C = [diag(row_scale) C +] op(A) B
 /// (row_scale: nullptr, or R factors that multiply the loaded C rows), where
 /// op(A)(i, p) = a[i·lda + p] (TransA false) or a[p·lda + i] (TransA true)
 /// and B is row-major (k, n). Row i sums the terms p in
@@ -98,10 +138,11 @@ constexpr std::int64_t kNoEnd = std::numeric_limits<std::int64_t>::max() / 4;
 /// position (0·inf = NaN) out of the row. Columns go in blocks of two
 /// vectors V, then one V, then (V wider than 8) one v8: every element is the
 /// same sum in the same order whatever V is.
-template <class V, bool TransA, bool Accumulate, int R>
+template <class Isa, bool TransA, bool Accumulate, int R>
 [[gnu::always_inline]] inline void tile_rows(std::int64_t n, std::int64_t p0, std::int64_t k, std::int64_t s0,
                                              std::int64_t e0, const float* a, std::int64_t lda, const float* b,
                                              std::int64_t ldb, float* c, std::int64_t ldc, const float* row_scale) {
+  using V = typename Isa::V;
   auto a_at = [&](int i, std::int64_t p) { return TransA ? a[p * lda + i] : a[i * lda + p]; };
   // [first, head_end): some rows; [head_end, tail_begin): every row;
   // [tail_begin, tail_end): some rows; nothing before first or after tail_end.
@@ -127,7 +168,8 @@ template <class V, bool TransA, bool Accumulate, int R>
       for (int u = 0; u < NV; ++u) bv[u] = load_v<W>(b + p * ldb + j + u * L);
       for (int i = 0; i < R; ++i) {
         if (p >= s0 + i && p < e0 + i) {
-          for (int u = 0; u < NV; ++u) acc[i][u] += a_at(i, p) * bv[u];
+          const float s = a_at(i, p);
+          for (int u = 0; u < NV; ++u) acc[i][u] = Isa::fma(s, bv[u], acc[i][u]);
         }
       }
     };
@@ -136,8 +178,8 @@ template <class V, bool TransA, bool Accumulate, int R>
       W bv[NV];
       for (int u = 0; u < NV; ++u) bv[u] = load_v<W>(b + p * ldb + j + u * L);
       for (int i = 0; i < R; ++i) {
-        const float s = a_at(i, p);  // scalar · vector: one broadcast
-        for (int u = 0; u < NV; ++u) acc[i][u] += s * bv[u];
+        const float s = a_at(i, p);  // one broadcast
+        for (int u = 0; u < NV; ++u) acc[i][u] = Isa::fma(s, bv[u], acc[i][u]);
       }
     }
     for (std::int64_t p = tail_begin; p < tail_end; ++p) ragged(p);
@@ -147,6 +189,9 @@ template <class V, bool TransA, bool Accumulate, int R>
   };
   constexpr std::int64_t L = lanes_of<V>;
   std::int64_t j = 0;
+  if constexpr (L > kLanes) {  // 32 vector registers: 16 accumulators and 4 operands fit
+    for (; j + 4 * L <= n; j += 4 * L) columns.template operator()<V, 4>(j);
+  }
   for (; j + 2 * L <= n; j += 2 * L) columns.template operator()<V, 2>(j);
   if (j + L <= n) {
     columns.template operator()<V, 1>(j);
@@ -175,7 +220,7 @@ enum class Causal : std::uint8_t {
 /// C (m, n) = [diag(row_scale) C +] op(A) (m, k) · B (k, n); n a multiple
 /// of 8. With Accumulate, a row block none of whose rows has a term left
 /// by the mask is not touched, so row_scale must be 1 for rows without terms.
-template <class V, bool TransA, bool Accumulate>
+template <class Isa, bool TransA, bool Accumulate>
 [[gnu::always_inline]] inline void tile_gemm(std::int64_t m, std::int64_t n, std::int64_t k, const float* a,
                                              std::int64_t lda, const float* b, std::int64_t ldb, float* c,
                                              std::int64_t ldc, Causal causal = Causal::None, std::int64_t diag = 0,
@@ -204,11 +249,16 @@ template <class V, bool TransA, bool Accumulate>
     }
     const bool any_term = std::max<std::int64_t>(0, s0) < std::min(k, e0 + R - 1);
     if (nb > js && (Accumulate ? any_term : true)) {
-      tile_rows<V, TransA, Accumulate, R>(nb - js, 0, k, s0, e0, row_a(i), lda, b + js, ldb, c + i * ldc + js, ldc,
+      tile_rows<Isa, TransA, Accumulate, R>(nb - js, 0, k, s0, e0, row_a(i), lda, b + js, ldb, c + i * ldc + js, ldc,
                                           row_scale == nullptr ? nullptr : row_scale + i);
     }
   };
   std::int64_t i = 0;
+  if constexpr (lanes_of<typename Isa::V> > kLanes) {  // at most 2 vectors a row: 8 rows, 16 accumulators
+    if (n <= 2 * lanes_of<typename Isa::V>) {
+      for (; i + 8 <= m; i += 8) block.template operator()<8>(i);
+    }
+  }
   for (; i + 4 <= m; i += 4) block.template operator()<4>(i);
   switch (m - i) {
     case 3:
@@ -227,13 +277,14 @@ template <class V, bool TransA, bool Accumulate>
 
 // ---- row helpers ------------------------------------------------------------
 
-/// x[c] = exp(x[c]·pre − shift) for c < valid, 0 for valid <= c < n. The
+/// x[c] = 2^(x[c]·pre − shift) for c < valid, 0 for valid <= c < n (the
+/// argument with one rounding, exp2_fma as the forward uses it). The
 /// loop runs whole vectors over [0, n) and masks by selection (entries from
 /// `valid` on may be unwritten, and are never multiplied).
 [[gnu::always_inline]] inline void exp_row(float* __restrict x, std::int64_t valid, std::int64_t n, float pre,
                                            float shift) {
   for (std::int64_t c = 0; c < n; ++c) {
-    const float e = vec::exp_approx(x[c] * pre - shift);
+    const float e = vec::exp2_fma(vec::fmadd(x[c], pre, -shift));
     x[c] = c < valid ? e : 0.0F;
   }
 }
@@ -339,16 +390,17 @@ struct PairGeometry {
 /// lane-wise operations over contiguous rows (no reduction across lanes; a
 /// query's sum adds its keys one by one in key order, the same at every
 /// vector width), and P V reads Pᵀ as a transposed left operand.
-template <class V>
+template <class Isa>
 [[gnu::always_inline]] inline void forward_pair_impl(const PairGeometry& g, const float* q, std::int64_t q_stride,
                                                      const float* k, std::int64_t k_stride, const float* v,
                                                      std::int64_t v_stride, float* out, std::int64_t out_stride,
                                                      float* lse, float scale, float* scratch) {
   const std::int64_t T = g.T, D = g.D, Dp = g.Dp, br = g.br, brp = g.brq, bc = g.bc;
+  const float scale2 = scale * vec::kLog2e;
   float* qt = scratch;             // (D, brp): Qᵀ of the query tile, zero columns from its rows
   float* st = qt + D * brp;        // (bc, brp): Sᵀ, then Pᵀ
   float* o = st + bc * brp;        // (br, Dp): unnormalized output accumulator
-  float* __restrict m = o + br * Dp;  // (brp): running max (scaled)
+  float* __restrict m = o + br * Dp;  // (brp): running max of S·scale2
   float* __restrict l = m + brp;      // (brp): running sum
   float* __restrict tile_max = l + brp;  // (brp): this key tile's max (unscaled), then rescale factor
   float* __restrict tile_sum = tile_max + brp;  // (brp): this key tile's sum
@@ -372,55 +424,70 @@ template <class V>
       const std::int64_t cols = std::min(bc, key_end - j0);
       const std::int64_t diag = i0 - j0;  // key c is seen by queries r >= c - diag
       const bool first = j0 == 0;         // every query sees key 0: m, l and O start here
-      tile_gemm<V, false, false>(cols, n, D, k + j0 * k_stride, k_stride, qt, brp, st, brp, Causal::ColumnsFrom,
+      tile_gemm<Isa, false, false>(cols, n, D, k + j0 * k_stride, k_stride, qt, brp, st, brp, Causal::ColumnsFrom,
                                  diag);  // Sᵀ = K Qᵀ
       // Key c is seen by queries [r0, n), r0 = first_query(c); the loops
       // start at r0 rounded down to a whole block and mask lanes before r0
       // by selection (never by multiplying: those entries may be unwritten).
-      auto first_query = [&](std::int64_t c) { return std::clamp<std::int64_t>(c - diag, 0, rows); };
-      // Max over the tile's visible keys (NaN skipped, as std::max skips a
-      // NaN second argument); exact, so the order does not matter.
-      std::fill(tile_max, tile_max + n, kNegInf);
-      for (std::int64_t c = 0; c < cols; ++c) {
-        const float* __restrict sc = st + c * brp;
-        const std::int64_t r0 = first_query(c);
-        for (std::int64_t r = r0 / kQueryBlock * kQueryBlock; r < n; ++r) {
-          const float x = r >= r0 ? sc[r] : kNegInf;
-          tile_max[r] = tile_max[r] < x ? x : tile_max[r];
+      // A tile wholly left of the diagonal (diag >= cols − 1: every query
+      // sees every key) runs them unmasked. Query indices are int (n is at
+      // most a query tile, whose bc × n scores are allocated): 16 of them
+      // fit one vector compare.
+      auto softmax = [&]<bool Masked>() __attribute__((always_inline)) {
+        const int ni = static_cast<int>(n);
+        auto first_query = [&](std::int64_t c) {
+          return Masked ? static_cast<int>(std::clamp<std::int64_t>(c - diag, 0, rows)) : 0;
+        };
+        // Max over the tile's visible keys (NaN skipped, as std::max skips a
+        // NaN second argument); exact, so the order does not matter.
+        std::fill(tile_max, tile_max + n, kNegInf);
+        for (std::int64_t c = 0; c < cols; ++c) {
+          const float* __restrict sc = st + c * brp;
+          const int r0 = first_query(c);
+          for (int r = r0 / kQueryBlock * kQueryBlock; r < ni; ++r) {
+            const float x = r >= r0 ? sc[r] : kNegInf;
+            tile_max[r] = tile_max[r] < x ? x : tile_max[r];
+          }
         }
-      }
-      // The scale is positive, so max(S)·scale = max(S·scale) exactly; it
-      // is applied inside the exponential's argument, s·scale − m.
-      if (first) {
-        for (std::int64_t r = 0; r < n; ++r) m[r] = tile_max[r] * scale;
+        // Base 2: m is the max of S·scale2 (scale2 = scale·log2 e, positive,
+        // so max(S)·scale2 = max(S·scale2) exactly) and every exponential is
+        // 2^(s·scale2 − m), its argument rounded once.
+        if (first) {
+          for (int r = 0; r < ni; ++r) m[r] = tile_max[r] * scale2;
+        } else {
+          for (int r = 0; r < ni; ++r) {
+            const float mx = tile_max[r] * scale2;
+            const float next = m[r] < mx ? mx : m[r];
+            tile_max[r] = vec::exp2_fma(m[r] - next);  // the rescale factor α: exactly 1 when m stays
+            m[r] = next;
+          }
+        }
+        std::fill(tile_sum, tile_sum + n, 0.0F);
+        for (std::int64_t c = 0; c < cols; ++c) {
+          float* __restrict pc = st + c * brp;
+          const int r0 = first_query(c);
+          const int rb = r0 / kQueryBlock * kQueryBlock;
+          std::fill(pc, pc + rb, 0.0F);  // masked (and possibly unwritten) entries
+          for (int r = rb; r < ni; ++r) {
+            const float e = vec::exp2_fma(vec::fmadd(pc[r], scale2, -m[r]));
+            const float p = r >= r0 ? e : 0.0F;
+            pc[r] = p;
+            tile_sum[r] += p;
+          }
+        }
+      };
+      if (diag >= cols - 1) {
+        softmax.template operator()<false>();
       } else {
-        for (std::int64_t r = 0; r < n; ++r) {
-          const float mx = tile_max[r] * scale;
-          const float next = m[r] < mx ? mx : m[r];
-          tile_max[r] = vec::exp_approx(m[r] - next);  // the rescale factor α: exactly 1 when m stays
-          m[r] = next;
-        }
-      }
-      std::fill(tile_sum, tile_sum + n, 0.0F);
-      for (std::int64_t c = 0; c < cols; ++c) {
-        float* __restrict pc = st + c * brp;
-        const std::int64_t r0 = first_query(c);
-        const std::int64_t rb = r0 / kQueryBlock * kQueryBlock;
-        std::fill(pc, pc + rb, 0.0F);  // masked (and possibly unwritten) entries
-        for (std::int64_t r = rb; r < n; ++r) {
-          const float e = vec::exp_approx(pc[r] * scale - m[r]);
-          const float p = r >= r0 ? e : 0.0F;
-          pc[r] = p;
-          tile_sum[r] += p;
-        }
+        softmax.template operator()<true>();
       }
       if (first) {
         std::copy(tile_sum, tile_sum + n, l);
-        tile_gemm<V, true, false>(rows, Dp, cols, st, brp, vb, ldv, o, Dp, Causal::Inner, diag);  // O = P V
+        tile_gemm<Isa, true, false>(rows, Dp, cols, st, brp, vb, ldv, o, Dp, Causal::Inner, diag);  // O = P V
       } else {
         for (std::int64_t r = 0; r < n; ++r) l[r] = l[r] * tile_max[r] + tile_sum[r];
         // O = diag(α) O + P V: a row that sees no key of this tile has α = 1.
-        tile_gemm<V, true, true>(rows, Dp, cols, st, brp, vb + j0 * ldv, ldv, o, Dp, Causal::Inner, diag, tile_max);
+        tile_gemm<Isa, true, true>(rows, Dp, cols, st, brp, vb + j0 * ldv, ldv, o, Dp, Causal::Inner, diag, tile_max);
       }
     }
     for (std::int64_t r = 0; r < rows; ++r) {
@@ -428,18 +495,19 @@ template <class V>
       const float* orow = o + r * Dp;
       float* dst = out + (i0 + r) * out_stride;
       for (std::int64_t d = 0; d < D; ++d) dst[d] = orow[d] * inv;
-      lse[i0 + r] = m[r] + std::log(l[r]);
+      lse[i0 + r] = vec::fmadd(m[r], vec::kLn2, std::log(l[r]));  // natural log: m·ln 2 + log l
     }
   }
 }
 
-template <class V>
+template <class Isa>
 [[gnu::always_inline]] inline void backward_pair_impl(
     const PairGeometry& g, const float* q, std::int64_t q_stride, const float* k, std::int64_t k_stride,
     const float* v, std::int64_t v_stride, const float* o, std::int64_t o_stride, const float* d_out,
     std::int64_t do_stride, const float* lse, float* dq, std::int64_t dq_stride, float* dk, std::int64_t dk_stride,
     float* dv, std::int64_t dv_stride, float scale, float* scratch) {
   const std::int64_t T = g.T, D = g.D, Dp = g.Dp, Tk = g.Tk, br = g.br, bc = g.bc, bcp = g.bcp;
+  const float scale2 = scale * vec::kLog2e;  // as the forward's
   float* kt = scratch;        // (D, Tk): Kᵀ
   float* vt = kt + D * Tk;    // (D, Tk): Vᵀ
   float* dqa = vt + D * Tk;   // (T, Dp): dQ, += over key tiles
@@ -471,20 +539,20 @@ template <class V>
   for (std::int64_t j0 = 0; j0 < T; j0 += bc) {
     const std::int64_t cols = std::min(bc, T - j0);
     const std::int64_t n = round_up(cols, kLanes);
-    const std::int64_t nv = round_up(cols, lanes_of<V>);  // the row loops run whole vectors
+    const std::int64_t nv = round_up(cols, lanes_of<typename Isa::V>);  // the row loops run whole vectors
     // Query tiles that can see key j0 or later: i >= j0.
     for (std::int64_t i0 = (j0 / br) * br; i0 < T; i0 += br) {
       const std::int64_t rows = std::min(br, T - i0);
       const std::int64_t diag = i0 - j0;
-      tile_gemm<V, false, false>(rows, n, D, q + i0 * q_stride, q_stride, kt + j0, Tk, p, bcp, Causal::Columns,
+      tile_gemm<Isa, false, false>(rows, n, D, q + i0 * q_stride, q_stride, kt + j0, Tk, p, bcp, Causal::Columns,
                               diag);  // S = Q Kᵀ
       for (std::int64_t r = 0; r < rows; ++r) {
         const std::int64_t valid = std::clamp<std::int64_t>(r + diag + 1, 0, cols);  // keys j <= i
-        exp_row(p + r * bcp, valid, nv, scale, lse[i0 + r]);  // P = exp(S·scale − L), 0 from `valid` on
+        exp_row(p + r * bcp, valid, nv, scale2, lse[i0 + r] * vec::kLog2e);  // P = exp(S·scale − L), 0 from `valid` on
       }
-      tile_gemm<V, true, true>(cols, Dp, rows, p, bcp, dop + i0 * lddo, lddo, dva + j0 * Dp, Dp, Causal::InnerFrom,
+      tile_gemm<Isa, true, true>(cols, Dp, rows, p, bcp, dop + i0 * lddo, lddo, dva + j0 * Dp, Dp, Causal::InnerFrom,
                             diag);  // dV += Pᵀ dO
-      tile_gemm<V, false, false>(rows, n, D, d_out + i0 * do_stride, do_stride, vt + j0, Tk, ds, bcp, Causal::Columns,
+      tile_gemm<Isa, false, false>(rows, n, D, d_out + i0 * do_stride, do_stride, vt + j0, Tk, ds, bcp, Causal::Columns,
                               diag);  // dP = dO Vᵀ
       for (std::int64_t r = 0; r < rows; ++r) {
         const float* pr = p + r * bcp;
@@ -496,9 +564,9 @@ template <class V>
           dsr[c] = c < valid ? d : 0.0F;
         }
       }
-      tile_gemm<V, false, true>(rows, Dp, cols, ds, bcp, kp + j0 * ldk, ldk, dqa + i0 * Dp, Dp, Causal::Inner,
+      tile_gemm<Isa, false, true>(rows, Dp, cols, ds, bcp, kp + j0 * ldk, ldk, dqa + i0 * Dp, Dp, Causal::Inner,
                              diag);  // dQ += dS K
-      tile_gemm<V, true, true>(cols, Dp, rows, ds, bcp, qp + i0 * ldq, ldq, dka + j0 * Dp, Dp, Causal::InnerFrom,
+      tile_gemm<Isa, true, true>(cols, Dp, rows, ds, bcp, qp + i0 * ldq, ldq, dka + j0 * Dp, Dp, Causal::InnerFrom,
                             diag);  // dK += dSᵀ Q
     }
   }
@@ -509,8 +577,10 @@ template <class V>
   }
 }
 
-// The pair kernels per instruction set: 8-lane products in the AVX2 and
-// baseline clones, 16-lane ones where AVX-512F runs; the same bits. The
+// The pair kernels per instruction set: 8-lane products in the AVX2 + FMA
+// and baseline builds, 16-lane ones where AVX-512F runs; the same bits (the
+// baseline's fused multiply-adds are libm calls: slow, only for CPUs
+// without FMA). The
 // forward's per-query loops run whole vectors and mask the lanes before a
 // key's first query by selection; GCC's loop splitting would cut them at
 // that query and leave scalar remainders (9% of the forward's samples), so
@@ -528,20 +598,38 @@ template <class V>
   g, q, q_stride, k, k_stride, v, v_stride, o, o_stride, d_out, do_stride, lse, dq, dq_stride, dk, dk_stride, dv, \
       dv_stride, scale, scratch
 
-__attribute__((target_clones("avx2", "default"), optimize("no-split-loops"))) void forward_pair_v8(
+#define RIFTCO_FORWARD_PAIR_CALL g, q, q_stride, k, k_stride, v, v_stride, out, out_stride, lse, scale, scratch
+
+__attribute__((optimize("no-split-loops"))) void forward_pair_baseline(RIFTCO_FORWARD_PAIR_ARGS) {
+  forward_pair_impl<IsaBaseline>(RIFTCO_FORWARD_PAIR_CALL);
+}
+__attribute__((target("avx2,fma"), optimize("no-split-loops"))) void forward_pair_avx2(RIFTCO_FORWARD_PAIR_ARGS) {
+  forward_pair_impl<IsaAvx2>(RIFTCO_FORWARD_PAIR_CALL);
+}
+__attribute__((target("avx512f,fma"), optimize("no-split-loops"))) void forward_pair_avx512(
     RIFTCO_FORWARD_PAIR_ARGS) {
-  forward_pair_impl<v8>(g, q, q_stride, k, k_stride, v, v_stride, out, out_stride, lse, scale, scratch);
+  forward_pair_impl<IsaAvx512>(RIFTCO_FORWARD_PAIR_CALL);
 }
-__attribute__((target("avx512f"), optimize("no-split-loops"))) void forward_pair_v16(RIFTCO_FORWARD_PAIR_ARGS) {
-  forward_pair_impl<v16>(g, q, q_stride, k, k_stride, v, v_stride, out, out_stride, lse, scale, scratch);
+void backward_pair_baseline(RIFTCO_BACKWARD_PAIR_ARGS) { backward_pair_impl<IsaBaseline>(RIFTCO_BACKWARD_PAIR_CALL); }
+__attribute__((target("avx2,fma"))) void backward_pair_avx2(RIFTCO_BACKWARD_PAIR_ARGS) {
+  backward_pair_impl<IsaAvx2>(RIFTCO_BACKWARD_PAIR_CALL);
 }
-__attribute__((target_clones("avx2", "default"))) void backward_pair_v8(RIFTCO_BACKWARD_PAIR_ARGS) {
-  backward_pair_impl<v8>(RIFTCO_BACKWARD_PAIR_CALL);
+__attribute__((target("avx512f,fma"))) void backward_pair_avx512(RIFTCO_BACKWARD_PAIR_ARGS) {
+  backward_pair_impl<IsaAvx512>(RIFTCO_BACKWARD_PAIR_CALL);
 }
-__attribute__((target("avx512f"))) void backward_pair_v16(RIFTCO_BACKWARD_PAIR_ARGS) {
-  backward_pair_impl<v16>(RIFTCO_BACKWARD_PAIR_CALL);
+
+using ForwardPair = void (*)(RIFTCO_FORWARD_PAIR_ARGS);
+using BackwardPair = void (*)(RIFTCO_BACKWARD_PAIR_ARGS);
+ForwardPair forward_pair_for(FlashBuild b) {
+  return b == FlashBuild::Avx512 ? forward_pair_avx512 : b == FlashBuild::Avx2 ? forward_pair_avx2 : forward_pair_baseline;
+}
+BackwardPair backward_pair_for(FlashBuild b) {
+  return b == FlashBuild::Avx512 ? backward_pair_avx512
+         : b == FlashBuild::Avx2 ? backward_pair_avx2
+                                 : backward_pair_baseline;
 }
 #undef RIFTCO_FORWARD_PAIR_ARGS
+#undef RIFTCO_FORWARD_PAIR_CALL
 #undef RIFTCO_BACKWARD_PAIR_ARGS
 #undef RIFTCO_BACKWARD_PAIR_CALL
 
@@ -563,17 +651,33 @@ int team_size(std::int64_t pairs, std::int64_t T) {
 
 }  // namespace
 
-void flash_force_vector_lanes(int lanes) {
-  if (lanes != 0 && lanes != 8 && lanes != 16) {
-    throw ValueError("[flash_force_vector_lanes] lanes must be 0 (by CPU), 8 or 16, got " + std::to_string(lanes));
+bool flash_build_supported(FlashBuild build) {
+  __builtin_cpu_init();
+  const bool fma = __builtin_cpu_supports("fma") != 0;
+  switch (build) {
+    case FlashBuild::Auto:
+    case FlashBuild::Baseline:
+      return true;
+    case FlashBuild::Avx2:
+      return fma && __builtin_cpu_supports("avx2") != 0;
+    case FlashBuild::Avx512:
+      return fma && __builtin_cpu_supports("avx512f") != 0;
   }
-  if (lanes == 16) {
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f") == 0) {
-      throw ValueError("[flash_force_vector_lanes] 16 lanes need AVX-512F, which this CPU does not have");
-    }
+  return false;
+}
+
+void flash_force_build(FlashBuild build) {
+  const int code = static_cast<int>(build);
+  if (code < 0 || code > static_cast<int>(FlashBuild::Avx512)) {
+    throw ValueError("[flash_force_build] unknown build " + std::to_string(code) +
+                     " (0 auto, 1 baseline, 2 AVX2 + FMA, 3 AVX-512F + FMA)");
   }
-  g_forced_lanes.store(lanes);
+  if (!flash_build_supported(build)) {
+    throw ValueError("[flash_force_build] build " + std::to_string(code) + " (" +
+                     (build == FlashBuild::Avx2 ? "AVX2 + FMA" : "AVX-512F + FMA") +
+                     ") needs instructions this CPU does not have");
+  }
+  g_forced_build.store(build);
 }
 
 FlashTiles flash_default_tiles(std::int64_t head_width) {
@@ -600,14 +704,14 @@ void flash_attention_forward(std::int64_t B, std::int64_t H, std::int64_t T, std
   const std::int64_t pairs = B * H;
   const int team = team_size(pairs, T);
   Workspace ws(g.forward_floats(), team);
-  const bool wide = use_wide_vectors();
+  const ForwardPair pair_kernel = forward_pair_for(build_to_run());
   // Pairs are handed out dynamically (a descheduled thread does not stall the
   // rest); each pair is computed entirely by whichever thread takes it.
 #pragma omp parallel for schedule(dynamic, 1) num_threads(team)
   for (std::int64_t bh = 0; bh < pairs; ++bh) {
     const std::int64_t b = bh / H;
     const std::int64_t h = bh % H;
-    (wide ? forward_pair_v16 : forward_pair_v8)(g, at(q, b, h), q.row_stride, at(k, b, h), k.row_stride, at(v, b, h), v.row_stride, at(out, b, h),
+    pair_kernel(g, at(q, b, h), q.row_stride, at(k, b, h), k.row_stride, at(v, b, h), v.row_stride, at(out, b, h),
                  out.row_stride, lse + bh * T, scale, ws.slice());
   }
 }
@@ -621,12 +725,12 @@ void flash_attention_backward(std::int64_t B, std::int64_t H, std::int64_t T, st
   const std::int64_t pairs = B * H;
   const int team = team_size(pairs, T);
   Workspace ws(g.backward_floats(), team);
-  const bool wide = use_wide_vectors();
+  const BackwardPair pair_kernel = backward_pair_for(build_to_run());
 #pragma omp parallel for schedule(dynamic, 1) num_threads(team)
   for (std::int64_t bh = 0; bh < pairs; ++bh) {
     const std::int64_t b = bh / H;
     const std::int64_t h = bh % H;
-    (wide ? backward_pair_v16 : backward_pair_v8)(g, at(q, b, h), q.row_stride, at(k, b, h), k.row_stride, at(v, b, h), v.row_stride,
+    pair_kernel(g, at(q, b, h), q.row_stride, at(k, b, h), k.row_stride, at(v, b, h), v.row_stride,
                   at(out, b, h), out.row_stride, at(d_out, b, h), d_out.row_stride, lse + bh * T, at(dq, b, h),
                   dq.row_stride, at(dk, b, h), dk.row_stride, at(dv, b, h), dv.row_stride, scale, ws.slice());
   }

@@ -22,10 +22,18 @@ using backend::FlashTiles;
 using backend::HeadView;
 using backend::MutableHeadView;
 
-/// Vector width of the tile products: 0 (the default) picks 16 lanes where
-/// the CPU has AVX-512F, else 8; tests force 8 or 16 (ValueError for 16
-/// without AVX-512F, or any other value). Both widths give the same bits.
-void flash_force_vector_lanes(int lanes);
+/// The pair kernels' instruction set: 16-lane AVX-512F + FMA, 8-lane AVX2 +
+/// FMA, or the baseline (8-lane vectors as SSE pairs, every fused
+/// multiply-add a libm fmaf call: slow, for CPUs without FMA). All give the
+/// same bits (explicit fused multiply-adds in the same order everywhere).
+enum class FlashBuild : std::uint8_t { Auto, Baseline, Avx2, Avx512 };
+
+/// Whether this CPU runs `build` (Auto and Baseline: always).
+bool flash_build_supported(FlashBuild build);
+
+/// Auto (the default) runs the widest supported build; tests force one
+/// (ValueError for a build this CPU lacks, or an unknown value).
+void flash_force_build(FlashBuild build);
 
 /// 64 query rows and 64 key rows; while query_rows·key_rows·D exceeds 2^18
 /// the key rows, then the query rows, are halved (down to 16), which keeps a
