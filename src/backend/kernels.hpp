@@ -82,6 +82,11 @@ class Kernels {
   /// gate_up (..., 2F) = [gate | up] → (..., F), and d gate_up given g.
   virtual Tensor swiglu_packed_forward(const Tensor& gate_up) const = 0;
   virtual Tensor swiglu_packed_backward(const Tensor& gate_up, const Tensor& g) const = 0;
+  /// The same gradient written over its own input: d (..., 2F) holds g in
+  /// columns [0, F) of each row on entry (columns [F, 2F) are not read) and
+  /// d gate_up on return, with swiglu_packed_backward's bits. No (..., F)
+  /// buffer: a caller can produce g straight into d (a GEMM with ldc 2F).
+  virtual void swiglu_packed_backward_inplace(const Tensor& gate_up, Tensor& d) const = 0;
 
   // ---- normalization ------------------------------------------------------
   /// y = x · rstd · w per row; rstd (rows) returned for the backward.

@@ -32,18 +32,19 @@ void packed_forward(const backend::Kernels& kern, const float* x, std::int64_t r
 }
 
 /// Backward of packed_forward given g (rows, Σ out_i): dx = Σ_i g_i W_i in
-/// part order (when dx is non-null; one chain) and dW_i = g_iᵀ x for each
-/// needed i, all in one parallel region.
+/// part order (when dx is non-null; one chain; rows dx_ld apart, k by
+/// default) and dW_i = g_iᵀ x for each needed i, all in one parallel region.
 void packed_backward(const backend::Kernels& kern, const float* g, const float* x, std::int64_t rows, std::int64_t k,
                      const std::vector<Tensor>& w, const std::vector<std::int64_t>& widths, std::int64_t total,
-                     float* dx, std::vector<Tensor>& dw, const std::vector<bool>& need_dw) {
+                     float* dx, std::vector<Tensor>& dw, const std::vector<bool>& need_dw, std::int64_t dx_ld = 0) {
+  if (dx_ld == 0) dx_ld = k;
   std::vector<backend::GemmProblem> dx_chain;
   std::vector<backend::GemmProblem> dw_problems;
   std::int64_t offset = 0;
   for (std::size_t i = 0; i < w.size(); ++i) {
     if (dx != nullptr) {
       dx_chain.push_back({false, false, rows, k, widths[i], 1.0F, g + offset, total, w[i].device_data(), k,
-                          i == 0 ? 0.0F : 1.0F, dx, k});
+                          i == 0 ? 0.0F : 1.0F, dx, dx_ld});
     }
     if (need_dw[i]) {
       dw[i] = Tensor::empty(w[i].shape(), w[i].backend());
@@ -226,15 +227,21 @@ Variable swiglu_linear_residual(const Variable& residual, const Variable& gate_u
         const backend::Kernels& kern = backend::kernels_for(op, gu, g);
         std::vector<Tensor> grads(3);
         if (needs[0]) grads[0] = g;
-        Tensor m = kern.swiglu_packed_forward(gu);  // recomputed, bit-identical
-        Tensor dm;
-        if (needs[1]) dm = Tensor::empty(m.shape(), gu.backend());
         std::vector<Tensor> dw(1);
-        packed_backward(kern, g.device_data(), m.device_data(), rows, k, wv, widths, total,
-                        needs[1] ? dm.device_data() : nullptr, dw, {static_cast<bool>(needs[2])});
-        grads[2] = std::move(dw[0]);
-        m = Tensor();  // read by the products only: gone before the (..., 2F) gradient exists
-        if (needs[1]) grads[1] = kern.swiglu_packed_backward(gu, dm);
+        if (needs[2]) {  // dW = gᵀ m: one GEMM over every row, as before
+          const Tensor m = kern.swiglu_packed_forward(gu);  // recomputed (same bits); gone before d gate_up exists
+          packed_backward(kern, g.device_data(), m.device_data(), rows, k, wv, widths, total, nullptr, dw, {true});
+          grads[2] = std::move(dw[0]);
+        }
+        if (needs[1]) {
+          // dm = g W goes straight into columns [0, F) of each row of
+          // d gate_up (row stride 2F), which the SwiGLU backward then
+          // overwrites in place: no (..., F) buffer is ever allocated.
+          grads[1] = Tensor::empty(gu.shape(), gu.backend());
+          packed_backward(kern, g.device_data(), nullptr, rows, k, wv, widths, total, grads[1].device_data(), dw,
+                          {false}, 2 * k);
+          kern.swiglu_packed_backward_inplace(gu, grads[1]);
+        }
         return grads;
       },
       {gu, wv[0]});

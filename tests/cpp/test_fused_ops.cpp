@@ -315,6 +315,55 @@ TEST(FusedSwigluLinearResidual, BitIdenticalToTheComposite) {
   EXPECT_THROW(fused::swiglu_linear_residual(Variable(r), Variable(gu), Variable(Tensor::zeros({8, 11}))), ShapeError);
 }
 
+/// The backward writes dm = g W into the gate/up gradient's own rows and
+/// takes the SwiGLU backward in place: the composite's bits for every subset
+/// of gradients asked for, with no rows, one row and an odd row count.
+TEST(FusedSwigluLinearResidual, EveryGradientSubsetAndRowCountGivesTheCompositeBits) {
+  const std::int64_t c = 5, f = 13;
+  for (const std::int64_t rows : {std::int64_t{0}, std::int64_t{1}, std::int64_t{37}}) {
+    const Tensor r = randn({rows, c}, 121);
+    const Tensor gu = randn({rows, 2 * f}, 122, 2.0F);
+    const Tensor w = randn({c, f}, 123);
+    const Tensor seed = randn({rows, c}, 124);
+    for (const bool need_gu : {true, false}) {
+      for (const bool need_w : {true, false}) {
+        const std::string what = "rows " + std::to_string(rows) + ", gate_up grad " + std::to_string(need_gu) +
+                                 ", weight grad " + std::to_string(need_w);
+        Variable rf(r.clone(), true), gf(gu.clone(), need_gu), wf(w.clone(), need_w);
+        fused::swiglu_linear_residual(rf, gf, wf).backward(seed);
+        Variable rc(r.clone(), true), gc(gu.clone(), need_gu), wc(w.clone(), need_w);
+        add(rc, linear(fused::swiglu_packed(gc), wc)).backward(seed);
+        EXPECT_TRUE(bit_equal(rf.grad(), rc.grad())) << what;
+        EXPECT_EQ(gf.grad().defined(), need_gu) << what;
+        EXPECT_EQ(wf.grad().defined(), need_w) << what;
+        if (need_gu) EXPECT_TRUE(bit_equal(gf.grad(), gc.grad())) << what;
+        if (need_w) EXPECT_TRUE(bit_equal(wf.grad(), wc.grad())) << what;
+      }
+    }
+  }
+}
+
+/// Peak bytes of the backward (allocator counters): the gate/up gradient
+/// (rows, 2F) is the only large buffer; the old backward held the whole dm
+/// (rows, F) beside it, and before that dm beside the recomputed m.
+TEST(FusedSwigluLinearResidual, BackwardNeverHoldsAWholeDmBesideTheGateUpGradient) {
+  const std::int64_t rows = 512, c = 4, f = 64;
+  const std::int64_t row_bytes = rows * f * static_cast<std::int64_t>(sizeof(float));  // one (rows, F) buffer
+  Variable r(randn({rows, c}, 131), true), gu(randn({rows, 2 * f}, 132), true), w(randn({c, f}, 133), true);
+  const Tensor seed = randn({rows, c}, 134);
+  Variable out = fused::swiglu_linear_residual(r, gu, w);
+  const std::int64_t live = memory_stats().live_bytes;
+  reset_peak_memory();
+  out.backward(seed, GraphAfterBackward::Release);
+  const std::int64_t peak = memory_stats().peak_bytes - live;
+  // d gate_up (2 row_bytes) + dW (c·f floats) + the residual's gradient (the
+  // seed, copied into the leaf's slot: rows·c floats). A whole dm beside
+  // d gate_up would be 3 row_bytes.
+  const std::int64_t small = (c * f + rows * c) * static_cast<std::int64_t>(sizeof(float));
+  EXPECT_GE(peak, 2 * row_bytes) << "the gate/up gradient is allocated";
+  EXPECT_LE(peak, 2 * row_bytes + small) << "a (rows, F) buffer beside the gate/up gradient";
+}
+
 /// value_needed false (a checkpoint replay's final op): same shape, a NaN
 /// value, and the gradients of value_needed true bit for bit.
 TEST(FusedResidualProjections, ValueNotNeededGivesNaNAndTheSameGradients) {

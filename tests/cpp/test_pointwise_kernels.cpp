@@ -478,3 +478,26 @@ TEST(PointwiseSwiglu, PackedRowsEqualTheUnpackedKernelsOnRaggedWidths) {
     });
   }
 }
+
+TEST(PointwiseSwiglu, InPlaceBackwardGivesTheOutOfPlaceBits) {
+  // d holds g in columns [0, F) of each row and NaN in [F, 2F) (never read):
+  // on return it must hold swiglu_packed_backward's bits, for every ragged
+  // width, no rows, one row and several, at every thread count.
+  for (const std::int64_t f : kWidths) {
+    for (const std::int64_t rows : {std::int64_t{0}, std::int64_t{1}, std::int64_t{9}}) {
+      const Tensor gate_up = randn({rows, 2 * f}, 820 + static_cast<std::uint64_t>(f), 3.0F);
+      const Tensor g = randn({rows, f}, 821);
+      for_thread_counts([&](int threads) {
+        const std::string what =
+            "F " + std::to_string(f) + ", rows " + std::to_string(rows) + ", " + std::to_string(threads) + " threads";
+        const Tensor want = cpu::swiglu_packed_backward(gate_up, g);
+        Tensor d = Tensor::full({rows, 2 * f}, std::numeric_limits<float>::quiet_NaN());
+        for (std::int64_t r = 0; r < rows; ++r) {
+          std::copy_n(g.data() + r * f, f, d.data() + r * 2 * f);
+        }
+        cpu::swiglu_packed_backward_inplace(gate_up, d);
+        expect_same_bits(d.data(), want.data(), rows * 2 * f, what);
+      });
+    }
+  }
+}

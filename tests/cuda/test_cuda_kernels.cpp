@@ -9,6 +9,7 @@
 
 #include "cuda_skip.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -255,6 +256,12 @@ std::vector<Pair> swiglu_pairs() {
   out.push_back({"swiglu packed forward", cpu::swiglu_packed_forward(packed), cuda::swiglu_packed_forward(dev(packed))});
   out.push_back({"swiglu packed backward", cpu::swiglu_packed_backward(packed, g),
                  cuda::swiglu_packed_backward(dev(packed), dev(g))});
+  // In place: g in columns [0, 16) of each row, columns [16, 32) not read.
+  Tensor g_in_d = uniform({5, 3, 32}, 95);
+  for (std::int64_t r = 0; r < 15; ++r) std::copy_n(g.data() + r * 16, 16, g_in_d.data() + r * 32);
+  Tensor cd = dev(g_in_d);
+  cuda::swiglu_packed_backward_inplace(dev(packed), cd);
+  out.push_back({"swiglu packed backward in place", cpu::swiglu_packed_backward(packed, g), cd});
   return out;
 }
 

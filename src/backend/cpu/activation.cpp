@@ -49,15 +49,30 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void swiglu_span(co
   for (std::int64_t i = 0; i < n; ++i) out[i] = gate[i] * sigmoid_approx(gate[i]) * up[i];
 }
 
-/// d_gate = g · up · silu'(gate), d_up = g · silu(gate) over n elements.
+/// d_gate = g · up · silu'(gate), d_up = g · silu(gate) for one element.
+inline void swiglu_gradient(float a, float u, float g, float& d_gate, float& d_up) {
+  const float s = sigmoid_approx(a);
+  d_gate = g * u * s * (1.0F + a * (1.0F - s));
+  d_up = g * a * s;
+}
+
+/// swiglu_gradient over n elements.
 __attribute__((target_clones("avx512f", "avx2", "default"))) void swiglu_backward_span(const float* gate, const float* up,
                                                                              const float* g, float* d_gate,
                                                                              float* d_up, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) swiglu_gradient(gate[i], up[i], g[i], d_gate[i], d_up[i]);
+}
+
+/// The same with g read from d_gate before it is overwritten (its own loop:
+/// g and d_gate as two pointers to one buffer would send the vectorizer's
+/// alias check to the scalar fallback).
+__attribute__((target_clones("avx512f", "avx2", "default"))) void swiglu_backward_inplace_span(const float* gate,
+                                                                                     const float* up,
+                                                                                     float* g_then_d_gate,
+                                                                                     float* d_up, std::int64_t n) {
   for (std::int64_t i = 0; i < n; ++i) {
-    const float a = gate[i];
-    const float s = sigmoid_approx(a);
-    d_gate[i] = g[i] * up[i] * s * (1.0F + a * (1.0F - s));
-    d_up[i] = g[i] * a * s;
+    const float g = g_then_d_gate[i];
+    swiglu_gradient(gate[i], up[i], g, g_then_d_gate[i], d_up[i]);
   }
 }
 
@@ -141,6 +156,18 @@ Tensor swiglu_packed_backward(const Tensor& gate_up, const Tensor& g) {
     swiglu_backward_span(pi + r * f2, pi + r * f2 + f, pg + r * f, pd + r * f2, pd + r * f2 + f, f);
   }
   return d;
+}
+
+void swiglu_packed_backward_inplace(const Tensor& gate_up, Tensor& d) {
+  const std::int64_t f2 = gate_up.size(-1);
+  const std::int64_t f = f2 / 2;
+  const std::int64_t rows = f2 == 0 ? 0 : gate_up.numel() / f2;
+  const float* pi = gate_up.data();
+  float* pd = d.data();
+#pragma omp parallel for schedule(dynamic, 16) if (rows * f > kParallelElements)
+  for (std::int64_t r = 0; r < rows; ++r) {
+    swiglu_backward_inplace_span(pi + r * f2, pi + r * f2 + f, pd + r * f2, pd + r * f2 + f, f);
+  }
 }
 
 }  // namespace riftco_transformer::cpu

@@ -58,6 +58,9 @@ class CpuKernels final : public Kernels {
   Tensor swiglu_packed_backward(const Tensor& gate_up, const Tensor& g) const override {
     return cpu::swiglu_packed_backward(gate_up, g);
   }
+  void swiglu_packed_backward_inplace(const Tensor& gate_up, Tensor& d) const override {
+    cpu::swiglu_packed_backward_inplace(gate_up, d);
+  }
 
   Tensor rms_norm_forward(const Tensor& x, const Tensor& w, float eps, Tensor& rstd) const override {
     return cpu::rms_norm_forward(x, w, eps, rstd);

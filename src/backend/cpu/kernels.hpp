@@ -79,6 +79,9 @@ void swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& g, Tens
 Tensor swiglu_packed_forward(const Tensor& gate_up);
 /// d gate_up (..., 2F) given g (..., F).
 Tensor swiglu_packed_backward(const Tensor& gate_up, const Tensor& g);
+/// The same, in place: d (..., 2F) holds g in columns [0, F) of each row on
+/// entry and d gate_up on return (same bits).
+void swiglu_packed_backward_inplace(const Tensor& gate_up, Tensor& d);
 
 // ---- normalization --------------------------------------------------------
 /// y = x * rstd * w per row of length C; rstd (rows) is returned for backward.

@@ -55,15 +55,18 @@ __global__ void swiglu_kernel(const float* gate, const float* up, std::int64_t i
   }
 }
 
-/// d_gate = g·up·silu'(gate), d_up = g·silu(gate); gate/up/d_gate/d_up at row·ld.
+/// d_gate = g·up·silu'(gate), d_up = g·silu(gate); gate/up/d_gate/d_up at
+/// row·in_ld, g at row·g_ld. g may be d_gate itself (g_ld = in_ld): each
+/// thread reads its element of g before writing the same element.
 __global__ void swiglu_backward_kernel(const float* gate, const float* up, std::int64_t in_ld, const float* g,
-                                       float* d_gate, float* d_up, std::int64_t rows, std::int64_t f) {
+                                       std::int64_t g_ld, float* d_gate, float* d_up, std::int64_t rows,
+                                       std::int64_t f) {
   GRID_STRIDE(i, rows * f) {
     const std::int64_t r = i / f;
     const std::int64_t j = i % f;
     const float a = gate[r * in_ld + j];
     const float s = sigmoid(a);
-    const float gi = g[i];
+    const float gi = g[r * g_ld + j];
     d_gate[r * in_ld + j] = gi * up[r * in_ld + j] * s * (1.0F + a * (1.0F - s));
     d_up[r * in_ld + j] = gi * a * s;
   }
@@ -115,7 +118,7 @@ void swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& g, Tens
   const std::int64_t n = gate.numel();
   if (n == 0) return;
   swiglu_backward_kernel<<<detail::grid_for(n), detail::kThreads>>>(
-      gate.device_data(), up.device_data(), 1, g.device_data(), d_gate.device_data(), d_up.device_data(), n, 1);
+      gate.device_data(), up.device_data(), 1, g.device_data(), 1, d_gate.device_data(), d_up.device_data(), n, 1);
   detail::check_launch("swiglu_backward", "swiglu_backward_kernel");
 }
 
@@ -144,10 +147,24 @@ Tensor swiglu_packed_backward(const Tensor& gate_up, const Tensor& g) {
   if (rows * f == 0) return d;
   const float* pi = gate_up.device_data();
   float* pd = d.device_data();
-  swiglu_backward_kernel<<<detail::grid_for(rows * f), detail::kThreads>>>(pi, pi + f, f2, g.device_data(), pd,
+  swiglu_backward_kernel<<<detail::grid_for(rows * f), detail::kThreads>>>(pi, pi + f, f2, g.device_data(), f, pd,
                                                                            pd + f, rows, f);
   detail::check_launch("swiglu_packed_backward", "swiglu_backward_kernel");
   return d;
+}
+
+void swiglu_packed_backward_inplace(const Tensor& gate_up, Tensor& d) {
+  detail::require_cuda(gate_up, "swiglu_packed_backward_inplace", "gate_up");
+  detail::require_cuda(d, "swiglu_packed_backward_inplace", "d");
+  const std::int64_t f2 = gate_up.size(-1);
+  const std::int64_t f = f2 / 2;
+  const std::int64_t rows = f2 == 0 ? 0 : gate_up.numel() / f2;
+  if (rows * f == 0) return;
+  const float* pi = gate_up.device_data();
+  float* pd = d.device_data();
+  swiglu_backward_kernel<<<detail::grid_for(rows * f), detail::kThreads>>>(pi, pi + f, f2, pd, f2, pd, pd + f, rows,
+                                                                           f);
+  detail::check_launch("swiglu_packed_backward_inplace", "swiglu_backward_kernel");
 }
 
 }  // namespace riftco_transformer::cuda

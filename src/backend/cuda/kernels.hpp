@@ -56,6 +56,7 @@ Tensor swiglu_forward(const Tensor& gate, const Tensor& up);
 void swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& g, Tensor& d_gate, Tensor& d_up);
 Tensor swiglu_packed_forward(const Tensor& gate_up);
 Tensor swiglu_packed_backward(const Tensor& gate_up, const Tensor& g);
+void swiglu_packed_backward_inplace(const Tensor& gate_up, Tensor& d);
 
 // ---- normalization --------------------------------------------------------------
 Tensor rms_norm_forward(const Tensor& x, const Tensor& w, float eps, Tensor& rstd);
