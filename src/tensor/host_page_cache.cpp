@@ -314,12 +314,18 @@ void* host_pages_allocate(std::size_t requested) {
     ptr = map_pages(bytes);
   }
   if (ptr == nullptr) ptr = map_pages(bytes);
-  if (ptr == nullptr && host_pages_release() > 0) ptr = map_pages(bytes);  // out of memory with blocks cached
-  std::lock_guard<std::mutex> guard(c.lock);
+  std::unique_lock<std::mutex> guard(c.lock);
   if (ptr == nullptr) {
+    // Out of memory: the claim is given back before the cached blocks are
+    // (their high-water mark restarts at the live bytes, which must not
+    // count a request that may fail), then one more try.
     c.live -= r;
     c.reserved.store(c.live + c.cached);
-    throw std::bad_alloc();
+    guard.unlock();
+    if (host_pages_release() == 0 || (ptr = map_pages(bytes)) == nullptr) throw std::bad_alloc();
+    guard.lock();
+    c.live += r;
+    c.reserved.store(c.live + c.cached);
   }
   c.high_water = std::max(c.high_water, c.live);
   return ptr;
