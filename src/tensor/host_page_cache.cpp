@@ -1,6 +1,7 @@
 #include "host_page_cache.hpp"
 
 #include <fcntl.h>
+#include <pthread.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -70,6 +71,11 @@ constexpr std::int64_t kMappingCheckEvery = 256;
 
 PageCache& page_cache() {
   static PageCache cache;
+  // fork() copies only the calling thread: the lock is held across it, so
+  // that no other thread holds it then (the child would wait forever).
+  static const int fork_guard = pthread_atfork([] { cache.lock.lock(); }, [] { cache.lock.unlock(); },
+                                               [] { new (&cache.lock) std::mutex(); });
+  (void)fork_guard;
   return cache;
 }
 

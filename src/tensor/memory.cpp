@@ -1,5 +1,7 @@
 #include "riftco_transformer/memory.hpp"
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <atomic>
 #include <bit>
@@ -105,6 +107,22 @@ PinnedCache& pinned_cache() {
 
 Counters& counters(Backend backend) {
   static Counters per_backend[2];
+  // fork() copies only the calling thread: the locks are held across it, so
+  // that no other thread holds one then (the child would wait forever).
+  static const int fork_guard = pthread_atfork(
+      [] {
+        for (Counters& c : per_backend) c.lock.lock();
+        pinned_cache().lock.lock();
+      },
+      [] {
+        pinned_cache().lock.unlock();
+        for (Counters& c : per_backend) c.lock.unlock();
+      },
+      [] {
+        new (&pinned_cache().lock) std::mutex();
+        for (Counters& c : per_backend) new (&c.lock) std::mutex();
+      });
+  (void)fork_guard;
   return per_backend[static_cast<int>(backend)];
 }
 

@@ -4,8 +4,11 @@
 // never aliasing live ones, zero-byte and huge requests, the mapping limit.
 #include <gtest/gtest.h>
 #include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
@@ -371,4 +374,35 @@ TEST(Allocator, AFailedMoveNeverTouchesAnotherMappingAndStillServes) {
     detail::free_bytes(Backend::Cpu, again, 4 * kMiB);
   }
   release_cached_memory();
+}
+
+TEST(Allocator, AChildForkedWhileAnotherThreadAllocatesCanAllocate) {
+  // fork() copies only the calling thread: a cache lock another thread held
+  // at that moment stayed locked in the child, whose first large allocation
+  // then waited forever (glibc's malloc guards its own locks around fork).
+  std::atomic<bool> stop{false};
+  std::thread busy([&stop] {
+    while (!stop.load()) {
+      void* p = detail::allocate_bytes(Backend::Cpu, kMiB);
+      detail::free_bytes(Backend::Cpu, p, kMiB);
+    }
+  });
+  int hung = 0;
+  for (int i = 0; i < 200 && hung == 0; ++i) {
+    const pid_t child = fork();
+    if (child == 0) {
+      alarm(5);  // a child stuck on the lock dies of SIGALRM
+      void* p = detail::allocate_bytes(Backend::Cpu, 2 * kMiB);
+      std::memset(p, 1, 2 * kMiB);
+      detail::free_bytes(Backend::Cpu, p, 2 * kMiB);
+      _exit(0);
+    }
+    ASSERT_GT(child, 0);
+    int status = 0;
+    ASSERT_EQ(waitpid(child, &status, 0), child);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) hung = i + 1;
+  }
+  stop = true;
+  busy.join();
+  EXPECT_EQ(hung, 0) << "child " << hung << " did not finish its allocation";
 }
