@@ -293,9 +293,11 @@ constexpr float kFusedShiftLimit = 0x1p16F;
   return a >= kFusedShiftLimit && a < std::numeric_limits<float>::infinity();
 }
 
-/// 2^(x·pre − shift): one rounding, or two when `large` (see above).
-[[gnu::always_inline]] inline float exp2_shifted(float x, float pre, float shift, bool large) {
-  return vec::exp2_fma(large ? x * pre - shift : vec::fmadd(x, pre, -shift));
+/// 2^(x·pre − shift): one rounding, or two when `Large` (see above); a
+/// template argument, so that the loops are compiled apart.
+template <bool Large>
+[[gnu::always_inline]] inline float exp2_shifted(float x, float pre, float shift) {
+  return vec::exp2_fma(Large ? x * pre - shift : vec::fmadd(x, pre, -shift));
 }
 
 /// x[c] = 2^(x[c]·pre − shift) for c < valid, 0 for valid <= c < n (the
@@ -304,10 +306,16 @@ constexpr float kFusedShiftLimit = 0x1p16F;
 /// `valid` on may be unwritten, and are never multiplied).
 [[gnu::always_inline]] inline void exp_row(float* __restrict x, std::int64_t valid, std::int64_t n, float pre,
                                            float shift) {
-  const bool large = large_shift(shift);
-  for (std::int64_t c = 0; c < n; ++c) {
-    const float e = exp2_shifted(x[c], pre, shift, large);
-    x[c] = c < valid ? e : 0.0F;
+  auto row = [&]<bool Large>() __attribute__((always_inline)) {
+    for (std::int64_t c = 0; c < n; ++c) {
+      const float e = exp2_shifted<Large>(x[c], pre, shift);
+      x[c] = c < valid ? e : 0.0F;
+    }
+  };
+  if (large_shift(shift)) {
+    row.template operator()<true>();
+  } else {
+    row.template operator()<false>();
   }
 }
 
@@ -485,19 +493,26 @@ template <class Isa>
           }
         }
         bool large = false;  // the whole tile's arguments with two roundings when any row's max is large
-        for (int r = 0; r < ni; ++r) large = large || large_shift(m[r]);
+        for (int r = 0; r < ni; ++r) large |= large_shift(m[r]);
         std::fill(tile_sum, tile_sum + n, 0.0F);
-        for (std::int64_t c = 0; c < cols; ++c) {
-          float* __restrict pc = st + c * brp;
-          const int r0 = first_query(c);
-          const int rb = r0 / kQueryBlock * kQueryBlock;
-          std::fill(pc, pc + rb, 0.0F);  // masked (and possibly unwritten) entries
-          for (int r = rb; r < ni; ++r) {
-            const float e = exp2_shifted(pc[r], scale2, m[r], large);
-            const float p = r >= r0 ? e : 0.0F;
-            pc[r] = p;
-            tile_sum[r] += p;
+        auto exponentials = [&]<bool Large>() __attribute__((always_inline)) {
+          for (std::int64_t c = 0; c < cols; ++c) {
+            float* __restrict pc = st + c * brp;
+            const int r0 = first_query(c);
+            const int rb = r0 / kQueryBlock * kQueryBlock;
+            std::fill(pc, pc + rb, 0.0F);  // masked (and possibly unwritten) entries
+            for (int r = rb; r < ni; ++r) {
+              const float e = exp2_shifted<Large>(pc[r], scale2, m[r]);
+              const float p = r >= r0 ? e : 0.0F;
+              pc[r] = p;
+              tile_sum[r] += p;
+            }
           }
+        };
+        if (large) {
+          exponentials.template operator()<true>();
+        } else {
+          exponentials.template operator()<false>();
         }
       };
       if (diag >= cols - 1) {
