@@ -49,7 +49,9 @@ namespace detail {
 /// 64-byte aligned (512 on cuda: a device pointer); counts the bytes on
 /// `backend`. Never returns null (throws std::bad_alloc on the CPU,
 /// BackendError naming cudaMalloc on cuda, or when the backend is not
-/// available). Zero bytes returns a valid unique pointer.
+/// available; std::bad_alloc for any request above 2^62 bytes, before
+/// anything is touched). Zero bytes returns a valid unique pointer. The
+/// allocator's locks are held across fork(), so a child can allocate.
 void* allocate_bytes(Backend backend, std::size_t bytes);
 void free_bytes(Backend backend, void* ptr, std::size_t bytes) noexcept;
 /// Page-locked host memory (cudaHostAlloc) for activation offload: counted in

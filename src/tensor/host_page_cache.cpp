@@ -1,6 +1,7 @@
 #include "host_page_cache.hpp"
 
 #include <fcntl.h>
+#include <pthread.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -70,6 +71,11 @@ constexpr std::int64_t kMappingCheckEvery = 256;
 
 PageCache& page_cache() {
   static PageCache cache;
+  // fork() copies only the calling thread: the lock is held across it, so
+  // that no other thread holds it then (the child would wait forever).
+  static const int fork_guard = pthread_atfork([] { cache.lock.lock(); }, [] { cache.lock.unlock(); },
+                                               [] { new (&cache.lock) std::mutex(); });
+  (void)fork_guard;
   return cache;
 }
 
@@ -83,6 +89,15 @@ std::size_t page_round(std::size_t bytes) {
 void* map_pages(std::size_t bytes) noexcept {
   void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   return p == MAP_FAILED ? nullptr : p;
+}
+
+std::atomic<HostPagesMove> g_move{nullptr};
+
+/// Moves `bytes` of pages from `from` to `to` (which the kernel unmaps
+/// first); MAP_FAILED when it does not.
+void* move_pages(void* from, std::size_t bytes, void* to) noexcept {
+  if (const HostPagesMove move = g_move.load(std::memory_order_relaxed)) return move(from, bytes, to);
+  return mremap(from, bytes, bytes, MREMAP_MAYMOVE | MREMAP_FIXED, to);
 }
 
 void unmap_pages(Block b) noexcept {
@@ -197,28 +212,43 @@ std::int64_t mapping_budget() noexcept {
   return limit / 4;
 }
 
+/// New pages at `at`, only where nothing is mapped (MAP_FIXED_NOREPLACE; a
+/// kernel before 4.17 takes the address as a hint): false when something is.
+bool map_pages_at(char* at, std::size_t bytes) noexcept {
+  void* p = mmap(at, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
+  if (p == at) return true;
+  if (p != MAP_FAILED) munmap(p, bytes);
+  return false;
+}
+
 /// One block of `bytes` made of the pieces' pages: a new mapping with every
 /// piece moved into it (mremap with MREMAP_FIXED moves page-table entries:
 /// their resident pages are neither copied nor faulted in again); a shortfall
 /// is new pages. A piece the kernel will not move (one spanning several
 /// mappings, before Linux 6.17) is unmapped and new pages take its place.
 /// Null (every piece unmapped) when there is no memory for the mapping.
+///
+/// A failed move may have unmapped its target first, and another thread's
+/// mmap may have been given that hole since: the new pages go there only
+/// while nothing is mapped there (never MAP_FIXED), and when something is —
+/// another thread's mapping, or still this one's pages when the move failed
+/// before unmapping them (which cannot be told apart) — the hole is left
+/// alone and only the rest of the block unmapped (at worst a range of
+/// untouched pages, no resident memory, stays mapped).
 void* assemble(const Pieces& pieces, std::size_t bytes) noexcept {
   char* base = static_cast<char*>(map_pages(bytes));
   std::size_t offset = 0;
   for (std::size_t i = 0; i < pieces.count; ++i) {
     const Block b = pieces.blocks[i];
-    if (base != nullptr &&
-        mremap(b.ptr, b.bytes, b.bytes, MREMAP_MAYMOVE | MREMAP_FIXED, base + offset) == MAP_FAILED) {
+    if (base == nullptr) {
       unmap_pages(b);
-      // A failed move may have unmapped its target first: map new pages there.
-      if (mmap(base + offset, b.bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) ==
-          MAP_FAILED) {
-        unmap_pages(Block{base, bytes});
+    } else if (move_pages(b.ptr, b.bytes, base + offset) == MAP_FAILED) {
+      unmap_pages(b);
+      if (!map_pages_at(base + offset, b.bytes)) {
+        unmap_pages(Block{base, offset});
+        unmap_pages(Block{base + offset + b.bytes, bytes - offset - b.bytes});
         base = nullptr;
       }
-    } else if (base == nullptr) {
-      unmap_pages(b);
     }
     offset += b.bytes;
   }
@@ -290,12 +320,18 @@ void* host_pages_allocate(std::size_t requested) {
     ptr = map_pages(bytes);
   }
   if (ptr == nullptr) ptr = map_pages(bytes);
-  if (ptr == nullptr && host_pages_release() > 0) ptr = map_pages(bytes);  // out of memory with blocks cached
-  std::lock_guard<std::mutex> guard(c.lock);
+  std::unique_lock<std::mutex> guard(c.lock);
   if (ptr == nullptr) {
+    // Out of memory: the claim is given back before the cached blocks are
+    // (their high-water mark restarts at the live bytes, which must not
+    // count a request that may fail), then one more try.
     c.live -= r;
     c.reserved.store(c.live + c.cached);
-    throw std::bad_alloc();
+    guard.unlock();
+    if (host_pages_release() == 0 || (ptr = map_pages(bytes)) == nullptr) throw std::bad_alloc();
+    guard.lock();
+    c.live += r;
+    c.reserved.store(c.live + c.cached);
   }
   c.high_water = std::max(c.high_water, c.live);
   return ptr;
@@ -317,5 +353,7 @@ void host_pages_free(void* ptr, std::size_t requested) noexcept {
 std::int64_t host_pages_release() noexcept { return unmap_cached(page_cache(), true); }
 
 std::int64_t host_pages_reserved() noexcept { return page_cache().reserved.load(); }
+
+HostPagesMove host_pages_set_move(HostPagesMove move) noexcept { return g_move.exchange(move); }
 
 }  // namespace riftco_transformer::detail

@@ -20,4 +20,9 @@ std::int64_t host_pages_release() noexcept;
 /// Bytes mapped: live blocks plus cached ones.
 std::int64_t host_pages_reserved() noexcept;
 
+/// Test seam: the mremap(MREMAP_MAYMOVE | MREMAP_FIXED) that moves cached
+/// pages into a new block (null: the system's). Returns the previous one.
+using HostPagesMove = void* (*)(void* from, std::size_t bytes, void* to);
+HostPagesMove host_pages_set_move(HostPagesMove move) noexcept;
+
 }  // namespace riftco_transformer::detail

@@ -1,5 +1,7 @@
 #include "riftco_transformer/memory.hpp"
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <atomic>
 #include <bit>
@@ -60,6 +62,16 @@ constexpr bool kCaching = true;
 
 constexpr std::size_t kCudaAlign = 512;
 
+/// Requests above this many bytes fail with std::bad_alloc before anything
+/// else: no machine maps them, and rounding larger ones up to a size class or
+/// a page would wrap (SIZE_MAX became a 64-byte block) or pass 2^63 in the
+/// signed counters.
+constexpr std::size_t kLargestRequest = std::size_t{1} << 62;
+
+void check_request(std::size_t bytes) {
+  if (bytes > kLargestRequest) throw std::bad_alloc();
+}
+
 std::size_t size_class(std::size_t bytes) {
   if (bytes < kCachedMinimum) return (bytes + kAlign - 1) / kAlign * kAlign;
   const int top = std::bit_width(bytes - 1) - 1;  // 2^top < bytes <= 2^(top+1)
@@ -95,6 +107,22 @@ PinnedCache& pinned_cache() {
 
 Counters& counters(Backend backend) {
   static Counters per_backend[2];
+  // fork() copies only the calling thread: the locks are held across it, so
+  // that no other thread holds one then (the child would wait forever).
+  static const int fork_guard = pthread_atfork(
+      [] {
+        for (Counters& c : per_backend) c.lock.lock();
+        pinned_cache().lock.lock();
+      },
+      [] {
+        pinned_cache().lock.unlock();
+        for (Counters& c : per_backend) c.lock.unlock();
+      },
+      [] {
+        new (&pinned_cache().lock) std::mutex();
+        for (Counters& c : per_backend) new (&c.lock) std::mutex();
+      });
+  (void)fork_guard;
   return per_backend[static_cast<int>(backend)];
 }
 
@@ -201,6 +229,7 @@ void* allocate_bytes(Backend backend, std::size_t bytes) {
   if (!backend_available(backend)) {
     throw BackendError(std::string("[allocate] ") + detail::cuda_unavailable_reason());
   }
+  check_request(bytes);
   Counters& c = counters(backend);
   const std::size_t rounded = block_size(backend, bytes);
   void* ptr = nullptr;
@@ -259,6 +288,7 @@ void free_bytes(Backend backend, void* ptr, std::size_t bytes) noexcept {
 }
 
 void* allocate_pinned_bytes(std::size_t bytes) {
+  check_request(bytes);
   Counters& c = counters(Backend::Cpu);
   PinnedCache& pinned = pinned_cache();
   const std::size_t rounded = std::max(size_class(bytes), kAlign);

@@ -8,6 +8,7 @@
 #include <bit>
 #include <cmath>
 #include <iostream>
+#include <limits>
 #include <vector>
 
 #include "../../src/backend/cpu/flash_attention.hpp"
@@ -485,6 +486,67 @@ TEST(AttentionDeterminism, FlashBuildsGiveTheSameBits) {
         EXPECT_TRUE(bit_equal(base.dv, other.dv));
       }
       cpu::flash_force_build(cpu::FlashBuild::Auto);
+    }
+  }
+}
+
+TEST(AttentionDeterminism, FlashBuildsAgreeOnExtremeInputsAndMaskFutureNaNs) {
+  // Scores far past the base-2 exp's clamps (+-1e30 queries), subnormal
+  // keys, infinite values, a NaN key and a NaN value at position `bad`:
+  // every build gives the same bits (NaNs included) and propagates them as
+  // before.
+  std::vector<cpu::FlashBuild> builds{cpu::FlashBuild::Baseline};
+  for (const cpu::FlashBuild b : {cpu::FlashBuild::Avx2, cpu::FlashBuild::Avx512}) {
+    if (cpu::flash_build_supported(b)) builds.push_back(b);
+  }
+  for (const std::int64_t t : {1, 5, 33}) {
+    for (const std::int64_t d : {5, 16, 20}) {
+      Inputs in = make_inputs({1, 2, t, d}, 300 + static_cast<std::uint64_t>(t * d));
+      float* q = in.q.data();
+      float* k = in.k.data();
+      float* v = in.v.data();
+      q[0] = 1e30F;
+      q[in.q.numel() - 1] = -1e30F;
+      q[d] = -1e30F;  // a second row with scores far past the clamps
+      k[d - 1] = 1e-40F;
+      v[(2 * t - 1) * d] = std::numeric_limits<float>::infinity();  // head 1's last key
+      const std::int64_t bad = t - 1;  // the last key of head 0
+      k[bad * d] = std::numeric_limits<float>::quiet_NaN();
+      v[bad * d + 1 % d] = std::numeric_limits<float>::quiet_NaN();  // a masked weight of 2^-126, not 0, would spread it
+      v[in.v.numel() - 1] = -std::numeric_limits<float>::infinity();
+      std::vector<Result> per_build;
+      for (const cpu::FlashBuild b : builds) {
+        cpu::flash_force_build(b);
+        per_build.push_back(run_kind(kFlash, in.q, in.k, in.v, in.seed));
+      }
+      cpu::flash_force_build(cpu::FlashBuild::Auto);
+      SCOPED_TRACE("T " + std::to_string(t) + ", D " + std::to_string(d));
+      for (std::size_t i = 1; i < per_build.size(); ++i) {
+        EXPECT_TRUE(bit_equal(per_build[0].out, per_build[i].out)) << "build " << static_cast<int>(builds[i]);
+        EXPECT_TRUE(bit_equal(per_build[0].dq, per_build[i].dq));
+        EXPECT_TRUE(bit_equal(per_build[0].dk, per_build[i].dk));
+        EXPECT_TRUE(bit_equal(per_build[0].dv, per_build[i].dv));
+      }
+      // As before round 2c (pre-flash16b flash, checked): a NaN score makes its
+      // row NaN; the causal mask keeps the NaN key and value and the -inf
+      // value (head 1's last) out of every earlier row, whose weight for
+      // them is 0, not exp2's 2^-126 floor.
+      const float* fo = per_build[0].out.data();
+      for (std::int64_t i = 0; i < 2 * t * d; ++i) {
+        const std::int64_t row = i / d;
+        if (row < bad || (row >= t && row < 2 * t - 1)) {
+          EXPECT_TRUE(std::isfinite(fo[i])) << "element " << i;
+        } else if (row == bad) {
+          EXPECT_TRUE(std::isnan(fo[i])) << "element " << i;
+        }
+      }
+      // Rows 0 and 1 (scores near +-1e29, far past exp2's clamps: one key
+      // takes all the weight) agree with the materialized path where it is
+      // finite (it lets a masked NaN value through: 0·NaN in its P·V).
+      const Result m = run_kind(kMaterialized, in.q, in.k, in.v, in.seed);
+      for (std::int64_t i = 0; i < std::min<std::int64_t>(2, bad) * d; ++i) {
+        if (std::isfinite(m.out.data()[i])) EXPECT_NEAR(fo[i], m.out.data()[i], 1e-5F) << "element " << i;
+      }
     }
   }
 }

@@ -277,15 +277,45 @@ template <class Isa, bool TransA, bool Accumulate>
 
 // ---- row helpers ------------------------------------------------------------
 
+/// Shifts (row maxima m of S·scale·log2 e, log-sum-exps) at or above this
+/// magnitude take the exponent's argument as x·pre − shift with two
+/// roundings. With one (a fused multiply-add), the max's own argument is
+/// the rounding error of its product, up to half an ulp of the shift: 0.004
+/// below 2^16, but ±4e12 for scores near 1e20, which exp2 clamped to 2^±127
+/// (output inf, or a wrong key weighted like the max). Below it nothing
+/// changes (no realistic score gets near: |S·scale| < 45,000).
+constexpr float kFusedShiftLimit = 0x1p16F;
+
+/// Whether a shift needs the two-rounding argument (infinite ones do not:
+/// both forms give the same there).
+[[gnu::always_inline]] inline bool large_shift(float shift) {
+  const float a = std::fabs(shift);
+  return a >= kFusedShiftLimit && a < std::numeric_limits<float>::infinity();
+}
+
+/// 2^(x·pre − shift): one rounding, or two when `Large` (see above); a
+/// template argument, so that the loops are compiled apart.
+template <bool Large>
+[[gnu::always_inline]] inline float exp2_shifted(float x, float pre, float shift) {
+  return vec::exp2_fma(Large ? x * pre - shift : vec::fmadd(x, pre, -shift));
+}
+
 /// x[c] = 2^(x[c]·pre − shift) for c < valid, 0 for valid <= c < n (the
 /// argument with one rounding, exp2_fma as the forward uses it). The
 /// loop runs whole vectors over [0, n) and masks by selection (entries from
 /// `valid` on may be unwritten, and are never multiplied).
 [[gnu::always_inline]] inline void exp_row(float* __restrict x, std::int64_t valid, std::int64_t n, float pre,
                                            float shift) {
-  for (std::int64_t c = 0; c < n; ++c) {
-    const float e = vec::exp2_fma(vec::fmadd(x[c], pre, -shift));
-    x[c] = c < valid ? e : 0.0F;
+  auto row = [&]<bool Large>() __attribute__((always_inline)) {
+    for (std::int64_t c = 0; c < n; ++c) {
+      const float e = exp2_shifted<Large>(x[c], pre, shift);
+      x[c] = c < valid ? e : 0.0F;
+    }
+  };
+  if (large_shift(shift)) {
+    row.template operator()<true>();
+  } else {
+    row.template operator()<false>();
   }
 }
 
@@ -462,18 +492,27 @@ template <class Isa>
             m[r] = next;
           }
         }
+        bool large = false;  // the whole tile's arguments with two roundings when any row's max is large
+        for (int r = 0; r < ni; ++r) large |= large_shift(m[r]);
         std::fill(tile_sum, tile_sum + n, 0.0F);
-        for (std::int64_t c = 0; c < cols; ++c) {
-          float* __restrict pc = st + c * brp;
-          const int r0 = first_query(c);
-          const int rb = r0 / kQueryBlock * kQueryBlock;
-          std::fill(pc, pc + rb, 0.0F);  // masked (and possibly unwritten) entries
-          for (int r = rb; r < ni; ++r) {
-            const float e = vec::exp2_fma(vec::fmadd(pc[r], scale2, -m[r]));
-            const float p = r >= r0 ? e : 0.0F;
-            pc[r] = p;
-            tile_sum[r] += p;
+        auto exponentials = [&]<bool Large>() __attribute__((always_inline)) {
+          for (std::int64_t c = 0; c < cols; ++c) {
+            float* __restrict pc = st + c * brp;
+            const int r0 = first_query(c);
+            const int rb = r0 / kQueryBlock * kQueryBlock;
+            std::fill(pc, pc + rb, 0.0F);  // masked (and possibly unwritten) entries
+            for (int r = rb; r < ni; ++r) {
+              const float e = exp2_shifted<Large>(pc[r], scale2, m[r]);
+              const float p = r >= r0 ? e : 0.0F;
+              pc[r] = p;
+              tile_sum[r] += p;
+            }
           }
+        };
+        if (large) {
+          exponentials.template operator()<true>();
+        } else {
+          exponentials.template operator()<false>();
         }
       };
       if (diag >= cols - 1) {
