@@ -70,7 +70,7 @@ class GradientBucketer final : public BackwardHooks {
   /// plain all-reduce, bit for bit. `base`: one tensor per parameter (e.g.
   /// GradientAccumulator::gradients() of the earlier micro-batches), each
   /// undefined or of its parameter's shape on the parameters' backend
-  /// (ShapeError before anything runs). output.backward() must take a scalar. `graph`: what the
+  /// (ShapeError, or BackendError for another backend, before anything runs). output.backward() must take a scalar. `graph`: what the
   /// pass does with the graph (GraphAfterBackward; the training loop frees it
   /// as the pass goes).
   void backward(const Variable& output, std::span<const Tensor> base, float weight,

@@ -25,7 +25,11 @@ struct MemoryStats {
   std::int64_t allocation_count = 0;  // allocations since process start
   std::int64_t free_count = 0;        // frees since process start
   /// Bytes the allocator holds for this backend: live tensor bytes (rounded
-  /// up to the allocator's block sizes) plus freed blocks kept for reuse.
+  /// up to the allocator's block sizes) plus freed blocks kept for reuse. On
+  /// the CPU the large blocks (>= 64 KiB) among them never exceed the most
+  /// large-block bytes live at once since the start or the last
+  /// release_cached_memory(): freed blocks are recycled across sizes, so the
+  /// resident set follows the live bytes.
   std::int64_t reserved_bytes = 0;
 };
 
@@ -34,9 +38,11 @@ MemoryStats memory_stats(Backend backend = Backend::Cpu);
 void reset_peak_memory(Backend backend = Backend::Cpu);
 /// Gives every freed block the allocator keeps for reuse back to the system
 /// (reserved_bytes drops to what live tensors hold); returns the bytes
-/// released. Large CPU buffers (>= 64 KiB) are cached by size class when
-/// freed, so a training loop does not fault the same pages in every step;
-/// CUDA buffers of every size are (cudaMalloc and cudaFree are slow).
+/// released, and restarts the CPU cache's high-water mark at the live bytes.
+/// Large CPU buffers (>= 64 KiB) are page mappings kept when freed and reused
+/// for requests of any size (their pages moved, not faulted in again), so a
+/// training loop does not fault the same pages in every step; CUDA buffers
+/// of every size are cached by size class (cudaMalloc and cudaFree are slow).
 std::int64_t release_cached_memory(Backend backend = Backend::Cpu);
 
 namespace detail {

@@ -53,7 +53,8 @@ class ShardedAdam {
   /// gradient on every rank is skipped (its moments do not move); one that
   /// has a gradient on some ranks counts zeros for the others. A non-finite
   /// norm is a ValueError on every rank naming the parameter, and nothing
-  /// changes; a gradient of the wrong shape is a ShapeError (raised before
+  /// changes; a gradient of the wrong shape is a ShapeError, one on another
+  /// backend a BackendError (raised before
   /// any communication: every rank must see it, as they do when the shapes
   /// are the same everywhere).
   float step(Gradients kind = Gradients::Local);
@@ -88,7 +89,8 @@ class ShardedAdam {
   Adam::State state() const;
   /// Every rank passes the full state (as saved, on the parameters'
   /// backend); each keeps its shard. Validates shapes and backends first
-  /// (ValueError / ShapeError; nothing changes).
+  /// (ValueError / ShapeError / BackendError for a state on another
+  /// backend; nothing changes).
   /// Also clears a failed step (below): restoring a saved state together
   /// with its parameters is how a caller recovers.
   void set_state(const Adam::State& state);
@@ -111,6 +113,17 @@ class ShardedAdam {
   /// Ranges [begin, end) of rank q's shard inside parameter i, in flat positions.
   template <class F>
   void for_each_piece(int rank, F&& f) const;
+  /// The same over flat positions [lo, hi) (a slice of a shard).
+  template <class F>
+  void for_each_piece_in(std::int64_t lo, std::int64_t hi, F&& f) const;
+  /// The all-gather of every rank's shard (a step's parameters, state()'s
+  /// moments), in slices of a bounded number of elements per rank, so its
+  /// buffers stay a small fraction of the model: pack(lo, hi, out) writes
+  /// this rank's flat positions [lo, hi) to out[0, hi - lo); unpack(q, lo,
+  /// hi, row) reads rank q's [lo, hi) from row[0, hi - lo) (every rank, this
+  /// one too). The same number of collectives on every rank.
+  template <class Pack, class Unpack>
+  void gather_shards(Pack&& pack, Unpack&& unpack) const;
 
   Communicator& comm_;
   int rank_ = 0;

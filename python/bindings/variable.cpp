@@ -102,6 +102,8 @@ void init_variable(nb::module_& m) {
              } else {
                rt::Tensor s = tensor_from_python(seed);
                nb::gil_scoped_release release;
+               // Host data (a list, an array) for a device output goes to the output's backend, as in the C ABI.
+               if (s.backend() != v.value().backend()) s = s.to(v.value().backend());
                v.backward(s, graph);
              }
            },

@@ -209,6 +209,11 @@ PassResult run_backward_pass(const Variable& root_var, const Tensor& seed, const
     throw ShapeError(std::string("[") + op + "] seed gradient " + shape_string(seed.shape()) +
                      " does not match output " + shape_string(root->value.shape()));
   }
+  if (seed.backend() != root->value.backend()) {
+    throw BackendError(std::string("[") + op + "] seed gradient " + shape_string(seed.shape()) + " is on " +
+                       backend_name(seed.backend()) + " but output " + root->label() + " is on " +
+                       backend_name(root->value.backend()) + ": move the seed to the output's backend");
+  }
   std::vector<std::shared_ptr<Node>> order = topological_order(root_var.node_ptr());
   validate_versions(order, op);  // before anything is computed or touched
 

@@ -51,7 +51,9 @@ rt_status rt_variable_backward_ex(const rt_variable* variable, const float* seed
       return;
     }
     check_count(v.value(), seed_count, f);
-    v.backward(rt::Tensor::from_data(v.shape(), std::span<const float>(seed, seed_count)), graph);
+    // The caller's host floats, on the output's backend (a cuda model's loss takes a device seed).
+    const rt::Tensor host = rt::Tensor::from_data(v.shape(), std::span<const float>(seed, seed_count));
+    v.backward(host.backend() == v.value().backend() ? host : host.to(v.value().backend()), graph);
   });
 }
 

@@ -103,7 +103,7 @@ void GradientBucketer::set_base(std::span<const Tensor> base, float weight) {
   for (std::size_t k = 0; k < base.size(); ++k) {
     const Tensor& b = base[k];
     if (b.defined() && (b.shape() != params_[k].shape() || b.backend() != backend_)) {
-      throw ShapeError("[GradientBucketer] the accumulated gradient of '" + params_[k].name() + "' is " +
+      distributed_detail::throw_mismatch(b.shape() != params_[k].shape(), "[GradientBucketer] the accumulated gradient of '" + params_[k].name() + "' is " +
                        shape_string(b.shape()) + " on " + backend_name(b.backend()) + ", the parameter " +
                        shape_string(params_[k].shape()) + " on " + backend_name(backend_));
     }
@@ -167,13 +167,13 @@ void GradientBucketer::fill(std::size_t index, const Tensor* gradient) {
   // The bucket's layout was made for the sizes at construction.
   const std::int64_t n = p.value().numel();
   if (n != slot.elements || p.backend() != backend_) {
-    throw ShapeError("[GradientBucketer] parameter " + std::to_string(index) + " '" + p.name() + "' is now " +
+    distributed_detail::throw_mismatch(n != slot.elements, "[GradientBucketer] parameter " + std::to_string(index) + " '" + p.name() + "' is now " +
                      shape_string(p.shape()) + " on " + backend_name(p.backend()) +
                      ", not what its bucket was laid out for: build a new GradientBucketer");
   }
   const bool has_gradient = gradient != nullptr && gradient->defined();
   if (has_gradient && (gradient->shape() != p.shape() || gradient->backend() != backend_)) {
-    throw ShapeError("[GradientBucketer] gradient " + shape_string(gradient->shape()) + " on " +
+    distributed_detail::throw_mismatch(gradient->shape() != p.shape(), "[GradientBucketer] gradient " + shape_string(gradient->shape()) + " on " +
                      backend_name(gradient->backend()) + " for parameter '" + p.name() + "' " +
                      shape_string(p.shape()) + ": the buckets reduce " + backend_name(backend_) +
                      " gradients of the parameter's shape");

@@ -48,4 +48,9 @@ Backend model_backend(const Communicator& comm, std::span<const Variable> parame
   return backend;
 }
 
+void throw_mismatch(bool shape_differs, const std::string& message) {
+  if (shape_differs) throw ShapeError(message);
+  throw BackendError(message);
+}
+
 }  // namespace riftco_transformer::distributed_detail

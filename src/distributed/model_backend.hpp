@@ -4,6 +4,7 @@
 // against the communicator before anything changes (docs/distributed.md,
 // "Data parallelism on CUDA tensors").
 #include <span>
+#include <string>
 
 #include "riftco_transformer/distributed.hpp"
 #include "riftco_transformer/variable.hpp"
@@ -23,5 +24,11 @@ namespace riftco_transformer::distributed_detail {
 /// No parameters: the communicator's device backend (CUDA for the nccl one),
 /// else the CPU.
 Backend model_backend(const Communicator& comm, std::span<const Variable> parameters, const char* op);
+
+/// A tensor that does not fit the layout (a gradient, an accumulated sum, a
+/// moment, a parameter since resized or moved): a ShapeError when its size
+/// or shape differs, else (the backend differs) a BackendError, with
+/// `message` naming both sides.
+[[noreturn]] void throw_mismatch(bool shape_differs, const std::string& message);
 
 }  // namespace riftco_transformer::distributed_detail

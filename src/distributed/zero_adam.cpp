@@ -26,6 +26,11 @@ namespace {
 /// backends' own constant (backend/kernel_types.hpp), not a copy of it.
 constexpr std::int64_t kNormChunk = backend::kNormChunk;
 
+/// The slice per rank of the step's reduce-scatter and all-gather and of
+/// state()'s gather (1 MiB of floats): their buffers are (world + 1) x this,
+/// not world x the largest shard (S3 at N = 8: about 40 slices a step).
+constexpr std::int64_t kGatherSlice = std::int64_t{1} << 18;
+
 std::int64_t max_gap(const std::vector<std::int64_t>& bounds) {
   std::int64_t m = 0;
   for (std::size_t r = 0; r + 1 < bounds.size(); ++r) m = std::max(m, bounds[r + 1] - bounds[r]);
@@ -109,12 +114,39 @@ void ShardedAdam::layout() {
 
 template <class F>
 void ShardedAdam::for_each_piece(int rank, F&& f) const {
-  const std::int64_t lo = bounds_[static_cast<std::size_t>(rank)];
-  const std::int64_t hi = bounds_[static_cast<std::size_t>(rank) + 1];
+  for_each_piece_in(bounds_[static_cast<std::size_t>(rank)], bounds_[static_cast<std::size_t>(rank) + 1],
+                    std::forward<F>(f));
+}
+
+template <class F>
+void ShardedAdam::for_each_piece_in(std::int64_t lo, std::int64_t hi, F&& f) const {
   for (std::size_t i = 0; i < params_.size(); ++i) {
     const std::int64_t b = std::max(lo, offset_[i]);
     const std::int64_t e = std::min(hi, offset_[i] + numel_[i]);
     if (b < e) f(i, b, e);
+  }
+}
+
+template <class Pack, class Unpack>
+void ShardedAdam::gather_shards(Pack&& pack, Unpack&& unpack) const {
+  const std::int64_t max_shard = max_gap(bounds_);
+  const std::int64_t slice = std::min(max_shard, kGatherSlice);
+  const backend::Kernels& kernels = backend::kernels(backend_, "ShardedAdam");
+  Tensor send = Tensor::empty({slice}, backend_);
+  Tensor gathered = Tensor::empty({slice * world_}, backend_);
+  for (std::int64_t s = 0; s < max_shard; s += slice) {
+    const std::int64_t width = std::min(slice, max_shard - s);  // rows are padded past a shorter shard's end
+    float* out = send.device_data();
+    kernels.fill_values(out, slice, 0.0F);
+    const std::int64_t lo = shard_begin() + s;
+    pack(lo, std::max(lo, std::min(lo + width, shard_end())), out);
+    comm_.all_gather(send, gathered);
+    const float* rows = std::as_const(gathered).device_data();
+    for (int q = 0; q < world_; ++q) {
+      const std::int64_t q_lo = bounds_[static_cast<std::size_t>(q)] + s;
+      const std::int64_t q_hi = std::min(q_lo + width, bounds_[static_cast<std::size_t>(q) + 1]);
+      if (q_lo < q_hi) unpack(q, q_lo, q_hi, rows + q * slice);
+    }
   }
 }
 
@@ -188,14 +220,14 @@ float ShardedAdam::update(std::span<const Tensor* const> gradients, Gradients ki
   for (std::size_t i = 0; i < count; ++i) {
     const Tensor& value = params_[i].value();
     if (value.backend() != backend_ || value.numel() != numel_[i]) {
-      throw ShapeError("[ShardedAdam] parameter '" + params_[i].name() + "' is now " + shape_string(value.shape()) +
+      distributed_detail::throw_mismatch(value.numel() != numel_[i], "[ShardedAdam] parameter '" + params_[i].name() + "' is now " + shape_string(value.shape()) +
                        " on " + backend_name(value.backend()) + " but its shard was laid out for " +
                        std::to_string(numel_[i]) + " elements on " + backend_name(backend_) +
                        ": build a new ShardedAdam");
     }
     const Tensor& g = *gradients[i];
     if (g.defined() && (g.shape() != value.shape() || g.backend() != backend_)) {
-      throw ShapeError("[ShardedAdam] gradient " + shape_string(g.shape()) + " on " + backend_name(g.backend()) +
+      distributed_detail::throw_mismatch(g.shape() != value.shape(), "[ShardedAdam] gradient " + shape_string(g.shape()) + " on " + backend_name(g.backend()) +
                        " of '" + params_[i].name() + "' does not match its value " + shape_string(value.shape()) +
                        " on " + backend_name(backend_));
     }
@@ -218,16 +250,26 @@ float ShardedAdam::update(std::span<const Tensor* const> gradients, Gradients ki
     kernels.copy_values(g.device_data() + (b - offset_[i]), out, e - b);
   };
   if (kind == Gradients::Local && world_ > 1) {
-    Tensor send = Tensor::zeros({max_shard * world_}, backend_);
-    float* rows = send.device_data();
-    for (int q = 0; q < world_; ++q) {
-      float* row = rows + q * max_shard;
-      for_each_piece(q, [&](std::size_t i, std::int64_t b, std::int64_t e) {
-        copy_gradient(i, b, e, row + (b - bounds_[static_cast<std::size_t>(q)]));
-      });
-    }
-    comm_.reduce_scatter_sum(send, grad_shard);  // rank-order sums, as all_reduce_sum
+    // In slices of at most kGatherSlice elements per rank, as gather_shards:
+    // the reduce-scatter's input is world x slice, not world x the largest shard.
+    const std::int64_t slice = std::min(max_shard, kGatherSlice);
+    Tensor send = Tensor::empty({slice * world_}, backend_);
+    Tensor mine = Tensor::empty({slice}, backend_);
     float* shard = grad_shard.device_data();
+    for (std::int64_t s = 0; s < max_shard; s += slice) {
+      const std::int64_t width = std::min(slice, max_shard - s);
+      float* rows = send.device_data();
+      kernels.fill_values(rows, slice * world_, 0.0F);  // padding and ranks without a gradient: zeros
+      for (int q = 0; q < world_; ++q) {
+        const std::int64_t lo = bounds_[static_cast<std::size_t>(q)] + s;
+        const std::int64_t hi = std::min(lo + width, bounds_[static_cast<std::size_t>(q) + 1]);
+        for_each_piece_in(lo, hi, [&](std::size_t i, std::int64_t b, std::int64_t e) {
+          copy_gradient(i, b, e, rows + q * slice + (b - lo));
+        });
+      }
+      comm_.reduce_scatter_sum(send, mine);  // rank-order sums, as all_reduce_sum
+      kernels.copy_values(std::as_const(mine).device_data(), shard + s, width);
+    }
     kernels.divide_values(shard, shard, max_shard, static_cast<float>(world_));  // all_reduce_average's arithmetic
   } else {
     float* shard = grad_shard.device_data();
@@ -300,30 +342,27 @@ float ShardedAdam::update(std::span<const Tensor* const> gradients, Gradients ki
                        detail::adam_decay_factor(options_, weight_decay_[i])});
   });
   kernels.adam_update(updates, c);
+  grad_shard = Tensor();  // done with: the all-gather below does not hold it too
 
-  // 4. Every rank gets every updated shard.
+  // 4. Every rank gets every updated shard (in slices: gather_shards).
   if (world_ > 1) {
-    Tensor send = Tensor::zeros({max_shard}, backend_);
-    float* out = send.device_data();
-    for_each_piece(rank_, [&](std::size_t i, std::int64_t b, std::int64_t e) {
-      kernels.copy_values(params_[i].value().device_data() + (b - offset_[i]), out + (b - begin), e - b);
-    });
-    Tensor gathered = Tensor::zeros({max_shard * world_}, backend_);
     try {
-      comm_.all_gather(send, gathered);
+      gather_shards(
+          [&](std::int64_t lo, std::int64_t hi, float* out) {
+            for_each_piece_in(lo, hi, [&](std::size_t i, std::int64_t b, std::int64_t e) {
+              kernels.copy_values(params_[i].value().device_data() + (b - offset_[i]), out + (b - lo), e - b);
+            });
+          },
+          [&](int q, std::int64_t lo, std::int64_t hi, const float* row) {
+            if (q == rank_) return;
+            for_each_piece_in(lo, hi, [&](std::size_t i, std::int64_t b, std::int64_t e) {
+              if (steps(i)) kernels.copy_values(row + (b - lo), theta[i] + (b - offset_[i]), e - b);
+            });
+          });
     } catch (const std::exception& e) {
       failure_ = "step " + std::to_string(steps_) + "'s parameter all-gather failed (" + e.what() +
                  "): this rank's shard was updated, the others' were not, so the ranks' parameters differ";
       throw;
-    }
-    const float* rows = std::as_const(gathered).device_data();
-    for (int q = 0; q < world_; ++q) {
-      if (q == rank_) continue;
-      const float* row = rows + q * max_shard;
-      for_each_piece(q, [&](std::size_t i, std::int64_t b, std::int64_t e) {
-        if (!steps(i)) return;
-        kernels.copy_values(row + (b - bounds_[static_cast<std::size_t>(q)]), theta[i] + (b - offset_[i]), e - b);
-      });
     }
   }
   return norm;
@@ -331,25 +370,20 @@ float ShardedAdam::update(std::span<const Tensor* const> gradients, Gradients ki
 
 Adam::State ShardedAdam::state() const {
   if (!failure_.empty()) refuse_after_failure(failure_, "state()");
-  const std::int64_t max_shard = max_gap(bounds_);
   const backend::Kernels& kernels = backend::kernels(backend_, "ShardedAdam");
   Adam::State s;
   s.steps = steps_;
   for (const Tensor* moment : {&m_, &v_}) {
-    Tensor send = Tensor::zeros({max_shard}, backend_);
-    kernels.copy_values(moment->device_data(), send.device_data(), moment->numel());
-    Tensor gathered = Tensor::zeros({max_shard * world_}, backend_);
-    comm_.all_gather(send, gathered);
-    const float* rows = std::as_const(gathered).device_data();
+    const float* mine = moment->device_data();
     std::vector<Tensor> full;
     for (std::size_t i = 0; i < params_.size(); ++i) full.push_back(Tensor::zeros(params_[i].shape(), backend_));
-    for (int q = 0; q < world_; ++q) {
-      const float* row = rows + q * max_shard;
-      for_each_piece(q, [&](std::size_t i, std::int64_t b, std::int64_t e) {
-        kernels.copy_values(row + (b - bounds_[static_cast<std::size_t>(q)]), full[i].device_data() + (b - offset_[i]),
-                            e - b);
-      });
-    }
+    gather_shards(
+        [&](std::int64_t lo, std::int64_t hi, float* out) { kernels.copy_values(mine + (lo - shard_begin()), out, hi - lo); },
+        [&](int, std::int64_t lo, std::int64_t hi, const float* row) {
+          for_each_piece_in(lo, hi, [&](std::size_t i, std::int64_t b, std::int64_t e) {
+            kernels.copy_values(row + (b - lo), full[i].device_data() + (b - offset_[i]), e - b);
+          });
+        });
     (moment == &m_ ? s.first_moment : s.second_moment) = std::move(full);
   }
   return s;
@@ -367,7 +401,8 @@ void ShardedAdam::set_state(const Adam::State& state) {
     for (const Tensor* t : {&state.first_moment[i], &state.second_moment[i]}) {
       if (!t->defined() || t->shape() != shape || t->backend() != backend_ ||
           params_[i].value().numel() != numel_[i]) {
-        throw ShapeError("[ShardedAdam] state for '" + params_[i].name() + "' has shape " +
+        distributed_detail::throw_mismatch(!t->defined() || t->shape() != shape || params_[i].value().numel() != numel_[i],
+                                           "[ShardedAdam] state for '" + params_[i].name() + "' has shape " +
                          (t->defined() ? shape_string(t->shape()) + " on " + backend_name(t->backend())
                                        : std::string("(undefined)")) +
                          ", parameter is " + shape_string(shape) + " (" + std::to_string(numel_[i]) +

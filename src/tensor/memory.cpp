@@ -10,37 +10,42 @@
 #include <vector>
 
 #include "device_runtime.hpp"
+#include "host_page_cache.hpp"
 #include "riftco_transformer/errors.hpp"
 
 namespace riftco_transformer {
 namespace {
 
-// ---- caching allocator (CPU) ----------------------------------------------
-// A training step allocates and frees the same buffer sizes every step. Large
-// buffers handed back to glibc are returned to the OS (munmap or heap trim),
-// so the next step faults every page in again and the kernel zeroes it:
-// measured at ~8% of a step. Blocks of at least kCachedMinimum bytes are
-// therefore kept on a free list per size class when freed and handed out
-// again. Classes are 4 per octave (2^k, 1.25·2^k, 1.5·2^k, 1.75·2^k), so a
-// block is at most 25% larger than the request; pages beyond the request are
-// not touched, so they cost address space, not resident memory, until a
-// larger request of the same class reuses the block. Smaller buffers go to
-// glibc as before (its heap reuses them without faults).
+// ---- caching allocator ------------------------------------------------------
+// A training step allocates and frees the same buffer sizes every step.
+// Large buffers handed back to glibc are either returned to the OS (munmap or
+// heap trim), so that the next step faults every page in again and the kernel
+// zeroes it (measured at ~8% of a step), or kept in its heap, where buffers of
+// other sizes may never reuse them. Every size is rounded up to a size class,
+// 4 per octave (2^k, 1.25·2^k, 1.5·2^k, 1.75·2^k), so a block is at most 25%
+// larger than the request; pages beyond the request are not touched until a
+// larger request reuses the block.
 //
-// The cache never holds more than the largest live byte count seen so far
-// (a freed block beyond that goes back to the system), so reserved memory
-// stays within twice the high-water mark whatever the shapes do.
-// release_cached_memory() empties it.
+// CPU blocks of at least kCachedMinimum bytes are whole-page mappings kept
+// when freed and recycled across sizes by host_page_cache.cpp: the bytes they
+// hold (live + cached) never exceed the most ever live in them at once, and a
+// request of a size not cached takes pages from a cached block of another size
+// (its head, or the block grown with mremap) instead of mapping new ones.
+// Smaller CPU buffers go to glibc (its heap reuses them without faults).
+// Under AddressSanitizer every CPU buffer goes to glibc, uncached.
 //
-// live/peak/allocation/free counters count requested bytes exactly as
-// before; reserved_bytes counts what the allocator holds.
+// CUDA buffers (cudaMalloc, device_runtime.hpp) are cached by size class
+// only: every size (cudaMalloc and cudaFree are slow and synchronize the
+// device), classes below kCachedMinimum being multiples of 512 bytes, and the
+// cache never holds more than the largest live byte count seen so far (a
+// freed block beyond that goes back with cudaFree), so reserved memory stays
+// within twice that high-water mark. A block freed to the cache may still be
+// read by a kernel in flight: every kernel and copy runs on the legacy default
+// stream, so the next user of the block is ordered after it.
 //
-// CUDA buffers (cudaMalloc, device_runtime.hpp) go through the same classes,
-// counters and cap, except that every size is cached (cudaMalloc and
-// cudaFree are slow and synchronize the device) and classes below
-// kCachedMinimum are multiples of 512 bytes. A block freed to the cache may
-// still be read by a kernel in flight: every kernel and copy runs on the
-// legacy default stream, so the next user of the block is ordered after it.
+// live/peak/allocation/free counters count requested bytes exactly;
+// reserved_bytes counts what the allocator holds (block sizes, cached blocks
+// included). release_cached_memory() empties the caches.
 
 constexpr std::size_t kAlign = 64;
 constexpr std::size_t kCachedMinimum = std::size_t{1} << 16;  // 64 KiB
@@ -107,10 +112,9 @@ std::size_t block_size(Backend backend, std::size_t bytes) {
   return std::max(size_class(bytes), kAlign);
 }
 
-/// Whether freed blocks of this size are kept for reuse.
-bool cached(Backend backend, std::size_t rounded) {
-  if (backend == Backend::Cuda) return true;
-  return kCaching && rounded >= kCachedMinimum;
+/// Whether a CPU block of this size is a cached page mapping (host_page_cache.cpp).
+bool host_pages(Backend backend, std::size_t rounded) {
+  return backend == Backend::Cpu && kCaching && rounded >= kCachedMinimum;
 }
 
 void* system_allocate(Backend backend, std::size_t bytes) {
@@ -150,7 +154,8 @@ bool backend_available(Backend backend) { return backend == Backend::Cpu || deta
 
 MemoryStats memory_stats(Backend backend) {
   Counters& c = counters(backend);
-  return MemoryStats{c.live.load(), c.peak.load(), c.allocations.load(), c.frees.load(), c.reserved.load()};
+  const std::int64_t pages = backend == Backend::Cpu ? detail::host_pages_reserved() : 0;
+  return MemoryStats{c.live.load(), c.peak.load(), c.allocations.load(), c.frees.load(), c.reserved.load() + pages};
 }
 
 void reset_peak_memory(Backend backend) {
@@ -173,6 +178,7 @@ std::int64_t release_cached_memory(Backend backend) {
     released += static_cast<std::int64_t>(size * blocks.size());
   }
   if (backend == Backend::Cpu) {
+    released += detail::host_pages_release();
     PinnedCache& pinned = pinned_cache();
     std::unordered_map<std::size_t, std::vector<void*>> pinned_lists;
     {
@@ -198,7 +204,9 @@ void* allocate_bytes(Backend backend, std::size_t bytes) {
   Counters& c = counters(backend);
   const std::size_t rounded = block_size(backend, bytes);
   void* ptr = nullptr;
-  if (cached(backend, rounded)) {
+  if (host_pages(backend, rounded)) {
+    ptr = host_pages_allocate(rounded);
+  } else if (backend == Backend::Cuda) {
     std::lock_guard<std::mutex> guard(c.lock);
     auto it = c.free_lists.find(rounded);
     if (it != c.free_lists.end() && !it->second.empty()) {
@@ -229,7 +237,11 @@ void free_bytes(Backend backend, void* ptr, std::size_t bytes) noexcept {
   const std::int64_t live_before = c.live.fetch_sub(static_cast<std::int64_t>(bytes));
   c.frees.fetch_add(1);
   const std::size_t rounded = block_size(backend, bytes);
-  if (cached(backend, rounded)) {
+  if (host_pages(backend, rounded)) {
+    host_pages_free(ptr, rounded);
+    return;
+  }
+  if (backend == Backend::Cuda) {
     try {
       std::lock_guard<std::mutex> guard(c.lock);
       c.high_water = std::max(c.high_water, live_before);

@@ -1357,6 +1357,10 @@ static void test_model_transfer_and_offload(void) {
     OK(rt_variable_item(device_loss, &cuda_loss));
     CHECK(fabsf(cuda_loss - cpu_loss) <= 1e-4f * fabsf(cpu_loss));
     OK(rt_variable_backward(device_loss));
+    /* A host seed for a device output: copied to the output's backend (ABI
+     * 2.5), the same gradients as the scalar seed of 1. */
+    const float one = 1.0f;
+    OK(rt_variable_backward_ex(device_loss, &one, 1, 0));
     rt_variable_destroy(device_loss);
     OK(rt_model_to(model, RT_BACKEND_CPU));
     OK(rt_model_backend(model, &where));

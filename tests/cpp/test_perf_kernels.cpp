@@ -1,8 +1,8 @@
 // Kernels changed for speed: the OpenMP-partitioned GEMM against a float64
-// reference on ragged shapes, every transpose and strided C; the caching
-// allocator's accounting; rope_packed against rope_apply; gemm_group
-// against one gemm() per product; the flash kernels' exp2_fma on every
-// instruction set against its scalar form and double exp2.
+// reference on ragged shapes, every transpose and strided C; rope_packed
+// against rope_apply; gemm_group against one gemm() per product; the flash
+// kernels' exp2_fma on every instruction set against its scalar form and
+// double exp2. (The caching allocator's tests: test_allocator.cpp.)
 #include <gtest/gtest.h>
 #include <omp.h>
 
@@ -15,7 +15,6 @@
 
 #include "../../src/backend/cpu/kernels.hpp"
 #include "../../src/backend/cpu/vec_math.hpp"
-#include "riftco_transformer/memory.hpp"
 #include "riftco_transformer/tensor.hpp"
 
 using namespace riftco_transformer;
@@ -283,40 +282,6 @@ TEST(PerfGemm, GroupEqualsOneGemmPerProductInChainOrder) {
     EXPECT_NEAR(dx2[5 * k + 9], want, 1e-3);
   }
   omp_set_num_threads(before);
-}
-
-TEST(PerfAllocator, CachedBlocksAreReusedAndCountersStayExact) {
-#if defined(__SANITIZE_ADDRESS__)
-  GTEST_SKIP() << "the cache is off under AddressSanitizer";
-#endif
-  {  // the cache holds at most the high-water live bytes: raise it first
-    Tensor a = Tensor::empty({1000000});
-    Tensor b = Tensor::empty({1000000});
-  }
-  release_cached_memory();
-  const MemoryStats s0 = memory_stats();
-  { Tensor big = Tensor::empty({300000}); }  // 1.2 MB: cached when freed (not under ASan)
-  const MemoryStats s1 = memory_stats();
-  EXPECT_EQ(s1.live_bytes, s0.live_bytes);  // live counts tensors only
-  EXPECT_EQ(s1.allocation_count - s0.allocation_count, 1);
-  EXPECT_EQ(s1.free_count - s0.free_count, 1);
-  EXPECT_GE(s1.reserved_bytes, s0.reserved_bytes);
-  {
-    Tensor again = Tensor::empty({290000});  // same size class: reuses the block, reserves nothing new
-    EXPECT_EQ(memory_stats().live_bytes - s0.live_bytes, 290000 * 4);
-    EXPECT_EQ(memory_stats().reserved_bytes, s1.reserved_bytes);
-  }
-  const std::int64_t released = release_cached_memory();
-  EXPECT_EQ(memory_stats().reserved_bytes, s1.reserved_bytes - released);
-  EXPECT_LE(memory_stats().reserved_bytes, s0.reserved_bytes);
-  EXPECT_EQ(memory_stats().live_bytes, s0.live_bytes);
-}
-
-TEST(PerfAllocator, ReusedBlocksCarryNoStaleZeroAssumption) {
-  // zeros() must zero a reused block (empty() need not).
-  { Tensor dirty = Tensor::full({100000}, 7.0F); }
-  const Tensor z = Tensor::zeros({100000});
-  for (const float v : z.values()) ASSERT_EQ(v, 0.0F);
 }
 
 TEST(PerfRope, PackedRowsMatchRopeApplyPerHead) {

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "riftco_transformer/distributed.hpp"
@@ -183,6 +184,84 @@ TEST(MpiZero, StateBytesPerRankAreAboutOneNthByTheAllocatorsCounters) {
   }
   EXPECT_LE(ratio, 1.0 / comm().world_size() + 0.01);
   if (comm().world_size() == 2) EXPECT_LE(ratio, 0.55);  // issue 17's target
+}
+
+TEST(MpiZero, AStepAndStatePeakBelowPlainAdamsMomentsByTheAllocatorsCounters) {
+  // The step's flat buffers are counted Tensors: the gradient shard, and the
+  // reduce-scatter and parameter all-gather in slices of at most 2^18 floats
+  // per rank. At N = 2
+  // the moments (8 MiB of 16 MiB) plus the step's temporaries must stay
+  // under plain Adam's 32 MiB of moments, or ZeRO-1 saves nothing at its peak
+  // (a whole-model all-gather buffer plus a shard-sized send buffer did:
+  // 8 + 8 + 8 + 16 = 40 MiB).
+  Random init(6);
+  std::vector<Variable> params;
+  for (int k = 0; k < 8; ++k) params.emplace_back(Tensor::normal({512, 1000 + k}, init), true, "w" + std::to_string(k));
+  std::vector<Tensor> grads;
+  for (const Variable& p : params) grads.push_back(Tensor::normal(p.shape(), init, 0.0F, 0.01F));
+  std::int64_t plain_peak = 0;
+  const auto plain_params = copies(params);
+  std::unique_ptr<Adam> plain;
+  {
+    const std::int64_t start = memory_stats().live_bytes;
+    reset_peak_memory();
+    plain = std::make_unique<Adam>(plain_params, options());
+    plain->step(grads);  // the same gradients on every rank: already their average
+    plain_peak = memory_stats().peak_bytes - start;
+  }
+  const std::int64_t start = memory_stats().live_bytes;
+  reset_peak_memory();
+  ShardedAdam zero(comm(), params, options());
+  zero.step(grads, ShardedAdam::Gradients::Averaged);
+  const std::int64_t zero_peak = memory_stats().peak_bytes - start;
+  std::vector<float> all(static_cast<std::size_t>(comm().world_size()));
+  comm().all_gather(std::vector<float>{static_cast<float>(zero_peak)}, all);
+  const double largest = *std::max_element(all.begin(), all.end());
+  if (comm().rank() == 0) {
+    std::printf("[zero] N = %d: step peak over live %lld B plain, %.0f B largest rank\n",
+                comm().world_size(), static_cast<long long>(plain_peak), largest);
+  }
+  // ZeRO's state alone is 1/N of plain's 32 MiB of moments.
+  const double moments = 2.0 * 4.0 * 8 * 512 * 1004;  // about 32 MiB: plain Adam's m and v
+  EXPECT_LT(largest, moments) << "ZeRO-1's step holds more than plain Adam's moments";
+  // Shards of 2M (N = 2) or 1.4M (N = 3) floats: gathered in several slices, still plain Adam's bits.
+  for (std::size_t k = 0; k < params.size(); ++k) {
+    EXPECT_TRUE(same_bits(params[k].value().values(), plain_params[k].value().values())) << params[k].name();
+  }
+  expect_identical_on_every_rank(params);
+  // state() (a checkpoint) gathers the full moments through the same slices:
+  // it holds them (2 x 16 MiB, its result) and its shard's, plus the slice
+  // buffers, not a whole-model gather buffer beside them.
+  const std::int64_t live = memory_stats().live_bytes;
+  reset_peak_memory();
+  const Adam::State state = zero.state();
+  const double state_peak = static_cast<double>(memory_stats().peak_bytes - live);
+  if (comm().rank() == 0) std::printf("[zero] N = %d: state() peak %.0f B on rank 0\n", comm().world_size(), state_peak);
+  const double result = 2.0 * 4.0 * 512 * 8028;  // the full moments it returns
+  EXPECT_LE(state_peak, result + 4.0 * (comm().world_size() + 1) * (1 << 18) + 65536) << "state() peak " << state_peak;
+  // Local gradients: the reduce-scatter's input goes in the same slices
+  // (a whole-model input buffer put the step at 2.5x the moments' saving).
+  {
+    const auto local_params = copies(params);
+    const std::int64_t before = memory_stats().live_bytes;
+    reset_peak_memory();
+    ShardedAdam local(comm(), local_params, options());
+    local.step(grads, ShardedAdam::Gradients::Local);
+    const double local_peak = static_cast<double>(memory_stats().peak_bytes - before);
+    EXPECT_LT(local_peak, moments) << "ZeRO-1's step with local gradients holds more than plain Adam's moments";
+    if (comm().rank() == 0) std::printf("[zero] N = %d: local-gradient step peak %.0f B on rank 0\n", comm().world_size(), local_peak);
+    // Reduce-scattered in several slices: still plain data-parallel Adam's bits.
+    const auto reference = copies(params);
+    Adam(reference, options()).step(averaged(grads));
+    for (std::size_t k = 0; k < params.size(); ++k) {
+      EXPECT_TRUE(same_bits(local_params[k].value().values(), reference[k].value().values())) << params[k].name();
+    }
+  }
+  const Adam::State expected = plain->state();
+  for (std::size_t k = 0; k < params.size(); ++k) {
+    EXPECT_TRUE(same_bits(state.first_moment[k].values(), expected.first_moment[k].values())) << params[k].name();
+    EXPECT_TRUE(same_bits(state.second_moment[k].values(), expected.second_moment[k].values())) << params[k].name();
+  }
 }
 
 TEST(MpiZero, GatheredStateResumesIntoPlainAdamOrANewShardedAdam) {

@@ -382,4 +382,14 @@ TEST(NcclDataParallel, MixedBackendsAreBackendErrorsNamingBothBeforeAnythingChan
   EXPECT_NE(grad_on_host.find("the gradient of 'w1' is on cpu, the parameters on cuda"), std::string::npos)
       << grad_on_host;
   EXPECT_TRUE(same_bits(host_values(device_grads[0]), before));
+  // The same host gradient given to ShardedAdam, or as the bucketer's
+  // accumulated sum: BackendErrors too (not ShapeErrors: the shapes agree),
+  // before anything changes.
+  ShardedAdam zero(nccl(), stack.params);
+  const std::string zero_host = message_of([&] { zero.step(device_grads, ShardedAdam::Gradients::Averaged); });
+  EXPECT_NE(zero_host.find("on cpu of 'w1'"), std::string::npos) << zero_host;
+  EXPECT_EQ(zero.step_count(), 0);
+  GradientBucketer buckets(nccl(), stack.params);
+  const std::string base_host = message_of([&] { buckets.backward(stack.loss(false), device_grads, 1.0F); });
+  EXPECT_NE(base_host.find("the accumulated gradient of 'w1' is (48, 48) on cpu"), std::string::npos) << base_host;
 }

@@ -1,0 +1,321 @@
+#include "host_page_cache.hpp"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cstdio>
+#include <cstring>
+#include <iterator>
+#include <map>
+#include <mutex>
+#include <new>
+#include <vector>
+
+// ---- large host blocks ------------------------------------------------------
+// A training step frees its activations during backward and then allocates
+// gradients of other sizes; zero_grad frees the gradients and the next
+// forward asks for activation sizes again. Blocks kept per size only hold
+// both sets (reserved ≈ activations + gradients, and the resident set with
+// it); handed back to glibc they stay resident anyway (its heap keeps pages
+// below its dynamic mmap threshold) or, unmapped, fault in again, zeroed by
+// the kernel, every step (~8% of a step).
+//
+// So every block is a page mapping of its own (mmap: munmap really returns its
+// pages), and the bytes held — live blocks plus cached ones — never exceed
+// the most block bytes ever live at once (`high_water`, restarted by
+// host_pages_release). A freed block is always kept. A request is served by
+//   1. a cached block of exactly its size (no system call);
+//   2. a new mapping, while live + cached + request stays within the bound;
+//   3. otherwise the head of the smallest larger cached block (its tail stays
+//      cached as a block of its own: no system call, no page fault);
+//   4. otherwise a new mapping into which up to 8 cached blocks (the largest
+//      first) are moved with mremap(MREMAP_FIXED): page-table entries move,
+//      resident pages are neither copied nor zeroed nor faulted again; only
+//      a shortfall is new pages, and cached blocks beyond the bound are
+//      unmapped.
+// In a repeated step the same pages therefore pass from activations to
+// gradients and back: on S3 the resident set follows the allocator's peak
+// and a measured step faults ~170 pages (growing one cached block with
+// mremap instead of moving several: ~44,000, i.e. 170 MiB a step).
+// Moved pieces stay separate kernel mappings; limit_mappings() keeps them
+// far from the per-process limit.
+//
+// Every mapping is private and anonymous; a block's pages may hold an earlier
+// block's data (callers assume nothing about a new block's contents).
+
+namespace riftco_transformer::detail {
+namespace {
+
+struct Block {
+  void* ptr = nullptr;
+  std::size_t bytes = 0;
+};
+
+struct PageCache {
+  std::mutex lock;
+  std::map<std::size_t, std::vector<void*>> free_lists;  // block bytes → blocks (no empty lists)
+  std::int64_t live = 0;        // bytes of blocks handed out (or being mapped)
+  std::int64_t cached = 0;      // bytes on the free lists
+  std::int64_t high_water = 0;  // most `live` since start or the last release
+  std::atomic<std::int64_t> reserved{0};  // live + cached, read without the lock
+  std::atomic<std::int64_t> assemblies{0};  // blocks made of moved pieces
+};
+
+/// Every this many assembled blocks the process's mapping count is checked.
+constexpr std::int64_t kMappingCheckEvery = 256;
+
+PageCache& page_cache() {
+  static PageCache cache;
+  return cache;
+}
+
+std::int64_t as_signed(std::size_t bytes) { return static_cast<std::int64_t>(bytes); }
+
+std::size_t page_round(std::size_t bytes) {
+  static const std::size_t page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+  return (bytes + page - 1) / page * page;
+}
+
+void* map_pages(std::size_t bytes) noexcept {
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  return p == MAP_FAILED ? nullptr : p;
+}
+
+void unmap_pages(Block b) noexcept {
+  if (b.bytes > 0) munmap(b.ptr, b.bytes);
+}
+
+/// Blocks to unmap once the lock is released.
+struct Unmaps {
+  std::vector<Block> blocks;
+  void add(Block b) noexcept {
+    try {
+      blocks.push_back(b);
+    } catch (...) {
+      unmap_pages(b);  // no memory for the list: unmap now, under the lock
+    }
+  }
+  void flush() noexcept {
+    for (const Block& b : blocks) unmap_pages(b);
+    blocks.clear();
+  }
+  ~Unmaps() { flush(); }
+};
+
+// The helpers below run under c.lock.
+
+/// Puts a block on the free lists; false when that needs memory there is none of.
+bool keep(PageCache& c, Block b) noexcept {
+  try {
+    c.free_lists[b.bytes].push_back(b.ptr);
+  } catch (...) {
+    return false;
+  }
+  c.cached += as_signed(b.bytes);
+  return true;
+}
+
+Block take(PageCache& c, std::map<std::size_t, std::vector<void*>>::iterator it) noexcept {
+  const Block b{it->second.back(), it->first};
+  it->second.pop_back();
+  if (it->second.empty()) c.free_lists.erase(it);
+  c.cached -= as_signed(b.bytes);
+  return b;
+}
+
+/// Unmaps cached blocks until `request` more live bytes fit under the bound:
+/// the smallest block that suffices, else the largest, repeatedly.
+void release_to_bound(PageCache& c, std::int64_t request, std::int64_t bound, Unmaps& unmaps) noexcept {
+  while (c.live + c.cached + request > bound && !c.free_lists.empty()) {
+    const auto excess = static_cast<std::size_t>(c.live + c.cached + request - bound);
+    auto it = c.free_lists.lower_bound(excess);
+    unmaps.add(take(c, it != c.free_lists.end() ? it : std::prev(c.free_lists.end())));
+  }
+}
+
+/// Takes a cached block of at least `bytes` from `it`; what it has beyond
+/// them stays cached as a block of its own (its tail).
+Block take_head(PageCache& c, std::map<std::size_t, std::vector<void*>>::iterator it, std::size_t bytes,
+                Unmaps& unmaps) noexcept {
+  Block b = take(c, it);
+  if (b.bytes > bytes) {
+    const Block tail{static_cast<char*>(b.ptr) + bytes, b.bytes - bytes};
+    if (!keep(c, tail)) unmaps.add(tail);
+    b.bytes = bytes;
+  }
+  return b;
+}
+
+/// Cached blocks whose pages are moved into one new block (a fixed few: each
+/// moved piece is one more kernel mapping).
+struct Pieces {
+  static constexpr std::size_t kMost = 8;
+  std::array<Block, kMost> blocks{};
+  std::size_t count = 0;
+};
+
+/// Takes up to Pieces::kMost cached blocks holding up to `bytes` between
+/// them: the largest first, then for what is left the smallest that covers
+/// it (its head) or again the largest.
+void gather(PageCache& c, std::size_t bytes, Pieces& pieces, Unmaps& unmaps) noexcept {
+  std::size_t gathered = 0;
+  while (gathered < bytes && pieces.count < Pieces::kMost && !c.free_lists.empty()) {
+    const std::size_t need = bytes - gathered;
+    auto it = c.free_lists.lower_bound(need);
+    const Block b = take_head(c, it != c.free_lists.end() ? it : std::prev(c.free_lists.end()), need, unmaps);
+    pieces.blocks[pieces.count++] = b;
+    gathered += b.bytes;
+  }
+}
+
+/// Lines of /proc/self/maps: the kernel mappings this process has; -1 when
+/// unreadable.
+std::int64_t mapping_count() noexcept {
+  const int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  char buffer[16384];
+  std::int64_t lines = 0;
+  ssize_t n = 0;
+  while ((n = read(fd, buffer, sizeof buffer)) > 0) lines += std::count(buffer, buffer + n, '\n');
+  close(fd);
+  return lines;
+}
+
+/// A quarter of the kernel's per-process mapping limit (vm.max_map_count,
+/// 65530 by default).
+std::int64_t mapping_budget() noexcept {
+  std::int64_t limit = 65530;
+  if (std::FILE* f = std::fopen("/proc/sys/vm/max_map_count", "r")) {
+    long long v = 0;
+    if (std::fscanf(f, "%lld", &v) == 1 && v > 0) limit = v;
+    std::fclose(f);
+  }
+  return limit / 4;
+}
+
+/// One block of `bytes` made of the pieces' pages: a new mapping with every
+/// piece moved into it (mremap with MREMAP_FIXED moves page-table entries:
+/// their resident pages are neither copied nor faulted in again); a shortfall
+/// is new pages. A piece the kernel will not move (one spanning several
+/// mappings, before Linux 6.17) is unmapped and new pages take its place.
+/// Null (every piece unmapped) when there is no memory for the mapping.
+void* assemble(const Pieces& pieces, std::size_t bytes) noexcept {
+  char* base = static_cast<char*>(map_pages(bytes));
+  std::size_t offset = 0;
+  for (std::size_t i = 0; i < pieces.count; ++i) {
+    const Block b = pieces.blocks[i];
+    if (base != nullptr &&
+        mremap(b.ptr, b.bytes, b.bytes, MREMAP_MAYMOVE | MREMAP_FIXED, base + offset) == MAP_FAILED) {
+      unmap_pages(b);
+      // A failed move may have unmapped its target first: map new pages there.
+      if (mmap(base + offset, b.bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) ==
+          MAP_FAILED) {
+        unmap_pages(Block{base, bytes});
+        base = nullptr;
+      }
+    } else if (base == nullptr) {
+      unmap_pages(b);
+    }
+    offset += b.bytes;
+  }
+  return base;
+}
+
+/// Unmaps every cached block; `restart` also restarts the high-water mark at
+/// the live bytes. Returns the bytes unmapped.
+std::int64_t unmap_cached(PageCache& c, bool restart) noexcept {
+  std::map<std::size_t, std::vector<void*>> lists;
+  {
+    std::lock_guard<std::mutex> guard(c.lock);
+    lists.swap(c.free_lists);
+    c.cached = 0;
+    if (restart) c.high_water = c.live;
+    c.reserved.store(c.live);
+  }
+  std::int64_t released = 0;
+  for (const auto& [bytes, blocks] : lists) {
+    for (void* p : blocks) unmap_pages(Block{p, bytes});
+    released += as_signed(bytes * blocks.size());
+  }
+  return released;
+}
+
+/// Moved pieces stay separate kernel mappings (areas of different origin do
+/// not merge), so a long run could approach the per-process limit, past which
+/// every mmap — thread stacks, glibc's — fails. Past a quarter of it the
+/// cached blocks are unmapped (a step's worth of page faults, once), and the
+/// blocks mapped next are whole again.
+void limit_mappings(PageCache& c) noexcept {
+  static const std::int64_t budget = mapping_budget();
+  if (c.assemblies.fetch_add(1) % kMappingCheckEvery == kMappingCheckEvery - 1 && mapping_count() > budget) {
+    unmap_cached(c, false);
+  }
+}
+
+}  // namespace
+
+void* host_pages_allocate(std::size_t requested) {
+  PageCache& c = page_cache();
+  const std::size_t bytes = page_round(requested);
+  const std::int64_t r = as_signed(bytes);
+  Unmaps unmaps;
+  Pieces pieces;  // 4: cached blocks whose pages make up this one
+  {
+    std::lock_guard<std::mutex> guard(c.lock);
+    const std::int64_t bound = std::max(c.high_water, c.live + r);
+    const bool room = c.live + c.cached + r <= bound;
+    auto it = c.free_lists.lower_bound(bytes);
+    if (it != c.free_lists.end() && (it->first == bytes || !room)) {
+      const Block b = take_head(c, it, bytes, unmaps);  // 1: this size, or 3: the head of a larger block
+      c.live += r;
+      c.high_water = std::max(c.high_water, c.live);
+      c.reserved.store(c.live + c.cached);
+      return b.ptr;
+    }
+    if (!room) gather(c, bytes, pieces, unmaps);
+    release_to_bound(c, r, bound, unmaps);  // 2; 4 when the pieces fall short
+    c.live += r;  // claimed now, so that concurrent requests see it; given back below if mapping fails
+    c.reserved.store(c.live + c.cached);
+  }
+  unmaps.flush();
+  void* ptr = nullptr;
+  if (pieces.count > 0) {
+    ptr = assemble(pieces, bytes);
+    limit_mappings(c);
+  } else {
+    ptr = map_pages(bytes);
+  }
+  if (ptr == nullptr) ptr = map_pages(bytes);
+  if (ptr == nullptr && host_pages_release() > 0) ptr = map_pages(bytes);  // out of memory with blocks cached
+  std::lock_guard<std::mutex> guard(c.lock);
+  if (ptr == nullptr) {
+    c.live -= r;
+    c.reserved.store(c.live + c.cached);
+    throw std::bad_alloc();
+  }
+  c.high_water = std::max(c.high_water, c.live);
+  return ptr;
+}
+
+void host_pages_free(void* ptr, std::size_t requested) noexcept {
+  PageCache& c = page_cache();
+  const Block b{ptr, page_round(requested)};
+  bool kept = false;
+  {
+    std::lock_guard<std::mutex> guard(c.lock);
+    c.live -= as_signed(b.bytes);
+    kept = keep(c, b);
+    c.reserved.store(c.live + c.cached);
+  }
+  if (!kept) unmap_pages(b);
+}
+
+std::int64_t host_pages_release() noexcept { return unmap_cached(page_cache(), true); }
+
+std::int64_t host_pages_reserved() noexcept { return page_cache().reserved.load(); }
+
+}  // namespace riftco_transformer::detail

@@ -1,0 +1,278 @@
+// The CPU caching allocator (src/tensor/memory.cpp, host_page_cache.cpp):
+// counters exact, large blocks reused, the bytes held bounded by the most
+// ever live at once across requests of mismatched sizes, recycled blocks
+// never aliasing live ones, zero-byte and huge requests, the mapping limit.
+#include <gtest/gtest.h>
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <fstream>
+#include <new>
+#include <thread>
+#include <vector>
+
+#include "riftco_transformer/memory.hpp"
+#include "riftco_transformer/tensor.hpp"
+
+using namespace riftco_transformer;
+
+namespace {
+
+constexpr std::size_t kMiB = std::size_t{1} << 20;
+
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool kAsan = true;
+#else
+constexpr bool kAsan = false;
+#endif
+
+struct Buffer {
+  void* ptr;
+  std::size_t bytes;
+};
+
+/// Allocates through the allocator and records the most live bytes above the
+/// start and the most reserved bytes above the start seen after any call.
+struct Tracker {
+  MemoryStats start = memory_stats();
+  std::int64_t most_live = 0;
+  std::int64_t most_reserved = 0;
+  std::int64_t allocations = 0;
+
+  void note() {
+    const MemoryStats s = memory_stats();
+    most_live = std::max(most_live, s.live_bytes - start.live_bytes);
+    most_reserved = std::max(most_reserved, s.reserved_bytes - start.reserved_bytes);
+  }
+  Buffer allocate(std::size_t bytes) {
+    const Buffer b{detail::allocate_bytes(Backend::Cpu, bytes), bytes};
+    ++allocations;
+    note();
+    return b;
+  }
+  void free(std::vector<Buffer>& buffers) {
+    for (const Buffer& b : buffers) {
+      detail::free_bytes(Backend::Cpu, b.ptr, b.bytes);
+      note();
+    }
+    buffers.clear();
+  }
+};
+
+/// A step's shape in miniature: "activations" of one set of sizes freed,
+/// then "gradients" of other sizes (no size class in common) freed.
+void mismatched_round(Tracker& t) {
+  std::vector<Buffer> live;
+  for (int i = 0; i < 8; ++i) live.push_back(t.allocate(3 * kMiB / 2));  // 1.5 MiB
+  for (int i = 0; i < 2; ++i) live.push_back(t.allocate(4 * kMiB));
+  t.free(live);
+  for (int i = 0; i < 4; ++i) live.push_back(t.allocate(9 * kMiB / 4));  // 2.25 MiB
+  for (int i = 0; i < 3; ++i) live.push_back(t.allocate(6 * kMiB));
+  live.push_back(t.allocate(100 * 1024));  // 100 KiB
+  t.free(live);
+}
+
+}  // namespace
+
+TEST(Allocator, CachedBlocksAreReusedAndCountersStayExact) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "the cache is off under AddressSanitizer";
+#endif
+  {  // the cache holds at most the high-water live bytes: raise it first
+    Tensor a = Tensor::empty({1000000});
+    Tensor b = Tensor::empty({1000000});
+  }
+  release_cached_memory();
+  const MemoryStats s0 = memory_stats();
+  { Tensor big = Tensor::empty({300000}); }  // 1.2 MB: cached when freed (not under ASan)
+  const MemoryStats s1 = memory_stats();
+  EXPECT_EQ(s1.live_bytes, s0.live_bytes);  // live counts tensors only
+  EXPECT_EQ(s1.allocation_count - s0.allocation_count, 1);
+  EXPECT_EQ(s1.free_count - s0.free_count, 1);
+  EXPECT_GE(s1.reserved_bytes, s0.reserved_bytes);
+  {
+    Tensor again = Tensor::empty({290000});  // same size class: reuses the block, reserves nothing new
+    EXPECT_EQ(memory_stats().live_bytes - s0.live_bytes, 290000 * 4);
+    EXPECT_EQ(memory_stats().reserved_bytes, s1.reserved_bytes);
+  }
+  const std::int64_t released = release_cached_memory();
+  EXPECT_EQ(memory_stats().reserved_bytes, s1.reserved_bytes - released);
+  EXPECT_LE(memory_stats().reserved_bytes, s0.reserved_bytes);
+  EXPECT_EQ(memory_stats().live_bytes, s0.live_bytes);
+}
+
+TEST(Allocator, ReusedBlocksCarryNoStaleZeroAssumption) {
+  // zeros() must zero a reused block (empty() need not).
+  { Tensor dirty = Tensor::full({100000}, 7.0F); }
+  const Tensor z = Tensor::zeros({100000});
+  for (const float v : z.values()) ASSERT_EQ(v, 0.0F);
+}
+
+TEST(Allocator, ReservedStaysWithinTheLiveHighWaterAcrossMismatchedSizes) {
+  if (kAsan) GTEST_SKIP() << "the cache is off under AddressSanitizer";
+  release_cached_memory();  // empties the cache and restarts its high-water mark
+  Tracker t;
+  for (int round = 0; round < 4; ++round) mismatched_round(t);
+  // Live peaks at the "gradients": 4·2.25 + 3·6 MiB + 100 KiB = 27.1 MiB;
+  // the two sets together are 27.1 + 20 MiB. Size classes round up by less
+  // than 25%, so the bytes held stay under 1.25× the most ever live at once
+  // (keeping both sets, as a per-size cache does, would not).
+  EXPECT_EQ(t.most_live, static_cast<std::int64_t>(9 * kMiB + 18 * kMiB + 100 * 1024));
+  EXPECT_LE(t.most_reserved, t.most_live * 5 / 4);
+  EXPECT_GT(memory_stats().reserved_bytes - t.start.reserved_bytes, 0);  // what was freed is kept...
+  const std::int64_t held = memory_stats().reserved_bytes;
+  const std::int64_t released = release_cached_memory();
+  EXPECT_EQ(released, held - t.start.reserved_bytes);  // ...until released
+  EXPECT_EQ(memory_stats().reserved_bytes, t.start.reserved_bytes);
+}
+
+TEST(Allocator, CountersStayExactThroughRecycling) {
+  release_cached_memory();
+  Tracker t;
+  reset_peak_memory();
+  for (int round = 0; round < 3; ++round) mismatched_round(t);
+  const MemoryStats s = memory_stats();
+  EXPECT_EQ(s.live_bytes, t.start.live_bytes);
+  EXPECT_EQ(s.allocation_count - t.start.allocation_count, t.allocations);
+  EXPECT_EQ(s.free_count - t.start.free_count, t.allocations);
+  EXPECT_EQ(s.peak_bytes - t.start.live_bytes, t.most_live);
+}
+
+TEST(Allocator, RecycledBlocksNeverAliasLiveOnes) {
+  // Heads of split blocks and blocks grown with mremap: every live buffer
+  // keeps what was written into it while others are carved and written.
+  release_cached_memory();
+  Tracker t;
+  std::vector<Buffer> keep;
+  std::vector<Buffer> drop;
+  for (int i = 0; i < 6; ++i) (i % 2 == 0 ? keep : drop).push_back(t.allocate(6 * kMiB));
+  for (std::size_t i = 0; i < keep.size(); ++i) std::memset(keep[i].ptr, static_cast<int>(10 + i), keep[i].bytes);
+  t.free(drop);
+  std::vector<Buffer> carved;  // heads of the freed 6 MiB blocks, then growth past them
+  for (const std::size_t bytes : {3 * kMiB / 2, 4 * kMiB, 5 * kMiB / 4, 7 * kMiB, 9 * kMiB / 4, 14 * kMiB}) {
+    carved.push_back(t.allocate(bytes));
+  }
+  for (std::size_t i = 0; i < carved.size(); ++i) std::memset(carved[i].ptr, static_cast<int>(50 + i), carved[i].bytes);
+  for (std::size_t i = 0; i < keep.size(); ++i) {
+    const auto* p = static_cast<const unsigned char*>(keep[i].ptr);
+    EXPECT_TRUE(std::all_of(p, p + keep[i].bytes, [&](unsigned char v) { return v == 10 + i; })) << i;
+  }
+  for (std::size_t i = 0; i < carved.size(); ++i) {
+    const auto* p = static_cast<const unsigned char*>(carved[i].ptr);
+    EXPECT_TRUE(std::all_of(p, p + carved[i].bytes, [&](unsigned char v) { return v == 50 + i; })) << i;
+  }
+  t.free(carved);
+  t.free(keep);
+  EXPECT_EQ(memory_stats().live_bytes, t.start.live_bytes);
+  if (!kAsan) EXPECT_LE(t.most_reserved, t.most_live * 5 / 4);
+}
+
+TEST(Allocator, ZeroByteRequestsAreUniqueAndCounted) {
+  const MemoryStats s0 = memory_stats();
+  void* a = detail::allocate_bytes(Backend::Cpu, 0);
+  void* b = detail::allocate_bytes(Backend::Cpu, 0);
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  EXPECT_NE(a, b);
+  EXPECT_EQ(memory_stats().live_bytes, s0.live_bytes);
+  EXPECT_EQ(memory_stats().allocation_count - s0.allocation_count, 2);
+  detail::free_bytes(Backend::Cpu, a, 0);
+  detail::free_bytes(Backend::Cpu, b, 0);
+  EXPECT_EQ(memory_stats().free_count - s0.free_count, 2);
+}
+
+TEST(Allocator, HugeRequestsThrowBadAllocAndChangeNoCounter) {
+  if (kAsan) GTEST_SKIP() << "AddressSanitizer aborts on absurd sizes instead of failing them";
+  { Tensor warm = Tensor::empty({1 << 20}); }  // something cached, which the failed request may give back
+  const MemoryStats s0 = memory_stats();
+  EXPECT_THROW((void)detail::allocate_bytes(Backend::Cpu, std::size_t{1} << 46), std::bad_alloc);  // 64 TiB
+  EXPECT_THROW((void)Tensor::empty({std::int64_t{1} << 44}), std::bad_alloc);
+  const MemoryStats s1 = memory_stats();
+  EXPECT_EQ(s1.live_bytes, s0.live_bytes);
+  EXPECT_EQ(s1.allocation_count, s0.allocation_count);
+  EXPECT_EQ(s1.free_count, s0.free_count);
+  EXPECT_LE(s1.reserved_bytes, s0.reserved_bytes);
+  { Tensor after = Tensor::full({1 << 20}, 2.0F); EXPECT_EQ(after.data()[12345], 2.0F); }  // still serving
+}
+
+TEST(Allocator, ThreadsRecyclingConcurrentlyKeepCountersExact) {
+  release_cached_memory();
+  const MemoryStats s0 = memory_stats();
+  constexpr int kThreads = 4;
+  constexpr int kRounds = 20;
+  std::vector<std::thread> threads;
+  for (int k = 0; k < kThreads; ++k) {
+    threads.emplace_back([k] {
+      for (int round = 0; round < kRounds; ++round) {
+        std::vector<Buffer> live;
+        for (int i = 0; i < 4; ++i) {
+          const std::size_t bytes = (round + i + k) % 2 == 0 ? 3 * kMiB / 2 : 9 * kMiB / 4;
+          live.push_back({detail::allocate_bytes(Backend::Cpu, bytes), bytes});
+          std::memset(live.back().ptr, k, bytes);
+        }
+        for (const Buffer& b : live) {
+          const auto* p = static_cast<const unsigned char*>(b.ptr);
+          if (p[0] != k || p[b.bytes - 1] != k) ADD_FAILURE() << "a block was handed to two threads";
+          detail::free_bytes(Backend::Cpu, b.ptr, b.bytes);
+        }
+      }
+    });
+  }
+  for (std::thread& th : threads) th.join();
+  const MemoryStats s = memory_stats();
+  EXPECT_EQ(s.live_bytes, s0.live_bytes);
+  EXPECT_EQ(s.allocation_count - s0.allocation_count, kThreads * kRounds * 4);
+  EXPECT_EQ(s.free_count - s0.free_count, kThreads * kRounds * 4);
+  // At most every thread's four largest blocks live at once (rounded up by < 25%).
+  if (!kAsan) EXPECT_LE(s.reserved_bytes - s0.reserved_bytes, static_cast<std::int64_t>(kThreads * 4 * 9 * kMiB / 4) * 5 / 4);
+}
+
+namespace {
+/// Cycles that assemble a 4 MiB block from two cached 2 MiB ones while a
+/// 1 MiB block stays cached; true when the cache was dropped on the way
+/// (the bytes held fell below their steady value).
+bool cache_dropped_over(int cycles) {
+  release_cached_memory();
+  const std::int64_t base = memory_stats().reserved_bytes;
+  void* a = detail::allocate_bytes(Backend::Cpu, 2 * kMiB);
+  void* b = detail::allocate_bytes(Backend::Cpu, 2 * kMiB);
+  void* c = detail::allocate_bytes(Backend::Cpu, kMiB);
+  detail::free_bytes(Backend::Cpu, a, 2 * kMiB);
+  detail::free_bytes(Backend::Cpu, b, 2 * kMiB);
+  detail::free_bytes(Backend::Cpu, c, kMiB);
+  const std::int64_t steady = memory_stats().reserved_bytes - base;  // 5 MiB held
+  bool dropped = false;
+  for (int i = 0; i < cycles; ++i) {
+    void* whole = detail::allocate_bytes(Backend::Cpu, 4 * kMiB);  // from the two 2 MiB blocks
+    detail::free_bytes(Backend::Cpu, whole, 4 * kMiB);
+    void* head = detail::allocate_bytes(Backend::Cpu, 2 * kMiB);  // the 4 MiB block's halves
+    void* tail = detail::allocate_bytes(Backend::Cpu, 2 * kMiB);
+    detail::free_bytes(Backend::Cpu, head, 2 * kMiB);
+    detail::free_bytes(Backend::Cpu, tail, 2 * kMiB);
+    dropped = dropped || memory_stats().reserved_bytes - base < steady;
+  }
+  return dropped;
+}
+}  // namespace
+
+TEST(Allocator, CachedBlocksAreUnmappedWhenTheProcessNearsItsMappingLimit) {
+  if (kAsan) GTEST_SKIP() << "the cache is off under AddressSanitizer";
+  std::int64_t limit = 65530;
+  std::ifstream("/proc/sys/vm/max_map_count") >> limit;
+  const std::int64_t budget = limit / 4;
+  if (budget > 100000) GTEST_SKIP() << "vm.max_map_count " << limit << " is too large to approach in a test";
+  EXPECT_FALSE(cache_dropped_over(300));  // moving pieces alone stays far from the limit
+  // Every other page of one region made read-only: one kernel mapping per page.
+  const std::size_t pages = static_cast<std::size_t>(budget) + 64;
+  const std::size_t page = 4096;
+  char* region = static_cast<char*>(mmap(nullptr, 2 * pages * page, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+  ASSERT_NE(region, MAP_FAILED);
+  for (std::size_t i = 0; i < pages; ++i) ASSERT_EQ(mprotect(region + 2 * i * page, page, PROT_READ), 0);
+  EXPECT_TRUE(cache_dropped_over(300));  // at least one check (every 256 assemblies) saw the count past the budget
+  munmap(region, 2 * pages * page);
+  void* after = detail::allocate_bytes(Backend::Cpu, 4 * kMiB);  // and the allocator still serves
+  std::memset(after, 1, 4 * kMiB);
+  detail::free_bytes(Backend::Cpu, after, 4 * kMiB);
+}
