@@ -60,13 +60,14 @@ if [ -n "$nvcc" ]; then
   echo "== CUDA backend + NCCL communicator compile check ($nvcc; docs/cuda.md, docs/distributed.md): library, CUDA and NCCL tests, run (GPU tests skip without a GPU) =="
   # RIFTCO_NCCL=AUTO: the NCCL communicator where nccl.h and libnccl are found (CUDA's own folders here).
   cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release -DRIFTCO_CUDA=ON -DCMAKE_CUDA_COMPILER="$nvcc" >/dev/null
-  nccl_targets=$(grep -Eq '^NCCL_LIBRARY:FILEPATH=/' build-cuda/CMakeCache.txt && echo test_nccl_communicator test_nccl_data_parallel || true)
-  cmake --build build-cuda -j "$jobs" --target riftco_transformer test_cuda_kernels test_cuda_model test_nccl_bootstrap $nccl_targets
+  nccl_targets=$(grep -Eq '^NCCL_LIBRARY:FILEPATH=/' build-cuda/CMakeCache.txt && echo test_nccl_communicator test_nccl_data_parallel test_nccl_pipelines || true)
+  cmake --build build-cuda -j "$jobs" --target riftco_transformer rt-train test_cuda_kernels test_cuda_model test_cuda_pipelines test_nccl_bootstrap $nccl_targets
   build-cuda/tests/test_cuda_kernels --gtest_brief=1
   build-cuda/tests/test_cuda_model --gtest_brief=1
+  build-cuda/tests/test_cuda_pipelines --gtest_brief=1
   build-cuda/tests/test_nccl_bootstrap --gtest_brief=1
   if [ -n "$nccl_targets" ]; then
-    for nccl_test in test_nccl_communicator test_nccl_data_parallel; do
+    for nccl_test in $nccl_targets; do
       RIFTCO_TEST_NCCL_RANKS=1 build-cuda/tests/$nccl_test --gtest_brief=1  # N = 1 NCCL world: skips, "needs 1 GPU", without one
       if command -v mpirun >/dev/null; then    # NCCL over MPI: skips, "needs 2 GPUs", with fewer
         RIFTCO_TEST_NCCL_RANKS=2 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \

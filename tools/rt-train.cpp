@@ -27,6 +27,7 @@ namespace {
 struct StageText {
   std::string attention, activation_checkpointing, checkpoint_segment_blocks = "sqrt", data, output, tokenizer;
   std::string activation_memory_budget = "0";
+  std::string device = "cpu";
   bool quiet = false;
   std::int64_t stop_after = 0;  // --stop-after: not a setting of the run (not in metadata.json)
 };
@@ -88,8 +89,8 @@ void add_stage_options(CLI::App& app, StageSettings& s, StageText& t) {
           "SIZE"))
       ->group(policy);
   app.add_flag("--activation-offload", s.activation_offload,
-               "keep checkpointed groups' block-boundary inputs in pinned host memory (cuda models; the CPU "
-               "pipelines record it and move nothing; docs/checkpointing.md)")
+               "keep checkpointed groups' block-boundary inputs in pinned host memory (--device cuda; on the "
+               "CPU it is recorded and moves nothing; docs/checkpointing.md)")
       ->group(policy);
   add_number(app, "--zero,--zero-stage", s.zero_stage,
              "ZeRO stage under mpirun: 0 plain Adam on every rank, 1 Adam state sharded across the ranks "
@@ -101,6 +102,12 @@ void add_stage_options(CLI::App& app, StageSettings& s, StageText& t) {
              "gradient all-reduce bucket size in MiB under mpirun (PyTorch DDP's bucket_cap_mb)")
       ->type_name("N")
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{65536}).description(""))
+      ->group(policy);
+  app.add_option("--device", t.device,
+                 "train on this device: the model, gradients and Adam state live there; under mpirun cuda uses "
+                 "the nccl communicator, one GPU per rank (docs/distributed.md)")
+      ->type_name("DEVICE")
+      ->check(CLI::IsMember({"cpu", "cuda"}))
       ->group(policy);
   add_number(app, "--dropout", s.dropout, "residual dropout probability")->group(policy);
   const std::string training = "Training";
@@ -164,6 +171,7 @@ void add_stage_options(CLI::App& app, StageSettings& s, StageText& t) {
 void apply_stage_text(const CLI::App& app, const StageText& t, StageSettings& s) {
   s.attention = parse_attention_kind(t.attention, "--attention");
   s.activation_checkpointing = parse_activation_checkpointing(t.activation_checkpointing, "--activation-checkpointing");
+  s.device = parse_backend(t.device, "--device");
   s.checkpoint_segment_blocks = t.checkpoint_segment_blocks == "sqrt" ? 0 : std::stoll(t.checkpoint_segment_blocks);
   s.activation_memory_budget =
       t.activation_memory_budget == "0" ? 0 : parse_byte_size(t.activation_memory_budget, "--activation-memory-budget");
@@ -222,6 +230,11 @@ std::string ranks_text(const StageSettings& s) {
   return "; data-parallel over " + std::to_string(world) + " ranks (" +
          std::to_string(s.batch / world) + " of " + std::to_string(s.batch) +
          " rows each" + (s.zero_stage == 1 ? ", ZeRO-1" : "") + ")";
+}
+
+/// "; device cuda" when not training on the CPU.
+std::string device_text(const StageSettings& s) {
+  return s.device == Backend::Cpu ? "" : std::string("; device ") + backend_name(s.device);
 }
 
 /// "checkpointing block" or "activation memory budget 256.0 MiB".
@@ -293,6 +306,7 @@ int pretrain(const CLI::App& sub, Commands& c, bool& running) {
   PretrainingConfig& p = c.pretrain;
   apply_stage_text(sub, c.pretrain_text, p);
   p.validate();
+  p.check_device("pretrain");  // a build or machine without CUDA: before any file or output
   const TransformerDimensions& d = p.dimensions;
   const bool print = printing_rank();
   if (print) {
@@ -300,7 +314,8 @@ int pretrain(const CLI::App& sub, Commands& c, bool& running) {
               << d.kv_heads() << " key/value), context " << d.context_length << "; attention "
               << attention_kind_name(p.attention) << ", " << policy_text(p) << "; data "
               << (p.data.empty() ? "default corpus" : p.data.string()) << "; tokenizer "
-              << (p.tokenizer.empty() ? std::string("bytes") : p.tokenizer.string()) << ranks_text(p) << " -> "
+              << (p.tokenizer.empty() ? std::string("bytes") : p.tokenizer.string()) << device_text(p) << ranks_text(p)
+              << " -> "
               << p.output_dir.string() << "\n";
   }
   running = true;
@@ -353,6 +368,7 @@ int post_train(const CLI::App& sub, Commands& c, bool& running) {
     throw rt_cli::UsageError("--lora-* options apply to --method lora only");
   }
   apply_stage_text(sub, c.post_text, p);
+  p.check_device("post-train");  // a build or machine without CUDA: before any file or output
   // Settings against the base's dimensions (its header only) and its
   // recorded tokenizer before the run: a sequence longer than its context or
   // the wrong tokenizer is a usage error, not a failed run.
@@ -361,7 +377,7 @@ int post_train(const CLI::App& sub, Commands& c, bool& running) {
   const bool print = printing_rank();
   if (print) {
     std::cerr << "[post-train] " << fine_tuning_method_name(p.fine_tuning_method) << " on " << p.base_model.string()
-              << " with " << p.data.string() << "; " << policy_text(p) << ranks_text(p) << " -> "
+              << " with " << p.data.string() << "; " << policy_text(p) << device_text(p) << ranks_text(p) << " -> "
               << p.output_dir.string() << "\n";
   }
   running = true;

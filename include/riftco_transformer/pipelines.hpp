@@ -21,6 +21,7 @@
 #include "riftco_transformer/adam.hpp"
 #include "riftco_transformer/distributed.hpp"
 #include "riftco_transformer/lora.hpp"
+#include "riftco_transformer/memory.hpp"
 #include "riftco_transformer/tokenizer.hpp"
 #include "riftco_transformer/transformer.hpp"
 
@@ -39,8 +40,8 @@ struct StageSettings {
   /// activation_checkpointing left Disabled. 0: no budget.
   std::int64_t activation_memory_budget = 0;
   /// Execution policy (metadata.json only): DecoderOnlyTransformer::
-  /// set_activation_offload. The pipelines train on the CPU, where it changes
-  /// nothing (no bytes move, the same bits); it is recorded for the run.
+  /// set_activation_offload. It moves inputs on a cuda run (`device`) and
+  /// changes nothing on the CPU (no bytes move, the same bits).
   bool activation_offload = false;
   /// Data parallelism (docs/distributed.md), execution policy like the
   /// above: the same bits either way, so resume may change them.
@@ -53,6 +54,15 @@ struct StageSettings {
   /// Gradient bucket capacity in MiB (PyTorch DDP's bucket_cap_mb), in
   /// [1, 65536]; only used with more than one rank.
   std::int64_t gradient_bucket_mib = 25;
+  /// Where the run trains (docs/distributed.md, "The pipelines on CUDA"):
+  /// the model is built (or loaded) on the host, then moved here after the
+  /// communicator is chosen; the optimizer state, gradient sums and buckets
+  /// follow it. Execution policy like the above: a resume may change it
+  /// (the saved parameters and moments are loaded onto this device; the
+  /// numbers continue within float tolerance, not bit for bit, across
+  /// devices). cuda needs a build with RIFTCO_CUDA and a visible device
+  /// (check_device).
+  Backend device = Backend::Cpu;
   float dropout = 0.0F;
 
   std::filesystem::path data;  // empty: the stage's default data
@@ -90,6 +100,11 @@ struct StageSettings {
   std::filesystem::path output_dir = "runs/run";
   /// Continue from output_dir/training_checkpoint.safetensors when present.
   bool resume = false;
+
+  /// BackendError naming `op` when `device` cannot train in this process
+  /// (a build without the CUDA backend, or no CUDA device visible); the
+  /// pipelines call it before anything is read or written.
+  void check_device(const char* op) const;
 
   /// Learning rate at `step` (0-based): linear warmup to learning_rate, then
   /// cosine decay to learning_rate · min_learning_rate_ratio at the last step.
@@ -190,7 +205,10 @@ Tokenizer tokenizer_for_model(const std::filesystem::path& model, const std::fil
 
 /// The pipelines run data-parallel over `communicator`'s ranks
 /// (docs/distributed.md); the overloads without one use
-/// Communicator::world(): the MPI job under mpirun, one process otherwise.
+/// Communicator::world_for(config.device): the MPI job (cpu) or the NCCL
+/// job (cuda) under mpirun, one process otherwise. A given communicator
+/// must reduce the device's tensors (a BackendError otherwise, before any
+/// file is touched).
 /// Every rank calls the same function with the same config. `batch` stays
 /// the global micro-batch: each rank trains on its contiguous batch /
 /// world_size rows of every micro-batch (a ValueError before anything is

@@ -427,8 +427,8 @@ typedef struct rt_pretraining_config {
   int64_t activation_memory_budget;
   /* Appended in ABI 2.2: nonzero keeps checkpointed groups' block-boundary
    * inputs in pinned host memory (activation offload, docs/checkpointing.md);
-   * the pipelines train on the CPU, where it moves nothing and is recorded in
-   * metadata.json. A smaller struct_size reads 0. */
+   * recorded in metadata.json; it moves inputs on a cuda run (device, ABI
+   * 2.5) and nothing on the CPU. A smaller struct_size reads 0. */
   int activation_offload;
   /* Appended in ABI 2.3 (data parallelism under mpirun, docs/distributed.md):
    * zero_stage 0 (plain Adam on every rank) or 1 (ZeRO-1: Adam's moments
@@ -438,6 +438,13 @@ typedef struct rt_pretraining_config {
    * struct_size reads 0 and 25. */
   int64_t zero_stage;
   int64_t gradient_bucket_mib;
+  /* Appended in ABI 2.5: the device the run trains on (docs/distributed.md,
+   * "The pipelines on CUDA"), RT_BACKEND_CPU by default. RT_BACKEND_CUDA on a
+   * library built without CUDA, or with no CUDA device visible, is
+   * RT_ERROR_BACKEND before the output directory is touched; a value that is
+   * not an rt_backend is RT_ERROR_INVALID_ARGUMENT. Recorded in metadata.json;
+   * a resume may change it. A smaller struct_size reads RT_BACKEND_CPU. */
+  rt_backend device;
 } rt_pretraining_config;
 /* Fills the first struct_size bytes with the defaults and sets struct_size;
  * use the inline rt_pretraining_config_default, which passes the caller's sizeof. */
@@ -465,6 +472,8 @@ typedef struct rt_post_training_config {
   /* Appended in ABI 2.3, as in rt_pretraining_config. */
   int64_t zero_stage;
   int64_t gradient_bucket_mib;
+  /* Appended in ABI 2.5, as in rt_pretraining_config. */
+  rt_backend device;
 } rt_post_training_config;
 /* Fills the first struct_size bytes with the defaults and sets struct_size;
  * use the inline rt_post_training_config_default, which passes the caller's sizeof. */

@@ -43,13 +43,16 @@ ConfigClass<C>& stage_fields(ConfigClass<C>& c) {
           "bytes (or '256MiB', '1.5GiB') every step's activation peak must fit; the run chooses what each block "
           "recomputes (activation_checkpointing stays 'disabled'); 0: none")
       .field("activation_offload", &StageSettings::activation_offload, "bool",
-             "keep checkpointed groups' block-boundary inputs in pinned host memory (cuda models; the CPU "
-             "pipelines record it in metadata.json and move nothing)")
+             "keep checkpointed groups' block-boundary inputs in pinned host memory (device 'cuda'; on the "
+             "CPU it is recorded in metadata.json and moves nothing)")
       .field("zero_stage", &StageSettings::zero_stage, "int",
              "under mpirun: 0 plain Adam on every rank, 1 ZeRO-1 (Adam state sharded across the ranks, the same "
              "bits); one process: plain Adam")
       .field("gradient_bucket_mib", &StageSettings::gradient_bucket_mib, "int",
              "gradient all-reduce bucket size in MiB under mpirun, in [1, 65536] (PyTorch DDP's bucket_cap_mb)")
+      .choice("device", &StageSettings::device, &rt::parse_backend, &rt::backend_name,
+              "'cpu' | 'cuda': where the run trains (the model, gradients and Adam state); 'cuda' without a "
+              "CUDA build or device is a BackendError before any file is written")
       .real("dropout", &StageSettings::dropout)
       .path("data", &StageSettings::data, "None: the stage's default data")
       .path("tokenizer", &StageSettings::tokenizer, "None: bytes; a SentencePiece model file (train_tokenizer)")

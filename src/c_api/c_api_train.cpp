@@ -74,7 +74,7 @@ rt_stage_settings stage_defaults(const rt::StageSettings& s) {
 /// The fields appended to rt_pretraining_config / rt_post_training_config
 /// after ABI 2.0, where the caller's struct_size covers them.
 template <typename Config>
-void appended_settings(const Config& c, rt::StageSettings& s) {
+void appended_settings(const Config& c, rt::StageSettings& s, const char* function) {
   if (RT_C_COVERS(c, gradient_accumulation_steps)) s.gradient_accumulation_steps = c.gradient_accumulation_steps;
   if (RT_C_COVERS(c, decay_embeddings)) s.decay_embeddings = c.decay_embeddings != 0;
   if (RT_C_COVERS(c, tokenizer) && c.tokenizer != nullptr) s.tokenizer = c.tokenizer;
@@ -82,6 +82,7 @@ void appended_settings(const Config& c, rt::StageSettings& s) {
   if (RT_C_COVERS(c, activation_offload)) s.activation_offload = c.activation_offload != 0;
   if (RT_C_COVERS(c, zero_stage)) s.zero_stage = c.zero_stage;
   if (RT_C_COVERS(c, gradient_bucket_mib)) s.gradient_bucket_mib = c.gradient_bucket_mib;
+  if (RT_C_COVERS(c, device)) s.device = rt_c::backend(c.device, function);  // another value: INVALID_ARGUMENT
 }
 
 rt::GenerationOptions generation_options(const rt_generation_options& o, const char* function) {
@@ -379,6 +380,7 @@ rt_status rt_pretraining_config_init(rt_pretraining_config* config, size_t struc
     c.activation_offload = 0;
     c.zero_stage = d.zero_stage;
     c.gradient_bucket_mib = d.gradient_bucket_mib;
+    c.device = to_c(d.device);
     init_struct(config, struct_size, c, f);
   });
 }
@@ -400,6 +402,7 @@ rt_status rt_post_training_config_init(rt_post_training_config* config, size_t s
     c.activation_offload = 0;
     c.zero_stage = d.zero_stage;
     c.gradient_bucket_mib = d.gradient_bucket_mib;
+    c.device = to_c(d.device);
     init_struct(config, struct_size, c, f);
   });
 }
@@ -435,7 +438,7 @@ rt_status rt_run_pretraining(const rt_pretraining_config* config, rt_progress_fn
     p.dimensions = dimensions(m);
     p.norm_epsilon = m.norm_epsilon;
     p.validation_fraction = c.validation_fraction;
-    appended_settings(c, p);
+    appended_settings(c, p, f);
     check_result(result, p.output_dir, f);
     write_result(rt::run_pretraining(p, progress_of(progress, user_data)), result, f);
   });
@@ -458,7 +461,7 @@ rt_status rt_run_post_training(const rt_post_training_config* config, rt_progres
     p.allow_non_finite = c.allow_non_finite != 0;
     p.fine_tuning_method = method == RT_FINE_TUNING_FULL ? rt::FineTuningMethod::Full : rt::FineTuningMethod::Lora;
     if (p.fine_tuning_method == rt::FineTuningMethod::Lora) p.lora = lora(require_struct(&c.lora, f, "config->lora"), f);
-    appended_settings(c, p);
+    appended_settings(c, p, f);
     check_result(result, p.output_dir, f);
     write_result(rt::run_post_training(p, progress_of(progress, user_data)), result, f);
   });

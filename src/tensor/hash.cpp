@@ -58,7 +58,8 @@ void Hash64::update(std::string_view name, const Tensor& tensor) {
   const std::uint64_t rank = tensor.shape().size();
   update(&rank, sizeof rank);
   for (const std::int64_t d : tensor.shape()) update(&d, sizeof d);
-  const std::span<const float> values = tensor.values();
+  const Tensor host = tensor.to(Backend::Cpu);  // a cuda tensor's bytes are hashed on the host (cpu: no copy)
+  const std::span<const float> values = host.values();
   update(values.data(), values.size_bytes());
 }
 

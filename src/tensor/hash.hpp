@@ -17,7 +17,7 @@ class Hash64 {
  public:
   void update(const void* data, std::size_t bytes);
   void update(std::string_view text) { update(text.data(), text.size()); }
-  /// Name, shape and bytes of a tensor (a CPU tensor).
+  /// Name, shape and bytes of a tensor (a cuda tensor is copied to the host first).
   void update(std::string_view name, const Tensor& tensor);
   std::uint64_t digest() const;
   /// digest() as 16 lowercase hex digits.

@@ -40,12 +40,14 @@ void PostTrainingConfig::validate_for(const TransformerDimensions& base) const {
 
 RunResult run_post_training(const PostTrainingConfig& config, const ProgressCallback& progress,
                             const NoticeCallback& notice) {
-  return run_post_training(config, Communicator::world(), progress, notice);
+  config.check_device("post_training");  // before the communicator: world_for(cuda) may start NCCL
+  return run_post_training(config, Communicator::world_for(config.device), progress, notice);
 }
 
 RunResult run_post_training(const PostTrainingConfig& config, Communicator& communicator,
                             const ProgressCallback& progress, const NoticeCallback& notice) {
   config.validate();
+  config.check_device("post_training");
   stage::check_world(config, communicator, "post_training");
   // The base model's recorded tokenizer must be the one given (or none).
   const Tokenizer tokenizer = tokenizer_for_model(config.base_model, config.tokenizer, false);

@@ -38,12 +38,14 @@ TransformerDimensions PretrainingConfig::dimensions_for(const Tokenizer& t) cons
 
 RunResult run_pretraining(const PretrainingConfig& config, const ProgressCallback& progress,
                           const NoticeCallback& notice) {
-  return run_pretraining(config, Communicator::world(), progress, notice);
+  config.check_device("pretraining");  // before the communicator: world_for(cuda) may start NCCL
+  return run_pretraining(config, Communicator::world_for(config.device), progress, notice);
 }
 
 RunResult run_pretraining(const PretrainingConfig& config, Communicator& communicator,
                           const ProgressCallback& progress, const NoticeCallback& notice) {
   config.validate();
+  config.check_device("pretraining");
   stage::check_world(config, communicator, "pretraining");
   // Everything that can fail on bad input happens before the output
   // directory is touched, a run too large for this machine included.

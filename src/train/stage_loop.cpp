@@ -75,7 +75,7 @@ float evaluate(StageRun& r) {
   double total = 0.0;
   for (std::int64_t i = 0; i < s.eval_batches; ++i) {
     const TokenBatch b = r.sample(eval_random, Split::Validation);
-    total += r.model->loss(b.tokens, b.targets, b.batch).value().item();
+    total += r.model->loss(b.tokens, b.targets, b.batch).value().to(Backend::Cpu).item();
   }
   r.model->set_training(was_training);
   return static_cast<float>(total / static_cast<double>(s.eval_batches));
@@ -137,6 +137,11 @@ RunResult run(StageRun& r, const ProgressCallback& progress, const NoticeCallbac
   model.set_activation_offload(s.activation_offload);
   model.set_dropout(s.dropout, rank_dropout_seed(s.seed, rank));
   model.set_training(true);
+  // The communicator was chosen for the device before this (the nccl one
+  // selects the rank's device); the optimizer, the accumulator and the
+  // buckets below follow the parameters.
+  const Backend backend = s.device;
+  model.to(backend);
   RunResult result;
   if (s.activation_memory_budget > 0) {  // planned before any file is touched: an infeasible budget changes nothing
     // Each rank's passes hold batch / world_size rows.
@@ -155,11 +160,11 @@ RunResult run(StageRun& r, const ProgressCallback& progress, const NoticeCallbac
   options.weight_decay = s.weight_decay;
   options.max_grad_norm = s.max_grad_norm;
   // ZeRO-1 under data parallelism: each rank holds its shard of the moments.
-  const std::int64_t live_before_optimizer = memory_stats().live_bytes;
+  const std::int64_t live_before_optimizer = memory_stats(backend).live_bytes;
   StageOptimizer adam(comm, default_parameter_groups(r.trainable, s.weight_decay, s.decay_embeddings), options,
                       s.zero_stage == 1);
   // Measured with the allocator: the moments are allocated here.
-  r.facts["optimizer_state_bytes_per_rank"] = memory_stats().live_bytes - live_before_optimizer;
+  r.facts["optimizer_state_bytes_per_rank"] = memory_stats(backend).live_bytes - live_before_optimizer;
   r.facts["zero_sharded"] = adam.sharded();
   r.facts["communicator"] = std::string(comm.kind());  // "single-process", "mpi" or "nccl"
   // Adam holds the groups' order; checkpoints pair moments with names in it.
@@ -242,20 +247,21 @@ RunResult run(StageRun& r, const ProgressCallback& progress, const NoticeCallbac
     check_parameters_identical(comm, adam.parameters(), state.step, r.stage);
   }
 
-  reset_peak_memory();
+  // The memory figures are the training device's allocator's.
+  reset_peak_memory(backend);
   // Each micro-batch's forward + backward is measured on its own (the
   // activation peak the budget bounds); run_peak keeps the run's overall peak
   // across those resets.
-  std::int64_t run_peak = memory_stats().peak_bytes;
+  std::int64_t run_peak = memory_stats(backend).peak_bytes;
   std::int64_t activation_peak = 0;
   std::int64_t live_before_pass = 0;
   const std::function<void()> start_pass = [&] {
-    run_peak = std::max(run_peak, memory_stats().peak_bytes);
-    live_before_pass = memory_stats().live_bytes;
-    reset_peak_memory();
+    run_peak = std::max(run_peak, memory_stats(backend).peak_bytes);
+    live_before_pass = memory_stats(backend).live_bytes;
+    reset_peak_memory(backend);
   };
   const std::function<void()> end_pass = [&] {
-    activation_peak = std::max(activation_peak, memory_stats().peak_bytes - live_before_pass);
+    activation_peak = std::max(activation_peak, memory_stats(backend).peak_bytes - live_before_pass);
   };
   const auto start = std::chrono::steady_clock::now();
   std::int64_t tokens_seen = 0;
@@ -301,7 +307,7 @@ RunResult run(StageRun& r, const ProgressCallback& progress, const NoticeCallbac
         const TokenBatch& batch = batches.front();
         start_pass();
         Variable loss = model.loss(batch.tokens, batch.targets, batch.batch);
-        last_loss = loss.value().item();
+        last_loss = loss.value().to(Backend::Cpu).item();  // read on the host
         if (!std::isfinite(last_loss)) throw diverged("the training loss is " + std::to_string(last_loss));
         loss.backward(GraphAfterBackward::Release);  // frees activations as it goes
         end_pass();
@@ -319,7 +325,7 @@ RunResult run(StageRun& r, const ProgressCallback& progress, const NoticeCallbac
           const TokenBatch& batch = batches[ks];
           start_pass();
           Variable loss = model.loss(batch.tokens, batch.targets, batch.batch);
-          const float value = loss.value().item();
+          const float value = loss.value().to(Backend::Cpu).item();
           if (!std::isfinite(value)) {
             throw diverged("the training loss of micro-batch " + std::to_string(k + 1) + " of " +
                            std::to_string(micro_batches) + " is " + std::to_string(value));
@@ -358,7 +364,7 @@ RunResult run(StageRun& r, const ProgressCallback& progress, const NoticeCallbac
       const std::int64_t done_here = step + 1 - result.resumed_from_step;
       report.eta_seconds =
           report.elapsed_seconds / static_cast<double>(done_here) * static_cast<double>(s.steps - step - 1);
-      report.peak_bytes = std::max(run_peak, memory_stats().peak_bytes);
+      report.peak_bytes = std::max(run_peak, memory_stats(backend).peak_bytes);
       report.activation_peak_bytes = activation_peak;
       const bool last = step + 1 == s.steps;
       if ((s.eval_interval > 0 && (step + 1) % s.eval_interval == 0) || last) {

@@ -10,6 +10,7 @@
 
 #include "riftco_transformer/atomic_file.hpp"
 #include "riftco_transformer/pipelines.hpp"
+#include "../tensor/device_runtime.hpp"
 #include "stage_loop.hpp"
 
 namespace riftco_transformer {
@@ -24,6 +25,17 @@ float StageSettings::learning_rate_at(std::int64_t step) const {
   const double cosine = 0.5 * (1.0 + std::cos(3.14159265358979323846 * progress));
   const double floor = static_cast<double>(min_learning_rate_ratio);
   return static_cast<float>(static_cast<double>(learning_rate) * (floor + (1.0 - floor) * cosine));
+}
+
+void StageSettings::check_device(const char* op) const {
+  if (device != Backend::Cpu && device != Backend::Cuda) {
+    throw ValueError(std::string("[") + op + "] unknown device " + std::to_string(static_cast<int>(device)) +
+                     " (expected cpu or cuda)");
+  }
+  if (!backend_available(device)) {
+    throw BackendError(std::string("[") + op + "] device " + backend_name(device) + ": " +
+                       detail::cuda_unavailable_reason() + "; train with device cpu");
+  }
 }
 
 std::vector<ParameterGroup> default_parameter_groups(const std::vector<NamedParameter>& parameters,
@@ -100,6 +112,9 @@ void validate_settings(const StageSettings& s, std::int64_t context_length, cons
     bad("zero_stage must be 0 (plain Adam) or 1 (Adam state sharded across ranks), got " +
         std::to_string(s.zero_stage));
   }
+  if (s.device != Backend::Cpu && s.device != Backend::Cuda) {
+    bad("unknown device " + std::to_string(static_cast<int>(s.device)) + " (expected cpu or cuda)");
+  }
   if (s.gradient_bucket_mib < 1 || s.gradient_bucket_mib > 65536) {
     bad("gradient_bucket_mib must be in [1, 65536] MiB, got " + std::to_string(s.gradient_bucket_mib));
   }
@@ -126,6 +141,7 @@ nlohmann::json settings_json(const StageSettings& s) {
           {"activation_offload", s.activation_offload},
           {"zero_stage", s.zero_stage},
           {"gradient_bucket_mib", s.gradient_bucket_mib},
+          {"device", backend_name(s.device)},
           {"dropout", json_number(s.dropout)},
           {"data", s.data.string()},
           {"tokenizer", s.tokenizer.string()},

@@ -156,11 +156,13 @@ void save_training_checkpoint(const std::filesystem::path& path, const std::vect
                        shape_string(moments.first_moment[i].shape()));
     }
   }
+  // On the host (a cuda run's parameters and moments are copied back once
+  // per checkpoint; cpu tensors are not copied): the checksum reads them there.
   std::vector<std::pair<std::string, Tensor>> tensors;
   for (std::size_t i = 0; i < trainable.size(); ++i) {
-    tensors.emplace_back("param." + trainable[i].name, trainable[i].variable.value());
-    tensors.emplace_back("adam.m." + trainable[i].name, moments.first_moment[i]);
-    tensors.emplace_back("adam.v." + trainable[i].name, moments.second_moment[i]);
+    tensors.emplace_back("param." + trainable[i].name, trainable[i].variable.value().to(Backend::Cpu));
+    tensors.emplace_back("adam.m." + trainable[i].name, moments.first_moment[i].to(Backend::Cpu));
+    tensors.emplace_back("adam.v." + trainable[i].name, moments.second_moment[i].to(Backend::Cpu));
   }
   std::map<std::string, std::string> metadata = {{"format", kFormat},
                                                  {"step", std::to_string(state.step)},
@@ -215,7 +217,7 @@ void load_training_checkpoint(const std::filesystem::path& path, const std::vect
   for (auto* j : {&saved, &expected}) {
     for (const char* key : {"resume", "output_dir", "activation_checkpointing", "checkpoint_segment_blocks",
                             "activation_memory_budget", "activation_offload", "zero_stage",
-                            "gradient_bucket_mib",
+                            "gradient_bucket_mib", "device",
                             "attention", "eval_interval", "eval_batches", "checkpoint_interval",
                             "allow_non_finite"}) {
       j->erase(key);
@@ -269,13 +271,16 @@ void load_training_checkpoint(const std::filesystem::path& path, const std::vect
     }
     return *it->second;
   };
+  // The file holds host tensors; the parameters and moments go to the
+  // device the run trains on (whatever device the checkpoint was made on).
   Adam::State moments;
   std::vector<Tensor> values;
   for (const NamedParameter& p : trainable) {
     const Shape& shape = p.variable.shape();
+    const Backend device = p.variable.backend();
     values.push_back(find("param." + p.name, shape));
-    moments.first_moment.push_back(find("adam.m." + p.name, shape));
-    moments.second_moment.push_back(find("adam.v." + p.name, shape));
+    moments.first_moment.push_back(find("adam.m." + p.name, shape).to(device));
+    moments.second_moment.push_back(find("adam.v." + p.name, shape).to(device));
   }
   if (f.tensors.size() != 3 * trainable.size()) throw ModelStateError(where + "unexpected extra tensors");
   TrainingState loaded;
@@ -307,7 +312,7 @@ void load_training_checkpoint(const std::filesystem::path& path, const std::vect
   set_state(moments);
   for (std::size_t i = 0; i < trainable.size(); ++i) {
     Variable v = trainable[i].variable;
-    v.set_value(values[i].clone());
+    v.set_value(values[i].clone().to(v.backend()));  // cpu: the clone itself
   }
   state = loaded;
 }

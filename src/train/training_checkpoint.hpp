@@ -45,13 +45,16 @@ std::string checkpoint_checksum(const std::map<std::string, std::string>& metada
                                 const std::vector<std::pair<std::string, Tensor>>& tensors);
 
 /// `moments`: the optimizer's full state (Adam::state(), or ZeRO-1's
-/// gathered ShardedAdam::state(): the same format whatever the ranks).
+/// gathered ShardedAdam::state(): the same format whatever the ranks), on
+/// any backend: the file holds host copies (the same format on every device).
 void save_training_checkpoint(const std::filesystem::path& path, const std::vector<NamedParameter>& trainable,
                               const Adam::State& moments, const TrainingState& state, const nlohmann::json& config);
 
 /// Validates everything (format, checksum, the configuration it was made with, every
 /// parameter and moment with its shape) before changing the parameters, the
-/// optimizer or `state`. A checkpoint made by a job of another number of
+/// optimizer or `state`. Values and moments are loaded onto each parameter's
+/// backend, whatever device the checkpoint was made on ("device" is
+/// execution policy, like "zero_stage"). A checkpoint made by a job of another number of
 /// ranks (a file without "world_size" was made by one process) resumes only
 /// when the configuration's dropout is 0: every rank draws the whole global
 /// batch from the same generator, so the data order is the same at any N,

@@ -1326,6 +1326,73 @@ static void test_zero_stage_and_buckets(void) {
   FAILS(rt_run_post_training(&p, NULL, NULL, &zero), RT_ERROR_VALUE, "zero_stage");
 }
 
+/* The pipelines' device (ABI 2.5, appended): RT_BACKEND_CPU by default and
+ * recorded in metadata.json; a value that is not an rt_backend is
+ * RT_ERROR_INVALID_ARGUMENT; cuda on a library without CUDA (or a machine
+ * without a device) is RT_ERROR_BACKEND before the output directory exists,
+ * for both stages; a 2.4-sized struct never reads the field. */
+static void test_pipeline_device(void) {
+  rt_pretraining_config c;
+  OK(rt_pretraining_config_default(&c));
+  CHECK(c.device == RT_BACKEND_CPU);
+  rt_post_training_config p;
+  OK(rt_post_training_config_default(&p));
+  CHECK(p.device == RT_BACKEND_CPU);
+  c.model.context_length = 32;
+  c.model.model_width = 16;
+  c.model.heads = 2;
+  c.model.layers = 2;
+  c.model.feed_forward_width = 32;
+  char corpus[512];
+  snprintf(corpus, sizeof corpus, "%s", path_in("corpus.txt"));
+  c.stage.data = corpus;
+  c.stage.steps = 2;
+  c.stage.batch = 2;
+  c.stage.sequence_length = 16;
+  c.stage.eval_batches = 1;
+  c.stage.checkpoint_interval = 0;
+  rt_run_result r;
+  r.struct_size = sizeof r;
+  c.stage.output_dir = path_in("device_cpu");
+  OK(rt_run_pretraining(&c, NULL, NULL, &r));
+  FILE* f = fopen(path_in("device_cpu/metadata.json"), "r");
+  char metadata[16384] = {0};
+  CHECK(f != NULL);
+  if (f != NULL) {
+    CHECK(fread(metadata, 1, sizeof metadata - 1, f) > 0);
+    fclose(f);
+  }
+  CHECK(strstr(metadata, "\"device\": \"cpu\"") != NULL);
+  c.stage.output_dir = path_in("device_bad");
+  c.device = (rt_backend)7;
+  FAILS(rt_run_pretraining(&c, NULL, NULL, &r), RT_ERROR_INVALID_ARGUMENT, "not an rt_backend value");
+  p.stage.data = RIFTCO_SOURCE_DIR "/data/chat_example.jsonl";
+  p.base_model = path_in("device_cpu/model.safetensors");
+  p.stage.output_dir = path_in("device_bad");
+  p.device = (rt_backend)-1;
+  FAILS(rt_run_post_training(&p, NULL, NULL, &r), RT_ERROR_INVALID_ARGUMENT, "not an rt_backend value");
+  CHECK(access(path_in("device_bad"), F_OK) != 0);
+  c.device = RT_BACKEND_CUDA;
+  c.stage.output_dir = path_in("device_cuda");
+  const rt_status cuda = rt_run_pretraining(&c, NULL, NULL, &r);
+  if (cuda == RT_ERROR_BACKEND) { /* no CUDA here: refused before any file */
+    CHECK(strstr(rt_last_error_message(), "[pretraining] device cuda: ") != NULL);
+    CHECK(access(path_in("device_cuda"), F_OK) != 0);
+    p.device = RT_BACKEND_CUDA;
+    p.stage.output_dir = path_in("device_cuda_post");
+    FAILS(rt_run_post_training(&p, NULL, NULL, &r), RT_ERROR_BACKEND, "[post_training] device cuda: ");
+    CHECK(access(path_in("device_cuda_post"), F_OK) != 0);
+  } else {
+    CHECK(cuda == RT_OK && r.completed == 1);
+  }
+  /* A caller built against 2.4 passes the smaller size: the field is not read. */
+  c.device = (rt_backend)7;
+  c.struct_size = offsetof(rt_pretraining_config, device);
+  c.stage.output_dir = path_in("device_24");
+  OK(rt_run_pretraining(&c, NULL, NULL, &r));
+  CHECK(r.completed == 1);
+}
+
 /* Model transfer and the model's activation offload (ABI 2.4, appended).
  * Without a usable CUDA device a move to cuda is RT_ERROR_BACKEND and leaves
  * the model untouched (its earlier graph still differentiates); with one,
@@ -1427,6 +1494,7 @@ int main(void) {
   test_activation_memory_budget();
   test_activation_offload();
   test_zero_stage_and_buckets();
+  test_pipeline_device();
   test_model_transfer_and_offload();
   char command[600];
   snprintf(command, sizeof command, "rm -rf '%s'", g_dir);
