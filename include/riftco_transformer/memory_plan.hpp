@@ -73,6 +73,15 @@ struct ActivationMemoryProfile {
   /// block's forward working set, or the head's); a group's forward adds it
   /// to the values the groups below it keep.
   std::array<std::int64_t, 4> forward{};
+  /// Release: the forward's peak of a 2-block model that is one segment, and
+  /// what each block more adds to it. A segment's forward traces its blocks'
+  /// graph (the boundary check) and drops it only after its last block: its
+  /// forward holds every block's activations at once, as its replay does
+  /// (without gradients; a segment at block 0 below a frozen token embedding
+  /// peaks there since gate/up are freed under their gradients in the
+  /// replay). A segment's forward is the larger of forward[block] and these.
+  std::int64_t segment_forward_bytes = 0;
+  std::int64_t segment_forward_extra_per_block = 0;
   /// Release: the peak after the first block's backward (the embedding's
   /// backward) above all blocks' gradients.
   std::int64_t tail_bytes = 0;

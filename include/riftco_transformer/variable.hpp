@@ -222,4 +222,19 @@ class NoGradGuard {
   bool previous_;
 };
 
+
+/// For backward closures: the buffer of a tensor the closure saved, to
+/// overwrite with a gradient, when nothing but the graph can read it again.
+/// Returns `saved` (leaving the closure's handle empty) only while a
+/// backward(GraphAfterBackward::Release) pass that no Keep pass encloses
+/// runs the calling node's closure (its last run: the node is released after
+/// it, also when the closure or a later check throws) and the buffer has no
+/// other handle than `saved` and the value of an input node held only by the
+/// pass and this node's edge (not a leaf, not retain_grad): no Variable or
+/// Tensor of the caller's, no view, no other node's closure, no checkpoint
+/// input, not parked by activation offload. Otherwise returns an undefined
+/// Tensor and `saved` is untouched: the caller allocates as usual
+/// (docs/autograd.md, "Buffers donated to the gradient").
+Tensor take_if_unique(Tensor& saved);
+
 }  // namespace riftco_transformer

@@ -1,8 +1,10 @@
 #include "gradient_context.hpp"
 
+#include <optional>
 #include <unordered_set>
 
 #include "../backend/kernels.hpp"
+#include "donation.hpp"
 
 namespace riftco_transformer {
 
@@ -164,6 +166,35 @@ void release(std::shared_ptr<Node>& handle) {
   handle.reset();
 }
 
+/// Runs `node`'s closure with its gradient from `ctx` and adds what it
+/// returns to its inputs' gradients, after checking count and shapes.
+void run_node(Node& node_ref, GradientContext& ctx, std::vector<bool>& needs, const char* op) {
+  Node* node = &node_ref;
+  const Tensor* grad_ptr = ctx.find(node);
+  std::vector<Tensor> parent_grads;
+  {
+    const Tensor grad = node->retain_grad ? *grad_ptr : ctx.take(node);  // freed with this scope unless retained
+    needs.assign(node->parents.size(), false);
+    for (std::size_t i = 0; i < node->parents.size(); ++i) needs[i] = node->parents[i].node->requires_grad;
+    parent_grads = node->backward(grad, needs);
+  }
+  if (parent_grads.size() != node->parents.size()) {
+    throw BackwardError(std::string("[") + op + "] " + node->label() + " returned " +
+                        std::to_string(parent_grads.size()) + " gradients for " +
+                        std::to_string(node->parents.size()) + " inputs");
+  }
+  for (std::size_t i = 0; i < parent_grads.size(); ++i) {
+    if (!needs[i] || !parent_grads[i].defined()) continue;
+    const Node* parent = node->parents[i].node.get();
+    if (parent_grads[i].shape() != parent->value.shape()) {
+      throw BackwardError(std::string("[") + op + "] " + node->label() + " returned a gradient of shape " +
+                          shape_string(parent_grads[i].shape()) + " for input " + std::to_string(i) +
+                          " of shape " + shape_string(parent->value.shape()));
+    }
+    ctx.accumulate(parent, std::move(parent_grads[i]));
+  }
+}
+
 }  // namespace
 
 PassResult run_backward_pass(const Variable& root_var, const Tensor& seed, const char* op, BackwardHooks* hooks,
@@ -194,6 +225,8 @@ PassResult run_backward_pass(const Variable& root_var, const Tensor& seed, const
   Finality finality(order, hooks, ctx);
   if (root->is_leaf) finality.report(root_var.node_ptr());
   const bool release_graph = graph == GraphAfterBackward::Release;
+  std::optional<NoDonationGuard> keep_pass;  // a Keep pass never donates, nor does any pass inside it
+  if (!release_graph) keep_pass.emplace();
   std::vector<bool> needs;
   for (auto it = order.rbegin(); it != order.rend(); ++it) {
     Node* node = it->get();
@@ -214,28 +247,20 @@ PassResult run_backward_pass(const Variable& root_var, const Tensor& seed, const
     // node's output and its gradient's temporaries at once (a block's
     // gate/up projections while their gradient is taken).
     if (release_graph && it->use_count() == 1) node->value = Tensor();
-    std::vector<Tensor> parent_grads;
-    {
-      const Tensor grad = node->retain_grad ? *grad_ptr : ctx.take(node);  // freed with this scope unless retained
-      needs.assign(node->parents.size(), false);
-      for (std::size_t i = 0; i < node->parents.size(); ++i) needs[i] = node->parents[i].node->requires_grad;
-      parent_grads = node->backward(grad, needs);
+    std::optional<DonationScope> donation;
+    if (release_graph) {
+      node->saved.clear();  // a report's copy: the closure holds what it reads (take_if_unique counts handles)
+      donation.emplace(*node);
     }
-    if (parent_grads.size() != node->parents.size()) {
-      throw BackwardError(std::string("[") + op + "] " + node->label() + " returned " +
-                          std::to_string(parent_grads.size()) + " gradients for " +
-                          std::to_string(node->parents.size()) + " inputs");
+    try {
+      run_node(*node, ctx, needs, op);
+    } catch (...) {
+      // A closure that took a saved buffer over cannot run again: released
+      // even though the pass fails (its public gradients are untouched).
+      if (donation && donation->donated()) release(*it);
+      throw;
     }
-    for (std::size_t i = 0; i < parent_grads.size(); ++i) {
-      if (!needs[i] || !parent_grads[i].defined()) continue;
-      const Node* parent = node->parents[i].node.get();
-      if (parent_grads[i].shape() != parent->value.shape()) {
-        throw BackwardError(std::string("[") + op + "] " + node->label() + " returned a gradient of shape " +
-                            shape_string(parent_grads[i].shape()) + " for input " + std::to_string(i) +
-                            " of shape " + shape_string(parent->value.shape()));
-      }
-      ctx.accumulate(parent, std::move(parent_grads[i]));
-    }
+    donation.reset();
     finality.consumed(node);
     if (release_graph) release(*it);
     if (hooks != nullptr) hooks->node_done();

@@ -87,6 +87,9 @@ class Kernels {
   /// d gate_up on return, with swiglu_packed_backward's bits. No (..., F)
   /// buffer: a caller can produce g straight into d (a GEMM with ldc 2F).
   virtual void swiglu_packed_backward_inplace(const Tensor& gate_up, Tensor& d) const = 0;
+  /// The same gradient written over gate_up itself (a buffer its owner
+  /// handed over, take_if_unique), reading g (..., F) whole; the same bits.
+  virtual void swiglu_packed_backward_over(Tensor& gate_up, const Tensor& g) const = 0;
 
   // ---- normalization ------------------------------------------------------
   /// y = x · rstd · w per row; rstd (rows) returned for the backward.

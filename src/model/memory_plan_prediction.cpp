@@ -68,7 +68,12 @@ std::int64_t release_runs_peak(const ActivationMemoryProfile& p, std::span<const
     const std::int64_t extra = first ? 0 : p.later_block_extra[index_of(g.recompute)];
     const std::int64_t kept = group_kept(p, g) - (first ? first_lighter : 0);
     const std::int64_t gradients = g.blocks * p.block_gradient_bytes;
-    const std::int64_t forward = p.forward[index_of(g.recompute)] + extra;  // a segment forwards one block at a time
+    // A segment's forward holds all its blocks' traced activations at once.
+    const std::int64_t segment_forward =
+        g.recompute == BlockRecompute::Whole && g.blocks > 1
+            ? p.segment_forward_bytes + (g.blocks - 2) * p.segment_forward_extra_per_block
+            : 0;
+    const std::int64_t forward = std::max(p.forward[index_of(g.recompute)], segment_forward) + extra;
     peak = std::max(peak, below + (count - 1) * kept + forward);  // the last member's forward
     if (replayed > 0) {
       const std::int64_t start = below + gradients_all - gradients_to - gradients + group_replay(p, g, any) + extra;

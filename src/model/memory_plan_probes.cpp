@@ -217,8 +217,13 @@ ActivationMemoryProfile profile_activation_memory(const DecoderOnlyTransformer& 
   // A segment as the last group: of two blocks, and one block more.
   // (A segment's blocks' gradients are final together, in any order: its
   // window is the largest of its blocks'.)
-  const std::vector<std::int64_t> s2 = measure(*two, {{2, BlockRecompute::Whole}}).peaks;
-  const std::vector<std::int64_t> s3 = measure(*three, {{3, BlockRecompute::Whole}}).peaks;
+  const BlockWindows segment2 = measure(*two, {{2, BlockRecompute::Whole}});
+  const BlockWindows segment3 = measure(*three, {{3, BlockRecompute::Whole}});
+  const std::vector<std::int64_t>& s2 = segment2.peaks;
+  const std::vector<std::int64_t>& s3 = segment3.peaks;
+  // Its forward holds all its blocks' traced activations at once.
+  p.segment_forward_bytes = segment2.forward;
+  p.segment_forward_extra_per_block = std::max<std::int64_t>(0, segment3.forward - segment2.forward);
   const std::int64_t top2 = *std::max_element(s2.begin(), s2.end() - 1);
   const std::int64_t top3 = *std::max_element(s3.begin(), s3.end() - 1);
   p.top_segment_bytes = top2;

@@ -133,14 +133,16 @@ Variable norm_linear_packed(const Variable& h, const Variable& norm_weight, floa
       [op, hv, nw, rstd, wv, widths, total, rows, k, eps](const Tensor& g, const std::vector<bool>& needs) {
         const backend::Kernels& kern = backend::kernels_for(op, hv, g);
         std::vector<Tensor> grads(wv.size() + 2);
-        Tensor unused;
-        const Tensor x = kern.rms_norm_forward(hv, nw, eps, unused);  // recomputed, bit-identical
         const bool need_dx = needs[0] || needs[1];
         Tensor dx;
         if (need_dx) dx = Tensor::empty(hv.shape(), hv.backend());
         std::vector<Tensor> dw(wv.size());
-        packed_backward(kern, g.device_data(), x.device_data(), rows, k, wv, widths, total,
-                        need_dx ? dx.device_data() : nullptr, dw, std::vector<bool>(needs.begin() + 2, needs.end()));
+        {
+          Tensor unused;
+          const Tensor x = kern.rms_norm_forward(hv, nw, eps, unused);  // recomputed, bit-identical
+          packed_backward(kern, g.device_data(), x.device_data(), rows, k, wv, widths, total,
+                          need_dx ? dx.device_data() : nullptr, dw, std::vector<bool>(needs.begin() + 2, needs.end()));
+        }  // x goes before the norm's gradient exists (a block's backward peak)
         for (std::size_t i = 0; i < wv.size(); ++i) grads[i + 2] = std::move(dw[i]);
         if (need_dx) kern.rms_norm_backward(hv, nw, rstd, dx, grads[0], grads[1], needs[0], needs[1]);
         return grads;
@@ -223,25 +225,39 @@ Variable swiglu_linear_residual(const Variable& residual, const Variable& gate_u
   }
   return Variable::from_op(
       op, std::move(out), {residual, gate_up, weight},
-      [op, gu, wv, widths, total, rows, k](const Tensor& g, const std::vector<bool>& needs) {
+      [op, gu = Tensor(gu), wv, widths, total, rows, k](const Tensor& g, const std::vector<bool>& needs) mutable {
         const backend::Kernels& kern = backend::kernels_for(op, gu, g);
         std::vector<Tensor> grads(3);
         if (needs[0]) grads[0] = g;
         std::vector<Tensor> dw(1);
+        Tensor m;  // (..., F)
         if (needs[2]) {  // dW = gᵀ m: one GEMM over every row, as before
-          const Tensor m = kern.swiglu_packed_forward(gu);  // recomputed (same bits); gone before d gate_up exists
+          m = kern.swiglu_packed_forward(gu);  // recomputed (same bits)
           packed_backward(kern, g.device_data(), m.device_data(), rows, k, wv, widths, total, nullptr, dw, {true});
           grads[2] = std::move(dw[0]);
         }
-        if (needs[1]) {
-          // dm = g W goes straight into columns [0, F) of each row of
-          // d gate_up (row stride 2F), which the SwiGLU backward then
-          // overwrites in place: no (..., F) buffer is ever allocated.
-          grads[1] = Tensor::empty(gu.shape(), gu.backend());
-          packed_backward(kern, g.device_data(), nullptr, rows, k, wv, widths, total, grads[1].device_data(), dw,
-                          {false}, 2 * k);
-          kern.swiglu_packed_backward_inplace(gu, grads[1]);
+        if (!needs[1]) return grads;
+        // Released graph, gate/up read by nothing else: its gradient is
+        // written over it, dm = g W into m's buffer (or a new (..., F) one),
+        // then the SwiGLU backward in place over gate/up: gate/up + (..., F)
+        // at most, never two (..., 2F) buffers.
+        if (Tensor over = take_if_unique(gu); over.defined()) {
+          Shape fs = over.shape();
+          fs.back() = k;
+          Tensor dm = m.defined() ? std::move(m) : Tensor::empty(fs, over.backend());
+          packed_backward(kern, g.device_data(), nullptr, rows, k, wv, widths, total, dm.device_data(), dw, {false});
+          kern.swiglu_packed_backward_over(over, dm);
+          grads[1] = std::move(over);
+          return grads;
         }
+        m = Tensor();  // gone before d gate_up exists
+        // dm = g W goes straight into columns [0, F) of each row of
+        // d gate_up (row stride 2F), which the SwiGLU backward then
+        // overwrites in place: no (..., F) buffer is ever allocated.
+        grads[1] = Tensor::empty(gu.shape(), gu.backend());
+        packed_backward(kern, g.device_data(), nullptr, rows, k, wv, widths, total, grads[1].device_data(), dw,
+                        {false}, 2 * k);
+        kern.swiglu_packed_backward_inplace(gu, grads[1]);
         return grads;
       },
       {gu, wv[0]});

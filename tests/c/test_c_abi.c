@@ -272,7 +272,20 @@ static void test_backward_release(void) {
   OK(rt_variable_leaf_count(loss, &leaves)); /* listed before the release */
   rt_variable* head = NULL;
   OK(rt_variable_leaf(loss, 0, &head));
+  /* What the caller holds (the loss, a parameter) is never written by the
+   * release pass (buffers it donates to gradients are the graph's own). */
+  float loss_held = 0.0f;
+  OK(rt_variable_item(loss, &loss_held));
+  int64_t head_elements = 0;
+  OK(rt_variable_numel(head, &head_elements));
+  float* head_held = malloc(sizeof(float) * (size_t)head_elements);
+  float* head_now = malloc(sizeof(float) * (size_t)head_elements);
+  OK(rt_variable_value(head, head_held, (size_t)head_elements));
   OK(rt_variable_backward_ex(loss, &one, 1, 0));
+  OK(rt_variable_value(head, head_now, (size_t)head_elements));
+  CHECK(memcmp(head_held, head_now, sizeof(float) * (size_t)head_elements) == 0);
+  free(head_held);
+  free(head_now);
   float* released = model_gradients(model, &m);
   CHECK(m == n && memcmp(kept, released, n * sizeof(float)) == 0);
   free(released);
@@ -294,7 +307,7 @@ static void test_backward_release(void) {
   free(after);
   float loss_value = 0.0f;
   OK(rt_variable_item(loss, &loss_value)); /* the handle's own value stays */
-  CHECK(isfinite(loss_value));
+  CHECK(isfinite(loss_value) && loss_value == loss_held);
   free(head_grad);
   rt_variable_destroy(head);
   free(kept);

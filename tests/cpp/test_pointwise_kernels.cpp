@@ -497,6 +497,9 @@ TEST(PointwiseSwiglu, InPlaceBackwardGivesTheOutOfPlaceBits) {
         }
         cpu::swiglu_packed_backward_inplace(gate_up, d);
         expect_same_bits(d.data(), want.data(), rows * 2 * f, what);
+        Tensor over = gate_up.clone();  // written over gate_up itself (a donated buffer)
+        cpu::swiglu_packed_backward_over(over, g);
+        expect_same_bits(over.data(), want.data(), rows * 2 * f, what + ", over gate_up");
       });
     }
   }

@@ -262,6 +262,9 @@ std::vector<Pair> swiglu_pairs() {
   Tensor cd = dev(g_in_d);
   cuda::swiglu_packed_backward_inplace(dev(packed), cd);
   out.push_back({"swiglu packed backward in place", cpu::swiglu_packed_backward(packed, g), cd});
+  Tensor over = dev(packed);  // written over gate_up itself (a donated buffer)
+  cuda::swiglu_packed_backward_over(over, dev(g));
+  out.push_back({"swiglu packed backward over gate_up", cpu::swiglu_packed_backward(packed, g), over});
   return out;
 }
 

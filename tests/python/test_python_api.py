@@ -133,9 +133,21 @@ def test_backward_retain_graph_false_frees_the_graph_with_the_same_gradients():
     for p in model.trainable_parameters():
         p.zero_grad()
     loss = model.loss(tokens, targets)
+    # The nodes nearest the loss, reached through parents() (four levels), and
+    # numpy views of their values (views hold their buffers): none may be
+    # donated to a gradient.
+    nodes, level = [], [loss]
+    for _ in range(4):
+        nodes += level
+        level = [q for v in level for q in v.parents()]
+    held = [v.numpy() for v in nodes]
+    copies = [h.copy() for h in held]
     loss.backward(retain_graph=False)
     for p, g in zip(model.trainable_parameters(), expected):
         np.testing.assert_array_equal(p.grad, g)  # same bits as the kept-graph pass
+    for h, c in zip(held, copies):
+        np.testing.assert_array_equal(h, c)  # a buffer the caller holds is never donated to a gradient
+    del nodes
     with pytest.raises(riftco.BackwardError, match="released"):
         loss.backward()  # the graph is gone: a typed error, gradients untouched
     for p, g in zip(model.trainable_parameters(), expected):

@@ -76,6 +76,18 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void swiglu_backwar
   }
 }
 
+/// The same with d_gate and d_up written over gate and up (each element is
+/// read before it is overwritten).
+__attribute__((target_clones("avx512f", "avx2", "default"))) void swiglu_backward_over_span(float* gate_then_d_gate,
+                                                                                  float* up_then_d_up,
+                                                                                  const float* g, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) {
+    const float a = gate_then_d_gate[i];
+    const float b = up_then_d_up[i];
+    swiglu_gradient(a, b, g[i], gate_then_d_gate[i], up_then_d_up[i]);
+  }
+}
+
 }  // namespace
 
 Tensor activation_forward(Activation act, const Tensor& x) {
@@ -168,6 +180,16 @@ void swiglu_packed_backward_inplace(const Tensor& gate_up, Tensor& d) {
   for (std::int64_t r = 0; r < rows; ++r) {
     swiglu_backward_inplace_span(pi + r * f2, pi + r * f2 + f, pd + r * f2, pd + r * f2 + f, f);
   }
+}
+
+void swiglu_packed_backward_over(Tensor& gate_up, const Tensor& g) {
+  const std::int64_t f2 = gate_up.size(-1);
+  const std::int64_t f = f2 / 2;
+  const std::int64_t rows = f2 == 0 ? 0 : gate_up.numel() / f2;
+  const float* pg = g.data();
+  float* pd = gate_up.data();
+#pragma omp parallel for schedule(dynamic, 16) if (rows * f > kParallelElements)
+  for (std::int64_t r = 0; r < rows; ++r) swiglu_backward_over_span(pd + r * f2, pd + r * f2 + f, pg + r * f, f);
 }
 
 }  // namespace riftco_transformer::cpu

@@ -61,6 +61,9 @@ class CpuKernels final : public Kernels {
   void swiglu_packed_backward_inplace(const Tensor& gate_up, Tensor& d) const override {
     cpu::swiglu_packed_backward_inplace(gate_up, d);
   }
+  void swiglu_packed_backward_over(Tensor& gate_up, const Tensor& g) const override {
+    cpu::swiglu_packed_backward_over(gate_up, g);
+  }
 
   Tensor rms_norm_forward(const Tensor& x, const Tensor& w, float eps, Tensor& rstd) const override {
     return cpu::rms_norm_forward(x, w, eps, rstd);

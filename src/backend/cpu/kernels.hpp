@@ -82,6 +82,8 @@ Tensor swiglu_packed_backward(const Tensor& gate_up, const Tensor& g);
 /// The same, in place: d (..., 2F) holds g in columns [0, F) of each row on
 /// entry and d gate_up on return (same bits).
 void swiglu_packed_backward_inplace(const Tensor& gate_up, Tensor& d);
+/// d gate_up written over gate_up, g (..., F) read whole.
+void swiglu_packed_backward_over(Tensor& gate_up, const Tensor& g);
 
 // ---- normalization --------------------------------------------------------
 /// y = x * rstd * w per row of length C; rstd (rows) is returned for backward.

@@ -167,4 +167,18 @@ void swiglu_packed_backward_inplace(const Tensor& gate_up, Tensor& d) {
   detail::check_launch("swiglu_packed_backward_inplace", "swiglu_backward_kernel");
 }
 
+void swiglu_packed_backward_over(Tensor& gate_up, const Tensor& g) {
+  detail::require_cuda(gate_up, "swiglu_packed_backward_over", "gate_up");
+  detail::require_cuda(g, "swiglu_packed_backward_over", "g");
+  const std::int64_t f2 = gate_up.size(-1);
+  const std::int64_t f = f2 / 2;
+  const std::int64_t rows = f2 == 0 ? 0 : gate_up.numel() / f2;
+  if (rows * f == 0) return;
+  float* pd = gate_up.device_data();
+  // Each thread reads its gate and up before it writes them.
+  swiglu_backward_kernel<<<detail::grid_for(rows * f), detail::kThreads>>>(pd, pd + f, f2, g.device_data(), f, pd,
+                                                                           pd + f, rows, f);
+  detail::check_launch("swiglu_packed_backward_over", "swiglu_backward_kernel");
+}
+
 }  // namespace riftco_transformer::cuda

@@ -64,6 +64,9 @@ class CudaKernels final : public Kernels {
   void swiglu_packed_backward_inplace(const Tensor& gate_up, Tensor& d) const override {
     cuda::swiglu_packed_backward_inplace(gate_up, d);
   }
+  void swiglu_packed_backward_over(Tensor& gate_up, const Tensor& g) const override {
+    cuda::swiglu_packed_backward_over(gate_up, g);
+  }
 
   Tensor rms_norm_forward(const Tensor& x, const Tensor& w, float eps, Tensor& rstd) const override {
     return cuda::rms_norm_forward(x, w, eps, rstd);

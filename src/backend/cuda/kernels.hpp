@@ -57,6 +57,8 @@ void swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& g, Tens
 Tensor swiglu_packed_forward(const Tensor& gate_up);
 Tensor swiglu_packed_backward(const Tensor& gate_up, const Tensor& g);
 void swiglu_packed_backward_inplace(const Tensor& gate_up, Tensor& d);
+/// d gate_up written over gate_up, g (..., F) read whole.
+void swiglu_packed_backward_over(Tensor& gate_up, const Tensor& g);
 
 // ---- normalization --------------------------------------------------------------
 Tensor rms_norm_forward(const Tensor& x, const Tensor& w, float eps, Tensor& rstd);
