@@ -32,7 +32,8 @@ namespace {
 // when freed and recycled across sizes by host_page_cache.cpp: the bytes they
 // hold (live + cached) never exceed the most ever live in them at once, and a
 // request of a size not cached takes pages from a cached block of another size
-// (its head, or the block grown with mremap) instead of mapping new ones.
+// (its head, or several cached blocks moved into one new mapping with
+// mremap) instead of mapping new ones.
 // Smaller CPU buffers go to glibc (its heap reuses them without faults).
 // Under AddressSanitizer every CPU buffer goes to glibc, uncached.
 //
