@@ -279,12 +279,28 @@ std::int64_t unmap_cached(PageCache& c, bool restart) noexcept {
 /// every mmap — thread stacks, glibc's — fails. Past a quarter of it the
 /// cached blocks are unmapped (a step's worth of page faults, once), and the
 /// blocks mapped next are whole again.
-void limit_mappings(PageCache& c) noexcept {
+std::int64_t mapping_budget_once() noexcept {
   static const std::int64_t budget = mapping_budget();
-  if (c.assemblies.fetch_add(1) % kMappingCheckEvery == kMappingCheckEvery - 1 && mapping_count() > budget) {
+  return budget;
+}
+
+void limit_mappings(PageCache& c) noexcept {
+  if (c.assemblies.fetch_add(1) % kMappingCheckEvery == kMappingCheckEvery - 1 &&
+      mapping_count() > mapping_budget_once()) {
     unmap_cached(c, false);
   }
 }
+
+// The function-local statics above are made while the library loads, before
+// any thread of ours: a fork() in one thread while another was inside their
+// first use left the child waiting forever on the initialisation guard (and
+// without the fork handlers, not yet registered).
+[[maybe_unused]] const bool g_initialised_at_load = [] {
+  page_cache();
+  page_round(1);
+  mapping_budget_once();
+  return true;
+}();
 
 }  // namespace
 

@@ -127,6 +127,11 @@ Counters& counters(Backend backend) {
   return per_backend[static_cast<int>(backend)];
 }
 
+// Made while the library loads, before any thread of ours: a fork() while
+// another thread was inside their first use left the child waiting forever on
+// the initialisation guard (host_page_cache.cpp does the same).
+[[maybe_unused]] const bool g_initialised_at_load = (counters(Backend::Cpu), pinned_cache(), true);
+
 void raise_peak(Counters& c, std::int64_t live) {
   std::int64_t peak = c.peak.load(std::memory_order_relaxed);
   while (live > peak && !c.peak.compare_exchange_weak(peak, live, std::memory_order_relaxed)) {
