@@ -380,6 +380,11 @@ TEST(Allocator, AChildForkedWhileAnotherThreadAllocatesCanAllocate) {
   // fork() copies only the calling thread: a cache lock another thread held
   // at that moment stayed locked in the child, whose first large allocation
   // then waited forever (glibc's malloc guards its own locks around fork).
+  // Under AddressSanitizer our cache is off and every buffer goes through the
+  // sanitizer's allocator, whose own locks this toolchain's runtime does not
+  // guard around fork (a child hung in its allocator in a CI run): what this
+  // test checks is not there to check.
+  if (kAsan) GTEST_SKIP() << "the cache is off under AddressSanitizer, whose allocator is not fork-safe here";
   std::atomic<bool> stop{false};
   std::thread busy([&stop] {
     while (!stop.load()) {
