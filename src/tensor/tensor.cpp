@@ -265,7 +265,9 @@ float Tensor::at(std::initializer_list<std::int64_t> index) const {
 
 float Tensor::item() const {
   if (numel_ != 1) throw ShapeError("[item] needs one element, shape is " + shape_string(shape_));
-  return data()[0];
+  float value = 0.0F;  // one float to the host, from any backend
+  copy_bytes(&value, Backend::Cpu, storage_->data(), backend(), sizeof(float), "item");
+  return value;
 }
 
 void Tensor::fill(float value) {
