@@ -71,6 +71,20 @@ class Adam {
   /// the first one that differs; nothing changes): sums of other parameters
   /// of the same shapes would otherwise train the wrong weights silently.
   float step(const GradientAccumulator& accumulator);
+  /// The optimizer step fused into the backward pass (PyTorch's "optimizer
+  /// step in backward" via post-accumulate-grad hooks, torchtune's
+  /// optimizer_in_bwd): runs loss.backward(graph) and updates each of this
+  /// Adam's parameters as soon as its gradient is final, then frees that
+  /// gradient, so the pass never holds every gradient at once. The updates
+  /// are bit-identical to backward() followed by step(). `loss` must be a
+  /// scalar. Refused before anything runs (ValueError): max_grad_norm > 0
+  /// (clipping needs every gradient first). Parameters of this Adam are left
+  /// without a gradient (grad() undefined); other leaves the pass reaches get
+  /// theirs as backward() gives them. Returns the global gradient norm, as
+  /// step() does. A failure before the first update (a stale graph, a
+  /// non-finite first gradient) changes nothing and throws its own type; one
+  /// after it throws PartialStepError (errors.hpp).
+  float backward_and_step(const Variable& loss, GraphAfterBackward graph = GraphAfterBackward::Release);
   /// Drops every parameter's gradient.
   void zero_grad();
 
