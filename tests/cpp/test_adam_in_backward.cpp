@@ -446,3 +446,21 @@ TEST(AdamInBackward, ACheckpointedModelsPeakDropsByMostOfItsGradients) {
     EXPECT_LE(fused, reference - gradient_bytes * 3 / 5) << what << " reference " << reference << " fused " << fused;
   }
 }
+
+TEST(AdamInBackward, AParameterThatNoLongerFitsItsMomentsIsRefusedBeforeAnythingRuns) {
+  // `late` would only be reached after `first` was stepped: the check runs
+  // before the pass, so step()'s ShapeError comes with nothing changed.
+  Chain chain;
+  chain.late.set_value(randn({2, 2}, 8));
+  Adam adam({chain.late, chain.first});
+  chain.late.set_value(randn({3, 4}, 9));  // after the Adam made its moments
+  const std::vector<Variable> leaves{chain.late, chain.first, chain.other};
+  const Snapshot before = snapshot(leaves, adam);
+  try {
+    adam.backward_and_step(chain.loss());
+    FAIL() << "no ShapeError";
+  } catch (const ShapeError& e) {
+    EXPECT_NE(std::string(e.what()).find("'late'"), std::string::npos) << e.what();
+  }
+  expect_unchanged(before, snapshot(leaves, adam));
+}
