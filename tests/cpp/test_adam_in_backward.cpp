@@ -464,3 +464,25 @@ TEST(AdamInBackward, AParameterThatNoLongerFitsItsMomentsIsRefusedBeforeAnything
   }
   expect_unchanged(before, snapshot(leaves, adam));
 }
+
+TEST(AdamInBackward, ANormThatOverflowsWithFiniteGradientsIsAPartialStepError) {
+  // Each gradient is 3e38 (finite; its square fits a double), but the global
+  // norm √(2 · 9e76) is above FLT_MAX: step() refuses it with nothing
+  // changed, the fused step finds out only after both updates.
+  Variable x(Tensor::full({1}, 3.0e38F), false, "x");
+  Variable w0(Tensor::full({1}, 1.0F), true, "w0");
+  Variable w1(Tensor::full({1}, 1.0F), true, "w1");
+  auto loss = [&] { return add(sum(mul(x, w0)), sum(mul(x, w1))); };
+  Adam reference({w0, w1});
+  loss().backward();
+  EXPECT_THROW(reference.step(), ValueError);
+  Adam adam({w0, w1});
+  try {
+    adam.backward_and_step(loss());
+    FAIL() << "no PartialStepError";
+  } catch (const PartialStepError& e) {
+    EXPECT_NE(std::string(e.what()).find("2 of 2"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("overflowed"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(adam.step_count(), 1);
+}
