@@ -53,6 +53,18 @@ class CommunicationError : public Error {
   using Error::Error;
 };
 
+/// An optimizer step fused into the backward pass (Adam::backward_and_step)
+/// failed after it had already updated some parameters: the model and the
+/// optimizer's moments are part-way between two steps. The message names the
+/// op, how many parameters were updated and the cause. Restore the model and
+/// optimizer (e.g. from a training checkpoint) before training on. A fused
+/// step that fails before updating any parameter throws the cause's own type
+/// and changes nothing.
+class PartialStepError : public Error {
+ public:
+  using Error::Error;
+};
+
 /// "(4, 8)" — used by every error message that carries a shape.
 std::string shape_string(const std::vector<std::int64_t>& shape);
 

@@ -41,6 +41,16 @@ class BackwardHooks {
   /// write into it: its buffer may be shared with other gradients of the
   /// pass. Called in the order leaves become final, once per leaf.
   virtual void gradient_final(const Variable& leaf, const Tensor& gradient) = 0;
+  /// Asked right after gradient_final(leaf, ...): true when the hook
+  /// consumed that gradient (an optimizer step inside the backward pass,
+  /// Adam::backward_and_step). The engine then frees the gradient at once,
+  /// and the commit leaves the leaf without one (grad() undefined, as after
+  /// clear_grad) instead of publishing it; finish() may not return a
+  /// gradient for it (BackwardError). Default: false for every leaf.
+  virtual bool consumes(const Variable& leaf) const {
+    (void)leaf;
+    return false;
+  }
   /// After each node's backward ran (and its leaves were reported): a place
   /// to make progress on communication in flight. Default: nothing.
   virtual void node_done() {}
