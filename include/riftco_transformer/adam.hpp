@@ -117,6 +117,11 @@ class Adam {
   void add_parameters(std::vector<Variable> parameters);
   void check_unique() const;  // ValueError naming a parameter listed twice
   float update(std::span<const Tensor* const> gradients);
+  /// The checks update() makes on parameters()[i]'s gradient `g` (ShapeError
+  /// for a shape or moments that no longer fit, BackendError when it is not
+  /// on the backend of parameters()[*first], the first one stepped).
+  void check_gradient(std::size_t i, const Tensor& g, const std::size_t* first) const;
+  class StepInBackward;  // backward_and_step's hooks (src/optim/adam_in_backward.cpp)
 
   std::vector<Variable> params_;
   AdamOptions options_;
