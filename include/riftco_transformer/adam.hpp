@@ -80,10 +80,16 @@ class Adam {
   /// scalar. Refused before anything runs (ValueError): max_grad_norm > 0
   /// (clipping needs every gradient first). Parameters of this Adam are left
   /// without a gradient (grad() undefined); other leaves the pass reaches get
-  /// theirs as backward() gives them. Returns the global gradient norm, as
-  /// step() does. A failure before the first update (a stale graph, a
-  /// non-finite first gradient) changes nothing and throws its own type; one
-  /// after it throws PartialStepError (errors.hpp).
+  /// theirs as backward() gives them. As after backward(), a parameter
+  /// reached without a contribution is stepped with zeros, and one never
+  /// reached with the gradient it holds (skipped when it holds none).
+  /// Returns the global gradient norm, bit-equal to step()'s. A failure
+  /// before the first update (a stale graph, a non-finite first gradient, a
+  /// closure or allocation failing) changes nothing and throws its own type;
+  /// one after it throws PartialStepError (errors.hpp) naming how many
+  /// parameters were updated and the cause, with step_count() advanced (a
+  /// global norm that overflows with every gradient finite, too).
+  /// docs/transformer.md, "The optimizer step in the backward pass".
   float backward_and_step(const Variable& loss, GraphAfterBackward graph = GraphAfterBackward::Release);
   /// Drops every parameter's gradient.
   void zero_grad();
