@@ -34,9 +34,10 @@ AOTAutograd's backward is one node that returns every parameter's gradient
 at once, and only then do the per-parameter hooks run, so the compiled form
 is correct but cannot free a gradient before the last one is made.
 --check-in-backward runs 2 steps of a small model in both step forms (both
-policies; eager, and compiled unless --form eager) and compares the
-parameters (eager: bit-identical; compiled: within float tolerance; no
-gradient left behind); it prints one JSON object, with a form that PyTorch
+policies; eager and compiled, or the one form --form names) and compares
+the parameters with the ordinary step's in the same form (eager:
+bit-identical; compiled: within 1e-5 relative; no gradient left behind);
+it prints one JSON object, with a form that PyTorch
 refused or that came out wrong marked "skip" and the reason, and exits
 non-zero only when the eager form fails.
 
