@@ -8,6 +8,7 @@
 
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "model_fixtures.hpp"
@@ -242,4 +243,58 @@ TEST(Review7InBackward, ASecondFusedStepOnAKeptGraphIsAStaleGraphAndChangesNothi
   EXPECT_THROW(adam.backward_and_step(loss, GraphAfterBackward::Keep), StaleGraphError);
   EXPECT_TRUE(same_bits(w.value(), after_first));
   EXPECT_EQ(adam.step_count(), 1);
+}
+
+// consumes() throwing for a leaf reported inside a replay: the pass fails
+// with that error, commits nothing, and the next pass reports every leaf once.
+TEST(Review7InBackward, ConsumesThrowingInsideAReplayFailsThePassAndTheNextOneWorks) {
+  struct Throwing : Recording {
+    bool armed = true;
+    bool consumes(const Variable& leaf) const override {
+      if (armed && leaf.name() == "w") throw ValueError("[consumes] refused " + leaf.name());
+      return false;
+    }
+  };
+  Variable w(randn({4, 4}, 51), true, "w");
+  Variable x(randn({2, 4}, 52), true, "x");
+  const std::vector<Variable> deps{w};
+  const Variable loss = sum(checkpoint(x, deps, [w](const Variable& in) { return matmul(in, w); }));
+  Throwing hooks;
+  EXPECT_THROW(loss.backward(hooks), ValueError);
+  EXPECT_FALSE(w.grad().defined());
+  EXPECT_FALSE(x.grad().defined());
+  hooks.armed = false;
+  hooks.reports.clear();
+  loss.backward(hooks);
+  ASSERT_EQ(hooks.reports.size(), 2U);
+  EXPECT_EQ(hooks.reports[0].first, "w");  // inside the replay, before its input
+  EXPECT_TRUE(same_bits(hooks.reports[0].second, w.grad()));
+}
+
+// A hook reached inside a replay starts a hooked pass on another thread: the
+// channel is per thread, so that pass's leaves stay its own.
+TEST(Review7InBackward, APassOnAnotherThreadStartedFromInsideAReplayKeepsItsOwnReports) {
+  struct Spawning : Recording {
+    Recording other;
+    Variable u{randn({4, 4}, 61), true, "u"};
+    Variable z{randn({2, 4}, 62), true, "z"};
+    void gradient_final(const Variable& leaf, const Tensor& gradient) override {
+      Recording::gradient_final(leaf, gradient);
+      if (leaf.name() != "w") return;
+      std::thread([this] {
+        const std::vector<Variable> deps{u};
+        const Variable inner_u = u;
+        sum(checkpoint(z, deps, [inner_u](const Variable& in) { return matmul(in, inner_u); })).backward(other);
+      }).join();
+    }
+  };
+  Variable w(randn({4, 4}, 63), true, "w");
+  Variable x(randn({2, 4}, 64), true, "x");
+  const std::vector<Variable> deps{w};
+  Spawning hooks;
+  sum(checkpoint(x, deps, [w](const Variable& in) { return matmul(in, w); })).backward(hooks);
+  ASSERT_EQ(hooks.reports.size(), 2U);
+  ASSERT_EQ(hooks.other.reports.size(), 2U);
+  EXPECT_EQ(hooks.other.reports[0].first, "u");
+  EXPECT_TRUE(same_bits(hooks.other.reports[0].second, hooks.u.grad()));
 }
