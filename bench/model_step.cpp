@@ -5,10 +5,18 @@
 //                 [--seq T] [--batch B] [--policy disabled|block|segments|attention|mlp]
 //                 [--attention flash|materialized] [--steps N] [--warmup W]
 //                 [--backend cpu|cuda] [--activation-offload] [--keep-graph]
+//                 [--optimizer-in-backward]
 //
 // backward() releases the graph as it goes (GraphAfterBackward::Release, as
 // PyTorch's backward does without retain_graph); --keep-graph keeps it until
 // the step drops it (the default backward(), what the peak was before).
+// --optimizer-in-backward runs adam.backward_and_step(loss) instead of
+// backward() then step(): each parameter is updated as soon as its gradient
+// is final and that gradient is freed (PyTorch's optimizer step in backward).
+// The backward and optimizer phases then merge: backward_peak,
+// after_backward and backward_seconds include the updates, after_graph is
+// what is left without gradients, and optimizer_peak / optimizer_seconds
+// only cover zero_grad (nothing left to drop).
 //
 // Reported (bench/run_benchmarks.py runs it in a fresh process per row):
 //   step_seconds      median wall time of the measured steps (and every step)
@@ -34,6 +42,7 @@
 //                     after_graph (the graph dropped: the gradients),
 //                     optimizer_peak (Adam step + zero_grad); peak_bytes is
 //                     the largest of the three peaks over the measured steps
+//   optimizer_in_backward  whether --optimizer-in-backward was given
 #include <omp.h>
 
 #include <algorithm>
@@ -116,6 +125,7 @@ int run(int argc, char** argv) {
   int warmup = 1;
   std::string backend_name_arg = "cpu";
   bool offload = false;
+  bool optimizer_in_backward = false;
   GraphAfterBackward graph = GraphAfterBackward::Release;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -140,11 +150,13 @@ int run(int argc, char** argv) {
     else if (a == "--backend") backend_name_arg = next();
     else if (a == "--activation-offload") offload = true;
     else if (a == "--keep-graph") graph = GraphAfterBackward::Keep;
+    else if (a == "--optimizer-in-backward") optimizer_in_backward = true;
     else {
       std::cerr << "usage: rt-bench-step [--vocab V] [--width C] [--heads H] [--layers L] [--ffn F] [--seq T]\n"
                    "                     [--batch B] [--policy disabled|block|segments|attention|mlp]\n"
                    "                     [--attention flash|materialized] [--steps N] [--warmup W]\n"
-                   "                     [--backend cpu|cuda] [--activation-offload] [--keep-graph]\n";
+                   "                     [--backend cpu|cuda] [--activation-offload] [--keep-graph]\n"
+                   "                     [--optimizer-in-backward]\n";
       return 2;
     }
   }
@@ -220,7 +232,11 @@ int run(int argc, char** argv) {
       forward_end = std::chrono::steady_clock::now();
       phases["forward_peak"] = phase_peak();
       phases["after_forward"] = live();
-      loss.backward(graph);
+      if (optimizer_in_backward) {
+        adam.backward_and_step(loss, graph);  // the updates happen in this phase
+      } else {
+        loss.backward(graph);
+      }
       sync();
       phases["backward_peak"] = phase_peak();
       phases["after_backward"] = live();
@@ -228,7 +244,7 @@ int run(int argc, char** argv) {
     phases["after_graph"] = live();
     reset_peak_memory(backend);  // dropping the graph only frees: the optimizer phase starts here
     const auto backward_end = std::chrono::steady_clock::now();
-    adam.step();
+    if (!optimizer_in_backward) adam.step();
     adam.zero_grad();  // as the training loop does (src/train/stage_loop.cpp)
     sync();
     phases["optimizer_peak"] = phase_peak();
@@ -264,6 +280,7 @@ int run(int argc, char** argv) {
       {"backend", backend_name_arg},
       {"activation_offload", offload},
       {"graph", graph == GraphAfterBackward::Release ? "release" : "keep"},
+      {"optimizer_in_backward", optimizer_in_backward},
       {"threads", omp_get_max_threads()},
       {"warmup", warmup},
       {"steps", steps},

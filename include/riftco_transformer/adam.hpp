@@ -80,10 +80,16 @@ class Adam {
   /// scalar. Refused before anything runs (ValueError): max_grad_norm > 0
   /// (clipping needs every gradient first). Parameters of this Adam are left
   /// without a gradient (grad() undefined); other leaves the pass reaches get
-  /// theirs as backward() gives them. Returns the global gradient norm, as
-  /// step() does. A failure before the first update (a stale graph, a
-  /// non-finite first gradient) changes nothing and throws its own type; one
-  /// after it throws PartialStepError (errors.hpp).
+  /// theirs as backward() gives them. As after backward(), a parameter
+  /// reached without a contribution is stepped with zeros, and one never
+  /// reached with the gradient it holds (skipped when it holds none).
+  /// Returns the global gradient norm, bit-equal to step()'s. A failure
+  /// before the first update (a stale graph, a non-finite first gradient, a
+  /// closure or allocation failing) changes nothing and throws its own type;
+  /// one after it throws PartialStepError (errors.hpp) naming how many
+  /// parameters were updated and the cause, with step_count() advanced (a
+  /// global norm that overflows with every gradient finite, too).
+  /// docs/transformer.md, "The optimizer step in the backward pass".
   float backward_and_step(const Variable& loss, GraphAfterBackward graph = GraphAfterBackward::Release);
   /// Drops every parameter's gradient.
   void zero_grad();
@@ -117,6 +123,11 @@ class Adam {
   void add_parameters(std::vector<Variable> parameters);
   void check_unique() const;  // ValueError naming a parameter listed twice
   float update(std::span<const Tensor* const> gradients);
+  /// The checks update() makes on parameters()[i]'s gradient `g` (ShapeError
+  /// for a shape or moments that no longer fit, BackendError when it is not
+  /// on the backend of parameters()[*first], the first one stepped).
+  void check_gradient(std::size_t i, const Tensor& g, const std::size_t* first) const;
+  class StepInBackward;  // backward_and_step's hooks (src/optim/adam_in_backward.cpp)
 
   std::vector<Variable> params_;
   AdamOptions options_;

@@ -45,7 +45,8 @@ class BackwardHooks {
   /// consumed that gradient (an optimizer step inside the backward pass,
   /// Adam::backward_and_step). The engine then frees the gradient at once,
   /// and the commit leaves the leaf without one (grad() undefined, as after
-  /// clear_grad) instead of publishing it. Default: false for every leaf.
+  /// clear_grad) instead of publishing it; finish() may not return a
+  /// gradient for it (BackwardError). Default: false for every leaf.
   virtual bool consumes(const Variable& leaf) const {
     (void)leaf;
     return false;

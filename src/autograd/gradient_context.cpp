@@ -110,8 +110,8 @@ void validate_versions(const std::vector<std::shared_ptr<Node>>& order, const ch
 /// each (an input listed twice counts twice): a leaf is final at zero.
 class Finality {
  public:
-  Finality(const std::vector<std::shared_ptr<Node>>& order, BackwardHooks* hooks, const GradientContext& ctx)
-      : hooks_(hooks), ctx_(ctx) {
+  Finality(const std::vector<std::shared_ptr<Node>>& order, BackwardHooks* hooks, PassResult& result)
+      : hooks_(hooks), result_(result) {
     if (hooks_ == nullptr) return;
     for (const std::shared_ptr<Node>& node : order) {
       if (node->is_leaf) continue;
@@ -134,11 +134,18 @@ class Finality {
       report(leaf);
     }
   }
-  /// The root itself, when it is a leaf (nothing consumes it).
+  /// The root itself, when it is a leaf (nothing consumes it). A gradient
+  /// the hook consumed goes now (its memory back to the allocator during the
+  /// pass) and the commit clears the leaf's.
   void report(const std::shared_ptr<Node>& leaf) {
     if (hooks_ == nullptr) return;
-    const Tensor* g = ctx_.find(leaf.get());
-    hooks_->gradient_final(NodeAccess::wrap(leaf), g != nullptr ? *g : Tensor());
+    const Tensor* g = result_.context.find(leaf.get());
+    const Variable handle = NodeAccess::wrap(leaf);
+    hooks_->gradient_final(handle, g != nullptr ? *g : Tensor());
+    if (hooks_->consumes(handle)) {
+      result_.consumed.insert(leaf.get());
+      result_.context.erase(leaf.get());
+    }
   }
 
  private:
@@ -147,7 +154,7 @@ class Finality {
     int consumers = 0;
   };
   BackwardHooks* hooks_;
-  const GradientContext& ctx_;
+  PassResult& result_;
   std::unordered_map<const Node*, Entry> pending_;
 };
 
@@ -222,7 +229,7 @@ PassResult run_backward_pass(const Variable& root_var, const Tensor& seed, const
   PassResult result;
   GradientContext& ctx = result.context;
   ctx.accumulate(root, seed);
-  Finality finality(order, hooks, ctx);
+  Finality finality(order, hooks, result);
   if (root->is_leaf) finality.report(root_var.node_ptr());
   const bool release_graph = graph == GraphAfterBackward::Release;
   std::optional<NoDonationGuard> keep_pass;  // a Keep pass never donates, nor does any pass inside it

@@ -3,6 +3,7 @@
 // it is public until the pass commits; a nested pass (checkpoint replay) uses
 // its own context and hands its results to the outer one.
 #include <unordered_map>
+#include <unordered_set>
 
 #include "node.hpp"
 
@@ -38,11 +39,15 @@ class GradientContext {
 /// tensors and edges go, and the node itself (value included) when nothing
 /// outside the graph holds it; a pass that reaches a released node throws
 /// BackwardError before computing anything.
+/// A leaf whose gradient the hooks consumed (BackwardHooks::consumes) loses
+/// it from the context right after gradient_final and is listed in
+/// `consumed`: the commit clears its public gradient.
 struct PassResult {
   GradientContext context;
   // Held, not borrowed: with Release the graph no longer keeps them alive.
   std::vector<std::shared_ptr<Node>> leaves;    // leaves requiring grad, in discovery order
   std::vector<std::shared_ptr<Node>> retained;  // non-leaf nodes with retain_grad
+  std::unordered_set<const Node*> consumed;     // leaves whose gradient a hook consumed
 };
 PassResult run_backward_pass(const Variable& root, const Tensor& seed, const char* op,
                              BackwardHooks* hooks = nullptr, GraphAfterBackward graph = GraphAfterBackward::Keep);

@@ -56,7 +56,8 @@ std::vector<Node*> reachable(Node* root) {
 }
 
 /// Publishes a pass's gradients: `replacements` (from BackwardHooks::finish)
-/// instead of the pass's own where given, for any leaf. Builds and checks
+/// instead of the pass's own where given, for any leaf; a leaf whose
+/// gradient a hook consumed is left without one. Builds and checks
 /// every committed tensor first (this may allocate and throw), then
 /// publishes them with non-throwing handle assignments.
 void commit_pass(PassResult pass, std::vector<std::pair<Variable, Tensor>> replacements) {
@@ -72,6 +73,10 @@ void commit_pass(PassResult pass, std::vector<std::pair<Variable, Tensor>> repla
     if (replaced.contains(node)) {
       throw BackwardError("[backward] a backward hook returned two gradients for " + node->label());
     }
+    if (pass.consumed.contains(node)) {
+      throw BackwardError("[backward] a backward hook returned a gradient for " + node->label() +
+                          ", whose gradient it consumed in the pass");
+    }
     if (!g.defined() || g.shape() != node->value.shape() || g.backend() != node->value.backend()) {
       throw ShapeError("[backward] a backward hook returned a gradient " +
                        (g.defined() ? shape_string(g.shape()) + " on " + backend_name(g.backend())
@@ -84,6 +89,10 @@ void commit_pass(PassResult pass, std::vector<std::pair<Variable, Tensor>> repla
   std::vector<std::pair<Node*, Tensor>> commits;
   commits.reserve(pass.leaves.size() + pass.retained.size() + replaced.size());
   auto prepare = [&](Node* node) {
+    if (pass.consumed.contains(node)) {  // a hook consumed it (an optimizer step in the pass): cleared
+      commits.emplace_back(node, Tensor());
+      return;
+    }
     Tensor g;
     if (auto it = replaced.find(node); it != replaced.end()) {
       g = std::move(it->second);

@@ -127,6 +127,26 @@ float Adam::step(const GradientAccumulator& accumulator) {
   return step(accumulator.gradients());
 }
 
+void Adam::check_gradient(std::size_t i, const Tensor& g, const std::size_t* first) const {
+  const Tensor& value = params_[i].value();
+  if (g.shape() != value.shape()) {
+    throw ShapeError("[Adam] gradient " + shape_string(g.shape()) + " of '" + params_[i].name() +
+                     "' does not match its value " + shape_string(value.shape()));
+  }
+  if (m_[i].shape() != value.shape() || m_[i].backend() != value.backend() || g.backend() != value.backend()) {
+    throw ShapeError("[Adam] parameter '" + params_[i].name() + "' is now " + shape_string(value.shape()) + " on " +
+                     backend_name(value.backend()) + " but its moments were made for " + shape_string(m_[i].shape()) +
+                     " on " + backend_name(m_[i].backend()) +
+                     " (set_value or to() changed it after this Adam was built): build a new Adam for it");
+  }
+  if (first != nullptr && value.backend() != params_[*first].value().backend()) {
+    throw BackendError("[Adam] parameter '" + params_[i].name() + "' " + shape_string(value.shape()) + " is on " +
+                       backend_name(value.backend()) + " but '" + params_[*first].name() + "' is on " +
+                       backend_name(params_[*first].value().backend()) +
+                       ": one Adam steps parameters on one backend");
+  }
+}
+
 float Adam::update(std::span<const Tensor* const> gradients) {
   // Validate everything first: a bad gradient changes nothing.
   std::vector<std::size_t> with_grad;
@@ -134,23 +154,7 @@ float Adam::update(std::span<const Tensor* const> gradients) {
   for (std::size_t i = 0; i < params_.size(); ++i) {
     const Tensor& g = *gradients[i];
     if (!g.defined()) continue;
-    const Tensor& value = params_[i].value();
-    if (g.shape() != value.shape()) {
-      throw ShapeError("[Adam] gradient " + shape_string(g.shape()) + " of '" + params_[i].name() +
-                       "' does not match its value " + shape_string(value.shape()));
-    }
-    if (m_[i].shape() != value.shape() || m_[i].backend() != value.backend() || g.backend() != value.backend()) {
-      throw ShapeError("[Adam] parameter '" + params_[i].name() + "' is now " + shape_string(value.shape()) +
-                       " on " + backend_name(value.backend()) + " but its moments were made for " +
-                       shape_string(m_[i].shape()) + " on " + backend_name(m_[i].backend()) +
-                       " (set_value or to() changed it after this Adam was built): build a new Adam for it");
-    }
-    if (!with_grad.empty() && value.backend() != params_[with_grad[0]].value().backend()) {
-      throw BackendError("[Adam] parameter '" + params_[i].name() + "' " + shape_string(value.shape()) + " is on " +
-                         backend_name(value.backend()) + " but '" + params_[with_grad[0]].name() + "' is on " +
-                         backend_name(params_[with_grad[0]].value().backend()) +
-                         ": one Adam steps parameters on one backend");
-    }
+    check_gradient(i, g, with_grad.empty() ? nullptr : with_grad.data());
     with_grad.push_back(i);
     grads.emplace_back(g.device_data(), static_cast<std::size_t>(g.numel()));  // the backend's memory
   }
@@ -173,12 +177,9 @@ float Adam::update(std::span<const Tensor* const> gradients) {
   updates.reserve(with_grad.size());
   for (std::size_t k = 0; k < with_grad.size(); ++k) {
     const std::size_t i = with_grad[k];
-    // Bumps the buffer's version (every graph that read it becomes stale);
-    // the pointer is then taken without a second bump.
-    Tensor theta_handle = params_[i].mutable_value("updated in place by Adam::step");
-    auto* theta = const_cast<float*>(std::as_const(theta_handle).device_data());
-    updates.push_back({theta, m_[i].device_data(), v_[i].device_data(), grads[k].data(), params_[i].value().numel(),
-                       detail::adam_decay_factor(options_, weight_decay_[i])});
+    updates.push_back(detail::adam_update_of(params_[i], m_[i], v_[i], grads[k].data(),
+                                             detail::adam_decay_factor(options_, weight_decay_[i]),
+                                             "updated in place by Adam::step"));
   }
   kernels.adam_update(updates, c);
   return norm;
@@ -242,6 +243,15 @@ backend::AdamCoefficients adam_coefficients(const AdamOptions& options, std::int
 
 float adam_decay_factor(const AdamOptions& options, float weight_decay) {
   return 1.0F - options.learning_rate * weight_decay;
+}
+
+backend::AdamUpdate adam_update_of(Variable& parameter, Tensor& m, Tensor& v, const float* gradient, float decay,
+                                   const char* why) {
+  // Bumps the buffer's version (every graph that read it becomes stale); the
+  // pointer is then taken without a second bump.
+  Tensor theta_handle = parameter.mutable_value(why);
+  auto* theta = const_cast<float*>(std::as_const(theta_handle).device_data());
+  return {theta, m.device_data(), v.device_data(), gradient, parameter.value().numel(), decay};
 }
 
 void throw_non_finite_gradient_norm(std::string_view op, const std::string& culprit) {

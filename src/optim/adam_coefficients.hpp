@@ -24,6 +24,12 @@ backend::AdamCoefficients adam_coefficients(const AdamOptions& options, std::int
 /// θ's factor for decoupled weight decay: 1 - learning_rate · weight_decay.
 float adam_decay_factor(const AdamOptions& options, float weight_decay);
 
+/// The kernel's work for one parameter: θ (its buffer's version bumped first
+/// with `why`, so every graph that read it becomes stale), its moments, its
+/// gradient and its decay factor.
+backend::AdamUpdate adam_update_of(Variable& parameter, Tensor& m, Tensor& v, const float* gradient, float decay,
+                                   const char* why);
+
 /// The ValueError for a non-finite gradient norm: "[op] the gradient norm is
 /// not finite ('name' has a non-finite gradient): no parameter was changed",
 /// or "(it overflowed)" when `culprit` is empty.

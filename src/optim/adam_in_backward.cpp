@@ -1,0 +1,160 @@
+// Adam::backward_and_step: the optimizer step fused into the backward pass
+// (PyTorch's post-accumulate-grad hooks, torchtune's optimizer_in_bwd). A
+// BackwardHooks steps each of this Adam's parameters as soon as the engine
+// reports its gradient final and consumes it, so the engine frees that
+// gradient during the pass: the pass never holds every gradient at once.
+//
+// Bit-identity with backward() + step(): the same checks (check_gradient),
+// the same kernel (adam_update, elementwise, cut per parameter from its
+// start) with the same coefficients (step steps_ + 1, clip factor 1: no
+// clipping here), and the norm summed from each parameter's
+// sum_of_squares_partials in parameters() order once the pass is over,
+// exactly the terms and order step()'s sum_of_squares adds.
+#include <cmath>
+#include <exception>
+#include <new>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "../backend/kernels.hpp"
+#include "adam_coefficients.hpp"
+#include "riftco_transformer/adam.hpp"
+#include "riftco_transformer/errors.hpp"
+
+namespace riftco_transformer {
+
+class Adam::StepInBackward final : public BackwardHooks {
+ public:
+  explicit StepInBackward(Adam& adam)
+      : adam_(adam),
+        coefficients_(detail::adam_coefficients(adam.options_, adam.steps_ + 1, 1.0F)),
+        partials_(adam.params_.size()),
+        stepped_(adam.params_.size(), false),
+        reached_(adam.params_.size(), false) {
+    for (std::size_t i = 0; i < adam.params_.size(); ++i) index_.emplace(adam.params_[i].node(), i);
+  }
+
+  void gradient_final(const Variable& leaf, const Tensor& gradient) override {
+    const auto it = index_.find(leaf.node());
+    if (it == index_.end()) return;  // not this Adam's: committed as backward() does
+    reached_[it->second] = true;
+    // A reached parameter with no contribution: the zeros the commit would give it.
+    step(it->second, gradient.defined() ? gradient : Tensor::zeros(leaf.value().shape(), leaf.value().backend()));
+  }
+
+  bool consumes(const Variable& leaf) const override { return index_.contains(leaf.node()); }
+
+  /// Parameters the pass did not reach keep their gradient after backward()
+  /// (none, or one from an earlier pass), and step() would use it: so here.
+  std::vector<std::pair<Variable, Tensor>> finish() override {
+    for (std::size_t i = 0; i < adam_.params_.size(); ++i) {
+      if (reached_[i] || !adam_.params_[i].grad().defined()) continue;
+      step(i, adam_.params_[i].grad());
+    }
+    return {};
+  }
+
+  std::size_t updated() const { return updated_; }
+  bool stepped(std::size_t i) const { return stepped_[i]; }
+
+  /// The global norm: every stepped parameter's partial sums, in
+  /// parameters() order (step()'s sum_of_squares adds the same terms in the
+  /// same order).
+  double sum_of_squares() const {
+    double total = 0.0;
+    for (std::size_t i = 0; i < partials_.size(); ++i) {
+      for (const double p : partials_[i]) total += p;
+    }
+    return total;
+  }
+
+ private:
+  void step(std::size_t i, const Tensor& gradient) {
+    adam_.check_gradient(i, gradient, first_stepped_ ? &first_ : nullptr);
+    Variable& parameter = adam_.params_[i];
+    const backend::Kernels& kernels = backend::kernels(parameter.value().backend(), "Adam::backward_and_step");
+    const std::span<const float> values(gradient.device_data(), static_cast<std::size_t>(gradient.numel()));
+    std::vector<double> partials = kernels.sum_of_squares_partials(std::span(&values, 1));
+    double squares = 0.0;
+    for (const double p : partials) squares += p;
+    if (!std::isfinite(squares)) {  // squares of finite floats never overflow a double: NaN or inf in it
+      throw ValueError("[Adam::backward_and_step] the gradient of '" + parameter.name() + "' " +
+                       shape_string(gradient.shape()) + " is not finite (NaN or inf)");
+    }
+    const backend::AdamUpdate update =
+        detail::adam_update_of(parameter, adam_.m_[i], adam_.v_[i], values.data(),
+                               detail::adam_decay_factor(adam_.options_, adam_.weight_decay_[i]),
+                               "updated in place by Adam::backward_and_step");
+    kernels.adam_update(std::span(&update, 1), coefficients_);
+    partials_[i] = std::move(partials);
+    stepped_[i] = true;
+    if (!first_stepped_) first_ = i;
+    first_stepped_ = true;
+    ++updated_;
+  }
+
+  Adam& adam_;
+  backend::AdamCoefficients coefficients_;
+  std::unordered_map<const Node*, std::size_t> index_;
+  std::vector<std::vector<double>> partials_;
+  std::vector<bool> stepped_;
+  std::vector<bool> reached_;
+  std::size_t first_ = 0;
+  bool first_stepped_ = false;
+  std::size_t updated_ = 0;
+};
+
+namespace {
+
+std::string message_of(const std::exception_ptr& error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const std::bad_alloc&) {
+    return "out of memory (std::bad_alloc)";
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "an exception that is not a std::exception";
+  }
+}
+
+}  // namespace
+
+float Adam::backward_and_step(const Variable& loss, GraphAfterBackward graph) {
+  if (options_.max_grad_norm > 0.0F) {
+    throw ValueError("[Adam::backward_and_step] max_grad_norm is " + std::to_string(options_.max_grad_norm) +
+                     ": clipping scales every gradient by the global norm, known only once every gradient is; "
+                     "use backward() and step(), or max_grad_norm 0");
+  }
+  StepInBackward hooks(*this);
+  const std::int64_t steps_before = steps_;
+  try {
+    steps_ = steps_before + 1;  // the coefficients' step; restored when nothing was updated
+    loss.backward(hooks, graph);  // BackwardError for a non-scalar loss, before anything runs
+    const auto norm = static_cast<float>(std::sqrt(hooks.sum_of_squares()));
+    if (!std::isfinite(norm)) {
+      throw ValueError("[Adam::backward_and_step] the gradient norm is not finite (it overflowed; every gradient "
+                       "was finite)");
+    }
+    // Parameters not reached were stepped with the gradient they held (see
+    // finish()); like the reached ones, they are left without one.
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      if (hooks.stepped(i)) params_[i].clear_grad();
+    }
+    return norm;
+  } catch (...) {
+    if (hooks.updated() == 0) {
+      steps_ = steps_before;
+      throw;  // nothing changed: the cause's own type
+    }
+    throw PartialStepError("[Adam::backward_and_step] failed after updating " + std::to_string(hooks.updated()) +
+                           " of " + std::to_string(params_.size()) +
+                           " parameters (the model and the moments are part-way between two steps: restore both "
+                           "from a checkpoint before training on): " +
+                           message_of(std::current_exception()));
+  }
+}
+
+}  // namespace riftco_transformer
