@@ -103,7 +103,8 @@ TEST(CAbiRaii, BackwardAndStepGivesTheBitsOfBackwardThenStep) {
   EXPECT_EQ(plain.parameter("blocks.0.mlp.down.weight").value(), fused.parameter("blocks.0.mlp.down.weight").value());
   EXPECT_EQ(plain.parameter("lm_head.weight").value(), fused.parameter("lm_head.weight").value());
   EXPECT_TRUE(fused.parameter("lm_head.weight").grad().empty());
-  rt::Adam clipping(fused);  // max_grad_norm 1
+  options.max_grad_norm = 1.0F;
+  rt::Adam clipping(fused, options);
   try {
     clipping.backward_and_step(fused.loss(tokens, targets, 1));
     ADD_FAILURE() << "expected rt::Error";

@@ -46,8 +46,7 @@ def test_backward_and_step_gives_the_bits_of_backward_then_step():
 
 def test_refusals_change_nothing():
     m = model()
-    before = values(m)
-    clipping = riftco.Adam(m.trainable_parameters())  # max_grad_norm 1.0 by default
+    clipping = riftco.Adam(m.trainable_parameters(), max_grad_norm=1.0)
     with pytest.raises(riftco.ValueError, match=r"\[Adam::backward_and_step\] max_grad_norm is 1"):
         clipping.backward_and_step(m.loss(TOKENS, TARGETS))
     adam = riftco.Adam(m.trainable_parameters(), max_grad_norm=0.0)
