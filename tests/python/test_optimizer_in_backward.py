@@ -123,7 +123,7 @@ def test_refused_runs_write_nothing(tmp_path, kwargs, needle):
     assert not (tmp_path / "run").exists()
     post = riftco.PostTrainingConfig(base_model=str(tmp_path / "missing.safetensors"),
                                      data=str(tmp_path / "missing.jsonl"), output_dir=str(tmp_path / "post"),
-                                     optimizer_in_backward=True, **kwargs)
+                                     optimizer_in_backward=True, **{"max_grad_norm": 0.0, **kwargs})
     with pytest.raises(riftco.ValueError, match=needle):  # before the missing files are read
         riftco.post_train(post, plot=False)
     assert not (tmp_path / "post").exists()
