@@ -145,7 +145,9 @@ class Tensor {
 
   /// Element access for tests and small host code (cpu tensors only).
   float at(std::initializer_list<std::int64_t> index) const;
-  float item() const;  // numel() == 1
+  /// The one element of a tensor with numel() == 1 (a ShapeError naming its
+  /// shape otherwise), on any backend: one float copied to the host.
+  float item() const;
   /// In-place writes: both bump the storage's version.
   void fill(float value);
   /// Copies `other`'s values into this tensor's buffer (same shape; the two

@@ -119,7 +119,8 @@ class ShardedAdam {
   /// The all-gather of every rank's shard (a step's parameters, state()'s
   /// moments), in slices of a bounded number of elements per rank, so its
   /// buffers stay a small fraction of the model: pack(lo, hi, out) writes
-  /// this rank's flat positions [lo, hi) to out[0, hi - lo); unpack(q, lo,
+  /// this rank's flat positions [lo, hi) to out[0, hi - lo), every element
+  /// (only the row's padding after them is zeroed for it); unpack(q, lo,
   /// hi, row) reads rank q's [lo, hi) from row[0, hi - lo) (every rank, this
   /// one too). The same number of collectives on every rank.
   template <class Pack, class Unpack>

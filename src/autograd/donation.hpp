@@ -1,9 +1,6 @@
 #pragma once
 // Saved buffers a backward closure may overwrite (take_if_unique): the
 // engine's side. Private to the autograd layer.
-#include <memory>
-#include <vector>
-
 #include "node.hpp"
 
 namespace riftco_transformer {
@@ -19,13 +16,15 @@ class NoDonationGuard {
   static bool active();
 };
 
-/// Set by a Release pass around one node's closure (its last run): the
-/// values of inputs that only the pass and this node's edge hold, whose
-/// buffers take_if_unique may hand over. Scopes nest (a checkpoint's replay
-/// runs its own pass inside the checkpoint node's closure).
+/// Set by a Release pass around one node's closure (its last run). Only
+/// take_if_unique looks further: the values of inputs that only the pass
+/// and this node's edge hold, and the node's `saved` list (a report's
+/// copy), own a buffer besides the closure's handle; such a buffer may be
+/// handed over. Scopes nest (a checkpoint's replay runs its own pass inside
+/// the checkpoint node's closure).
 class DonationScope {
  public:
-  explicit DonationScope(const Node& node);
+  explicit DonationScope(Node& node);
   ~DonationScope();
   DonationScope(const DonationScope&) = delete;
   DonationScope& operator=(const DonationScope&) = delete;
@@ -36,7 +35,7 @@ class DonationScope {
  private:
   friend Tensor take_if_unique(Tensor& saved);
   DonationScope* previous_;
-  std::vector<const Tensor*> graph_values_;
+  Node* node_;
   bool donated_ = false;
 };
 

@@ -254,11 +254,8 @@ PassResult run_backward_pass(const Variable& root_var, const Tensor& seed, const
     // node's output and its gradient's temporaries at once (a block's
     // gate/up projections while their gradient is taken).
     if (release_graph && it->use_count() == 1) node->value = Tensor();
-    std::optional<DonationScope> donation;
-    if (release_graph) {
-      node->saved.clear();  // a report's copy: the closure holds what it reads (take_if_unique counts handles)
-      donation.emplace(*node);
-    }
+    std::optional<DonationScope> donation;  // take_if_unique counts node->saved's report copies as owners
+    if (release_graph) donation.emplace(*node);
     try {
       run_node(*node, ctx, needs, op);
     } catch (...) {

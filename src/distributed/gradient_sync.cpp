@@ -3,11 +3,14 @@
 // use GradientBucketer (gradient_buckets.hpp: buckets started inside
 // backward), which gives the same bits. The flat buffer lives on the
 // parameters' backend and is packed by its kernels (a CUDA model's never
-// crosses the host: only the per-parameter flags are read back).
+// crosses the host: only the per-parameter flags go in and come back, one
+// copy each way).
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "../backend/kernels.hpp"
+#include "../tensor/device_runtime.hpp"
 #include "model_backend.hpp"
 #include "riftco_transformer/data_parallel.hpp"
 #include "riftco_transformer/errors.hpp"
@@ -36,30 +39,28 @@ void synchronize_gradients(Communicator& comm, std::span<const Variable> paramet
     }
     total += parameters[i].value().numel();
   }
-  // The gradients, then one flag per parameter: 1 where this rank has a gradient.
+  // The gradients, then one flag per parameter: 1 where this rank has a
+  // gradient. The flags are made on the host and copied in at once.
   const auto count = static_cast<std::int64_t>(parameters.size());
+  const auto flag_bytes = static_cast<std::size_t>(count) * sizeof(float);
   const backend::Kernels& kernels = backend::kernels(backend, "synchronize_gradients");
   Tensor flat = Tensor::zeros({total + count}, backend);
   float* out = flat.device_data();
+  std::vector<float> present(static_cast<std::size_t>(count), 0.0F);
   std::int64_t offset = 0;
   for (std::size_t i = 0; i < parameters.size(); ++i) {
     const std::int64_t n = parameters[i].value().numel();
     if (gradients[i].defined()) {
       kernels.copy_values(std::as_const(gradients[i]).device_data(), out + offset, n);  // read: no version bump
-      kernels.fill_values(out + total + static_cast<std::int64_t>(i), 1, 1.0F);
+      present[i] = 1.0F;
     }
     offset += n;
   }
+  detail::copy_bytes(out + total, backend, present.data(), Backend::Cpu, flag_bytes, "synchronize_gradients");
   comm.all_reduce_average(flat);
+  // The averaged flags back on the host (the gradients stay where they are).
   const float* in = std::as_const(flat).device_data();
-  std::vector<float> present;  // the flags, on the host (the gradients stay where they are)
-  if (backend == Backend::Cpu) {
-    present.assign(in + total, in + total + count);
-  } else {
-    Tensor flags = Tensor::empty({count}, backend);
-    kernels.copy_values(in + total, flags.device_data(), count);
-    present = flags.to_vector();
-  }
+  detail::copy_bytes(present.data(), Backend::Cpu, in + total, backend, flag_bytes, "synchronize_gradients");
   offset = 0;
   for (std::size_t i = 0; i < parameters.size(); ++i) {
     const std::int64_t n = parameters[i].value().numel();

@@ -37,6 +37,39 @@ std::int64_t max_gap(const std::vector<std::int64_t>& bounds) {
   return m;
 }
 
+/// The slices the step's reduce-scatter and gather_shards move the shards
+/// in: at most kGatherSlice elements per rank, over the largest shard. Row q
+/// of a slice holds rank q's flat positions row(q, s, width), then padding
+/// up to `slice` elements (a shorter shard's rows, the last slice's).
+struct ShardSlices {
+  explicit ShardSlices(const std::vector<std::int64_t>& shard_bounds)
+      : bounds(shard_bounds), max_shard(max_gap(shard_bounds)), slice(std::min(max_shard, kGatherSlice)) {}
+
+  /// f(s, width) for each slice, from position s of every shard.
+  template <class F>
+  void each(F&& f) const {
+    for (std::int64_t s = 0; s < max_shard; s += slice) f(s, std::min(slice, max_shard - s));
+  }
+
+  /// Rank q's [lo, hi) in the slice from s (hi == lo past its shard's end).
+  std::pair<std::int64_t, std::int64_t> row(int q, std::int64_t s, std::int64_t width) const {
+    const std::int64_t lo = bounds[static_cast<std::size_t>(q)] + s;
+    return {lo, std::max(lo, std::min(lo + width, bounds[static_cast<std::size_t>(q) + 1]))};
+  }
+
+  /// Fills one row: pack(lo, hi, out) writes out[0, hi - lo), every element
+  /// of it; only the padding after it is zeroed here.
+  template <class Pack>
+  void pack_row(const backend::Kernels& kernels, std::int64_t lo, std::int64_t hi, float* out, Pack&& pack) const {
+    pack(lo, hi, out);
+    if (hi - lo < slice) kernels.fill_values(out + (hi - lo), slice - (hi - lo), 0.0F);
+  }
+
+  const std::vector<std::int64_t>& bounds;
+  std::int64_t max_shard;
+  std::int64_t slice;
+};
+
 }  // namespace
 
 ShardedAdam::ShardedAdam(Communicator& communicator, std::vector<Variable> parameters, AdamOptions options)
@@ -129,25 +162,20 @@ void ShardedAdam::for_each_piece_in(std::int64_t lo, std::int64_t hi, F&& f) con
 
 template <class Pack, class Unpack>
 void ShardedAdam::gather_shards(Pack&& pack, Unpack&& unpack) const {
-  const std::int64_t max_shard = max_gap(bounds_);
-  const std::int64_t slice = std::min(max_shard, kGatherSlice);
+  const ShardSlices slices(bounds_);
   const backend::Kernels& kernels = backend::kernels(backend_, "ShardedAdam");
-  Tensor send = Tensor::empty({slice}, backend_);
-  Tensor gathered = Tensor::empty({slice * world_}, backend_);
-  for (std::int64_t s = 0; s < max_shard; s += slice) {
-    const std::int64_t width = std::min(slice, max_shard - s);  // rows are padded past a shorter shard's end
-    float* out = send.device_data();
-    kernels.fill_values(out, slice, 0.0F);
-    const std::int64_t lo = shard_begin() + s;
-    pack(lo, std::max(lo, std::min(lo + width, shard_end())), out);
+  Tensor send = Tensor::empty({slices.slice}, backend_);
+  Tensor gathered = Tensor::empty({slices.slice * world_}, backend_);
+  slices.each([&](std::int64_t s, std::int64_t width) {
+    const auto mine = slices.row(rank_, s, width);
+    slices.pack_row(kernels, mine.first, mine.second, send.device_data(), pack);
     comm_.all_gather(send, gathered);
     const float* rows = std::as_const(gathered).device_data();
     for (int q = 0; q < world_; ++q) {
-      const std::int64_t q_lo = bounds_[static_cast<std::size_t>(q)] + s;
-      const std::int64_t q_hi = std::min(q_lo + width, bounds_[static_cast<std::size_t>(q) + 1]);
-      if (q_lo < q_hi) unpack(q, q_lo, q_hi, rows + q * slice);
+      const auto [lo, hi] = slices.row(q, s, width);
+      if (lo < hi) unpack(q, lo, hi, rows + q * slices.slice);
     }
-  }
+  });
 }
 
 std::int64_t ShardedAdam::state_bytes() const { return m_.nbytes() + v_.nbytes(); }
@@ -246,30 +274,33 @@ float ShardedAdam::update(std::span<const Tensor* const> gradients, Gradients ki
   Tensor grad_shard = Tensor::zeros({max_shard}, backend_);
   auto copy_gradient = [&](std::size_t i, std::int64_t b, std::int64_t e, float* out) {
     const Tensor& g = *gradients[i];
-    if (!g.defined()) return;  // zeros
-    kernels.copy_values(g.device_data() + (b - offset_[i]), out, e - b);
+    if (g.defined()) {
+      kernels.copy_values(g.device_data() + (b - offset_[i]), out, e - b);
+    } else {
+      kernels.fill_values(out, e - b, 0.0F);  // no gradient on this rank: zeros
+    }
   };
   if (kind == Gradients::Local && world_ > 1) {
-    // In slices of at most kGatherSlice elements per rank, as gather_shards:
-    // the reduce-scatter's input is world x slice, not world x the largest shard.
-    const std::int64_t slice = std::min(max_shard, kGatherSlice);
-    Tensor send = Tensor::empty({slice * world_}, backend_);
-    Tensor mine = Tensor::empty({slice}, backend_);
+    // In slices, as gather_shards: the reduce-scatter's input is world x
+    // slice, not world x the largest shard.
+    const ShardSlices slices(bounds_);
+    Tensor send = Tensor::empty({slices.slice * world_}, backend_);
+    Tensor mine = Tensor::empty({slices.slice}, backend_);
     float* shard = grad_shard.device_data();
-    for (std::int64_t s = 0; s < max_shard; s += slice) {
-      const std::int64_t width = std::min(slice, max_shard - s);
+    auto pack = [&](std::int64_t lo, std::int64_t hi, float* out) {
+      for_each_piece_in(lo, hi, [&](std::size_t i, std::int64_t b, std::int64_t e) {
+        copy_gradient(i, b, e, out + (b - lo));
+      });
+    };
+    slices.each([&](std::int64_t s, std::int64_t width) {
       float* rows = send.device_data();
-      kernels.fill_values(rows, slice * world_, 0.0F);  // padding and ranks without a gradient: zeros
       for (int q = 0; q < world_; ++q) {
-        const std::int64_t lo = bounds_[static_cast<std::size_t>(q)] + s;
-        const std::int64_t hi = std::min(lo + width, bounds_[static_cast<std::size_t>(q) + 1]);
-        for_each_piece_in(lo, hi, [&](std::size_t i, std::int64_t b, std::int64_t e) {
-          copy_gradient(i, b, e, rows + q * slice + (b - lo));
-        });
+        const auto [lo, hi] = slices.row(q, s, width);
+        slices.pack_row(kernels, lo, hi, rows + q * slices.slice, pack);
       }
       comm_.reduce_scatter_sum(send, mine);  // rank-order sums, as all_reduce_sum
       kernels.copy_values(std::as_const(mine).device_data(), shard + s, width);
-    }
+    });
     kernels.divide_values(shard, shard, max_shard, static_cast<float>(world_));  // all_reduce_average's arithmetic
   } else {
     float* shard = grad_shard.device_data();

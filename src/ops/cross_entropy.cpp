@@ -33,7 +33,7 @@ Variable cross_entropy(const Variable& logits, std::span<const std::int32_t> tar
   return Variable::from_op(
       op, Tensor::full({}, loss, flat.backend()), {logits},
       [op, probs, kept = std::move(kept), ignore_index, count, shape](const Tensor& g, const std::vector<bool>&) {
-        const float seed = g.to(Backend::Cpu).item();  // the upstream scalar, read on the host
+        const float seed = g.item();  // the upstream scalar, read on the host
         return std::vector<Tensor>{backend::kernels_for(op, probs, g)
                                        .cross_entropy_backward(probs, kept, ignore_index, count, seed)
                                        .reshape(shape)};

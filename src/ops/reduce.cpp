@@ -20,7 +20,7 @@ Variable reduce_all(const char* op, const Variable& x, bool average) {
   const Shape shape = x.shape();
   return Variable::from_op(op, std::move(out), {x}, [shape, factor](const Tensor& g, const std::vector<bool>&) {
     // The upstream scalar is read on the host; the gradient is made on g's backend.
-    return std::vector<Tensor>{Tensor::full(shape, g.to(Backend::Cpu).item() * factor, g.backend())};
+    return std::vector<Tensor>{Tensor::full(shape, g.item() * factor, g.backend())};
   });
 }
 

@@ -3,6 +3,8 @@
 // it they throw the "not built" BackendError.
 #include "device_runtime.hpp"
 
+#include <cstring>
+
 #include "riftco_transformer/errors.hpp"
 
 #if RIFTCO_CUDA
@@ -147,5 +149,18 @@ void cuda_destroy_event(CudaEvent) noexcept {}
 void cuda_copy_async(void*, const void*, std::size_t, CopyKind, const char* op) { not_built(op); }
 
 #endif
+
+void copy_bytes(void* dst, Backend dst_backend, const void* src, Backend src_backend, std::size_t bytes,
+                const char* op) {
+  if (bytes == 0) return;
+  if (dst_backend == Backend::Cpu && src_backend == Backend::Cpu) {
+    std::memcpy(dst, src, bytes);
+    return;
+  }
+  const CopyKind kind = src_backend == Backend::Cpu   ? CopyKind::HostToDevice
+                        : dst_backend == Backend::Cpu ? CopyKind::DeviceToHost
+                                                      : CopyKind::DeviceToDevice;
+  cuda_copy(dst, src, bytes, kind, op);
+}
 
 }  // namespace riftco_transformer::detail

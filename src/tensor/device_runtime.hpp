@@ -6,6 +6,8 @@
 #include <cstddef>
 #include <string>
 
+#include "riftco_transformer/memory.hpp"  // Backend
+
 namespace riftco_transformer::detail {
 
 /// True when built with CUDA and at least one device is visible (asked once).
@@ -23,6 +25,11 @@ enum class CopyKind : unsigned char { HostToDevice, DeviceToHost, DeviceToDevice
 void cuda_copy(void* dst, const void* src, std::size_t bytes, CopyKind kind, const char* op);
 /// cudaMemset to zero bytes; throws BackendError naming `op`.
 void cuda_zero(void* dst, std::size_t bytes, const char* op);
+/// Copies `bytes` between buffers on any two backends: memcpy between host
+/// buffers, else cuda_copy in the direction the backends give (synchronous).
+/// Nothing for 0 bytes. Throws BackendError naming `op`.
+void copy_bytes(void* dst, Backend dst_backend, const void* src, Backend src_backend, std::size_t bytes,
+                const char* op);
 
 // ---- activation offload (offload.cpp) -------------------------------------
 /// cudaHostAlloc (page-locked host memory); throws BackendError naming `op`.

@@ -86,23 +86,26 @@ struct Counters {
   std::atomic<std::int64_t> allocations{0};
   std::atomic<std::int64_t> frees{0};
   std::atomic<std::int64_t> reserved{0};
-  std::int64_t high_water = 0;  // largest live ever (cache cap); under `lock`
-  std::int64_t cached = 0;      // bytes on the free lists; under `lock`
+};
+
+// Freed blocks kept by size class: CUDA's (cudaMalloc; CPU blocks are cached
+// by host_page_cache.cpp instead) and the pinned host blocks' (activation
+// offload: counted in the CPU counters, given back with cudaFreeHost; every
+// freed one is kept, offload parks the same sizes every step).
+struct BlockCache {
   std::mutex lock;
   std::unordered_map<std::size_t, std::vector<void*>> free_lists;  // class → blocks
+  std::int64_t cached = 0;      // bytes on the free lists
+  std::int64_t high_water = 0;  // largest live ever (CUDA's cap)
 };
 
-// Pinned host blocks (activation offload) by size class: counted in the CPU
-// counters, on their own free lists (they go back with cudaFreeHost). Every
-// freed block is kept: offload parks the same sizes every step.
-struct PinnedCache {
-  std::mutex lock;
-  std::unordered_map<std::size_t, std::vector<void*>> free_lists;
-  std::int64_t cached = 0;
-};
+BlockCache& cuda_cache() {
+  static BlockCache cache;
+  return cache;
+}
 
-PinnedCache& pinned_cache() {
-  static PinnedCache cache;
+BlockCache& pinned_cache() {
+  static BlockCache cache;
   return cache;
 }
 
@@ -112,16 +115,16 @@ Counters& counters(Backend backend) {
   // that no other thread holds one then (the child would wait forever).
   static const int fork_guard = pthread_atfork(
       [] {
-        for (Counters& c : per_backend) c.lock.lock();
+        cuda_cache().lock.lock();
         pinned_cache().lock.lock();
       },
       [] {
         pinned_cache().lock.unlock();
-        for (Counters& c : per_backend) c.lock.unlock();
+        cuda_cache().lock.unlock();
       },
       [] {
         new (&pinned_cache().lock) std::mutex();
-        for (Counters& c : per_backend) new (&c.lock) std::mutex();
+        new (&cuda_cache().lock) std::mutex();
       });
   (void)fork_guard;
   return per_backend[static_cast<int>(backend)];
@@ -130,7 +133,36 @@ Counters& counters(Backend backend) {
 // Made while the library loads, before any thread of ours: a fork() while
 // another thread was inside their first use left the child waiting forever on
 // the initialisation guard (host_page_cache.cpp does the same).
-[[maybe_unused]] const bool g_initialised_at_load = (counters(Backend::Cpu), pinned_cache(), true);
+[[maybe_unused]] const bool g_initialised_at_load = (counters(Backend::Cpu), cuda_cache(), pinned_cache(), true);
+
+/// A cached block of `rounded` bytes, taken off its free list, or nullptr.
+void* take_cached(BlockCache& cache, std::size_t rounded) {
+  std::lock_guard<std::mutex> guard(cache.lock);
+  auto it = cache.free_lists.find(rounded);
+  if (it == cache.free_lists.end() || it->second.empty()) return nullptr;
+  void* ptr = it->second.back();
+  it->second.pop_back();
+  cache.cached -= static_cast<std::int64_t>(rounded);
+  return ptr;
+}
+
+/// Gives every cached block back with `give_back` (no longer reserved in
+/// `c`); the bytes released.
+std::int64_t release_cache(BlockCache& cache, Counters& c, void (*give_back)(void*) noexcept) {
+  std::unordered_map<std::size_t, std::vector<void*>> lists;
+  {
+    std::lock_guard<std::mutex> guard(cache.lock);
+    lists.swap(cache.free_lists);
+    c.reserved.fetch_sub(cache.cached);
+    cache.cached = 0;
+  }
+  std::int64_t released = 0;
+  for (auto& [size, blocks] : lists) {
+    for (void* p : blocks) give_back(p);
+    released += static_cast<std::int64_t>(size * blocks.size());
+  }
+  return released;
+}
 
 void raise_peak(Counters& c, std::int64_t live) {
   std::int64_t peak = c.peak.load(std::memory_order_relaxed);
@@ -199,34 +231,8 @@ void reset_peak_memory(Backend backend) {
 
 std::int64_t release_cached_memory(Backend backend) {
   Counters& c = counters(backend);
-  std::unordered_map<std::size_t, std::vector<void*>> lists;
-  {
-    std::lock_guard<std::mutex> guard(c.lock);
-    lists.swap(c.free_lists);
-    c.reserved.fetch_sub(c.cached);
-    c.cached = 0;
-  }
-  std::int64_t released = 0;
-  for (auto& [size, blocks] : lists) {
-    for (void* p : blocks) system_free(backend, p);
-    released += static_cast<std::int64_t>(size * blocks.size());
-  }
-  if (backend == Backend::Cpu) {
-    released += detail::host_pages_release();
-    PinnedCache& pinned = pinned_cache();
-    std::unordered_map<std::size_t, std::vector<void*>> pinned_lists;
-    {
-      std::lock_guard<std::mutex> guard(pinned.lock);
-      pinned_lists.swap(pinned.free_lists);
-      c.reserved.fetch_sub(pinned.cached);
-      pinned.cached = 0;
-    }
-    for (auto& [size, blocks] : pinned_lists) {
-      for (void* p : blocks) detail::cuda_host_free(p);
-      released += static_cast<std::int64_t>(size * blocks.size());
-    }
-  }
-  return released;
+  if (backend == Backend::Cuda) return release_cache(cuda_cache(), c, detail::cuda_free);
+  return detail::host_pages_release() + release_cache(pinned_cache(), c, detail::cuda_host_free);
 }
 
 namespace detail {
@@ -242,13 +248,7 @@ void* allocate_bytes(Backend backend, std::size_t bytes) {
   if (host_pages(backend, rounded)) {
     ptr = host_pages_allocate(rounded);
   } else if (backend == Backend::Cuda) {
-    std::lock_guard<std::mutex> guard(c.lock);
-    auto it = c.free_lists.find(rounded);
-    if (it != c.free_lists.end() && !it->second.empty()) {
-      ptr = it->second.back();
-      it->second.pop_back();
-      c.cached -= static_cast<std::int64_t>(rounded);
-    }
+    ptr = take_cached(cuda_cache(), rounded);
   }
   if (ptr == nullptr) {
     try {
@@ -277,12 +277,13 @@ void free_bytes(Backend backend, void* ptr, std::size_t bytes) noexcept {
     return;
   }
   if (backend == Backend::Cuda) {
+    BlockCache& cache = cuda_cache();
     try {
-      std::lock_guard<std::mutex> guard(c.lock);
-      c.high_water = std::max(c.high_water, live_before);
-      if (c.cached + static_cast<std::int64_t>(rounded) <= c.high_water) {
-        c.free_lists[rounded].push_back(ptr);  // may allocate: hence the try
-        c.cached += static_cast<std::int64_t>(rounded);
+      std::lock_guard<std::mutex> guard(cache.lock);
+      cache.high_water = std::max(cache.high_water, live_before);
+      if (cache.cached + static_cast<std::int64_t>(rounded) <= cache.high_water) {
+        cache.free_lists[rounded].push_back(ptr);  // may allocate: hence the try
+        cache.cached += static_cast<std::int64_t>(rounded);
         return;
       }
     } catch (...) {
@@ -296,18 +297,8 @@ void free_bytes(Backend backend, void* ptr, std::size_t bytes) noexcept {
 void* allocate_pinned_bytes(std::size_t bytes) {
   check_request(bytes);
   Counters& c = counters(Backend::Cpu);
-  PinnedCache& pinned = pinned_cache();
   const std::size_t rounded = std::max(size_class(bytes), kAlign);
-  void* ptr = nullptr;
-  {
-    std::lock_guard<std::mutex> guard(pinned.lock);
-    auto it = pinned.free_lists.find(rounded);
-    if (it != pinned.free_lists.end() && !it->second.empty()) {
-      ptr = it->second.back();
-      it->second.pop_back();
-      pinned.cached -= static_cast<std::int64_t>(rounded);
-    }
-  }
+  void* ptr = take_cached(pinned_cache(), rounded);
   if (ptr == nullptr) {
     ptr = cuda_host_alloc(rounded, "offload");
     c.reserved.fetch_add(static_cast<std::int64_t>(rounded));
@@ -323,7 +314,7 @@ void free_pinned_bytes(void* ptr, std::size_t bytes) noexcept {
   Counters& c = counters(Backend::Cpu);
   c.live.fetch_sub(static_cast<std::int64_t>(bytes));
   c.frees.fetch_add(1);
-  PinnedCache& pinned = pinned_cache();
+  BlockCache& pinned = pinned_cache();
   const std::size_t rounded = std::max(size_class(bytes), kAlign);
   try {
     std::lock_guard<std::mutex> guard(pinned.lock);

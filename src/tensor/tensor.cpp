@@ -41,22 +41,6 @@ namespace {
 std::atomic<std::uint64_t> g_next_storage_serial{1};
 thread_local std::vector<OutsideWriteWatch*> t_write_watches;
 
-/// cudaMemcpy direction between two backends (at least one of them cuda).
-detail::CopyKind copy_kind(Backend from, Backend to) {
-  if (from == Backend::Cpu) return detail::CopyKind::HostToDevice;
-  return to == Backend::Cpu ? detail::CopyKind::DeviceToHost : detail::CopyKind::DeviceToDevice;
-}
-
-/// Copies `bytes` between buffers on any two backends.
-void copy_bytes(void* dst, Backend dst_backend, const void* src, Backend src_backend, std::size_t bytes,
-                const char* op) {
-  if (dst_backend == Backend::Cpu && src_backend == Backend::Cpu) {
-    std::memcpy(dst, src, bytes);
-  } else {
-    detail::cuda_copy(dst, src, bytes, copy_kind(src_backend, dst_backend), op);
-  }
-}
-
 [[noreturn]] void host_access_error(Backend backend) {
   throw BackendError(std::string("[tensor] data() needs a cpu tensor, this one is on ") + backend_name(backend) +
                      " (copy it with to(Backend::Cpu))");
@@ -196,7 +180,8 @@ Tensor Tensor::clone() const {
   if (backend() == Backend::Cpu) {
     std::memcpy(t.data(), data(), static_cast<std::size_t>(nbytes()));
   } else {
-    copy_bytes(t.device_data(), backend(), storage_->data(), backend(), static_cast<std::size_t>(nbytes()), "clone");
+    detail::copy_bytes(t.device_data(), backend(), storage_->data(), backend(), static_cast<std::size_t>(nbytes()),
+                       "clone");
   }
   return t;
 }
@@ -234,14 +219,15 @@ Tensor Tensor::to(Backend target) const {
   if (target == backend()) return *this;
   if (!backend_available(target)) throw BackendError("[to] " + detail::cuda_unavailable_reason());
   Tensor t = empty(shape_, target);
-  copy_bytes(t.device_data(), target, storage_->data(), backend(), static_cast<std::size_t>(nbytes()), "to");
+  detail::copy_bytes(t.device_data(), target, storage_->data(), backend(), static_cast<std::size_t>(nbytes()),
+                     "to");
   return t;
 }
 
 std::vector<float> Tensor::to_vector() const {
   if (!defined()) return {};
   std::vector<float> values(static_cast<std::size_t>(numel_));
-  copy_bytes(values.data(), Backend::Cpu, storage_->data(), backend(), static_cast<std::size_t>(nbytes()),
+  detail::copy_bytes(values.data(), Backend::Cpu, storage_->data(), backend(), static_cast<std::size_t>(nbytes()),
              "to_vector");
   return values;
 }
@@ -265,7 +251,9 @@ float Tensor::at(std::initializer_list<std::int64_t> index) const {
 
 float Tensor::item() const {
   if (numel_ != 1) throw ShapeError("[item] needs one element, shape is " + shape_string(shape_));
-  return data()[0];
+  float value = 0.0F;  // one float to the host, from any backend
+  detail::copy_bytes(&value, Backend::Cpu, storage_->data(), backend(), sizeof(float), "item");
+  return value;
 }
 
 void Tensor::fill(float value) {
@@ -293,7 +281,7 @@ void Tensor::copy_from(const Tensor& other) {
   if (storage_ == other.storage_) return;
   if (storage_ && other.storage_ && (backend() != Backend::Cpu || other.backend() != Backend::Cpu)) {
     storage_->bump_version("overwritten by copy_from");
-    copy_bytes(storage_->data(), backend(), other.storage_->data(), other.backend(),
+    detail::copy_bytes(storage_->data(), backend(), other.storage_->data(), other.backend(),
                static_cast<std::size_t>(nbytes()), "copy_from");
     return;
   }

@@ -35,7 +35,7 @@ ShardedStep data_parallel_step(Communicator& comm, DecoderOnlyTransformer& model
     if (mine == 0 && step_targets > 0) continue;  // weight 0: nothing to add
     start_pass();
     Variable loss = model.loss(part.tokens, part.targets, part.batch);
-    const float value = loss.value().to(Backend::Cpu).item();  // read on the host
+    const float value = loss.value().item();  // read on the host
     if (!std::isfinite(value)) {
       end_pass();
       summary[1 + static_cast<std::size_t>(rank)] = static_cast<float>(k + 1);
@@ -97,7 +97,7 @@ float data_parallel_loss(Communicator& comm, DecoderOnlyTransformer& model, cons
     if (mine == 0 && total > 0) continue;
     const double weight = total > 0 ? static_cast<double>(mine) / static_cast<double>(total) : 1.0 / world;
     const Variable loss = model.loss(part.tokens, part.targets, part.batch);
-    shares[i] = static_cast<float>(weight * loss.value().to(Backend::Cpu).item());
+    shares[i] = static_cast<float>(weight * loss.value().item());
   }
   comm.all_reduce_sum(std::span<float>(shares));
   double sum = 0.0;

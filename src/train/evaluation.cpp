@@ -61,7 +61,7 @@ EvaluationResult evaluate(DecoderOnlyTransformer& model, std::string_view text, 
         }
         real += n;
       }
-      const float mean = model.loss(tokens, targets, rows).value().to(Backend::Cpu).item();  // read on the host
+      const float mean = model.loss(tokens, targets, rows).value().item();  // read on the host
       total_nats += static_cast<double>(mean) * static_cast<double>(real);
     }
   } catch (...) {

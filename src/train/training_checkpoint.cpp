@@ -312,7 +312,10 @@ void load_training_checkpoint(const std::filesystem::path& path, const std::vect
   set_state(moments);
   for (std::size_t i = 0; i < trainable.size(); ++i) {
     Variable v = trainable[i].variable;
-    v.set_value(values[i].clone().to(v.backend()));  // cpu: the clone itself
+    // One copy: to() makes it on a device; on the cpu it would share the
+    // file's buffer, so the clone is the copy.
+    const Backend device = v.backend();
+    v.set_value(device == Backend::Cpu ? values[i].clone() : values[i].to(device));
   }
   state = loaded;
 }

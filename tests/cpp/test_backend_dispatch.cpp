@@ -12,9 +12,11 @@
 #include <vector>
 
 #include "../../src/backend/kernels.hpp"
+#include "backend_error.hpp"
 #include "riftco_transformer/tensor.hpp"
 
 using namespace riftco_transformer;
+using rt_test::backend_error;
 
 namespace {
 
@@ -23,15 +25,6 @@ Tensor iota(const Shape& shape, float start = 0.0F) {
   float* p = t.data();
   for (std::int64_t i = 0; i < t.numel(); ++i) p[i] = start + static_cast<float>(i);
   return t;
-}
-
-std::string message_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const BackendError& e) {
-    return e.what();
-  }
-  return "(no BackendError)";
 }
 
 }  // namespace
@@ -46,14 +39,14 @@ TEST(BackendDispatch, CpuTableIsTheCpuBackend) {
 
 TEST(BackendDispatch, CudaNotBuiltNamesTheOp) {
   if (backend::cuda_kernels() != nullptr) GTEST_SKIP() << "CUDA backend built; its table is tested by the GPU tests";
-  EXPECT_EQ(message_of([] { (void)backend::kernels(Backend::Cuda, "matmul"); }),
+  EXPECT_EQ(backend_error([] { (void)backend::kernels(Backend::Cuda, "matmul"); }),
             "[matmul] the cuda backend is not built in this package");
 }
 
 TEST(BackendDispatch, MixedOperandsNameOpShapesAndBackends) {
   // A CPU-only build cannot make a cuda tensor, so the error kernels_for
   // throws for mixed operands is checked on its own.
-  EXPECT_EQ(message_of([] {
+  EXPECT_EQ(backend_error([] {
               backend::throw_mixed_backends("matmul", 0, Backend::Cpu, {4, 8}, 1, Backend::Cuda, {8, 3});
             }),
             "[matmul] operand 0 (4, 8) is on cpu but operand 1 (8, 3) is on cuda");

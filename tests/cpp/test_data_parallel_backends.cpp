@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "../../src/backend/kernels.hpp"
+#include "backend_error.hpp"
 #include "model_fixtures.hpp"
 #include "riftco_transformer/data_parallel.hpp"
 #include "riftco_transformer/distributed.hpp"
@@ -20,6 +21,7 @@
 #include "riftco_transformer/zero_adam.hpp"
 
 using namespace riftco_transformer;
+using rt_test::backend_error;
 using rt_test::randn;
 
 namespace {
@@ -40,15 +42,6 @@ class DeviceCommunicator final : public Communicator {
   [[noreturn]] void abort(std::string_view, int) override { std::abort(); }
   int calls = 0;
 };
-
-std::string backend_error(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const BackendError& e) {
-    return e.what();
-  }
-  return "(no BackendError)";
-}
 
 bool same_bits(std::span<const float> a, std::span<const float> b) {
   return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);

@@ -3,7 +3,8 @@
 // that buffer again. Adversarial holders (a Variable, a Tensor alias or view,
 // a second node, a leaf, a checkpoint input, a Keep pass) must see no
 // donation and no change; a failure after a donation commits nothing and the
-// graph refuses another pass; the fused SwiGLU backward keeps its bits.
+// graph refuses another pass, a failure before one leaves a node the caller
+// holds as it was; the fused SwiGLU backward keeps its bits.
 #include <gtest/gtest.h>
 
 #include <stdexcept>
@@ -24,16 +25,19 @@ struct Probe {
   int ran = 0;      // closures that ran
   std::vector<bool> took_in_order;  // per closure run, in order
   bool fail = false;  // throw after the donation (and after writing into it)
+  bool fail_first = false;  // throw before asking for the buffer
 };
 
-/// y = x (a copy); its backward saves x's value and, when handed it, writes
-/// the gradient into that buffer and returns it.
-Variable probe(const Variable& x, Probe* p) {
-  const Tensor xv = x.value();
+/// y = x (a copy); its backward saves x's value (or, with own_copy, a copy
+/// no node holds) and, when handed it, writes the gradient into that buffer
+/// and returns it.
+Variable probe(const Variable& x, Probe* p, bool own_copy = false) {
+  const Tensor xv = own_copy ? x.value().clone() : x.value();
   return Variable::from_op(
       "probe", xv.clone(), {x},
       [xv = Tensor(xv), p](const Tensor& g, const std::vector<bool>&) mutable {
         ++p->ran;
+        if (p->fail_first) throw std::runtime_error("closure failed on purpose before asking for its buffer");
         Tensor over = take_if_unique(xv);
         p->took_in_order.push_back(over.defined());
         if (!over.defined()) return std::vector<Tensor>{g.clone()};
@@ -135,6 +139,37 @@ TEST(DonatedBuffers, AFailureAfterADonationCommitsNothingAndTheGraphRefusesAnoth
   EXPECT_THROW(loss.backward(GraphAfterBackward::Release), BackwardError);  // the closure's buffer is gone
   EXPECT_THROW(loss.backward(GraphAfterBackward::Keep), BackwardError);
   EXPECT_EQ(p.ran, 1);
+}
+
+/// A closure that throws before any donation leaves a node the caller
+/// holds as it was: its saved tensors still listed (retained_nodes), its
+/// closure able to run again, and then (its buffer held by the closure and
+/// the node's list alone) handed its buffer.
+TEST(DonatedBuffers, AFailureBeforeADonationKeepsTheNodeAndWhatItSaved) {
+  Variable a(randn({4, 5}, 1), true), b(randn({4, 5}, 2), true);
+  Probe p;
+  p.fail_first = true;
+  Variable y = probe(add(a, b), &p, true);
+  Variable loss = sum(y);
+  const auto probe_saved_bytes = [&] {
+    for (const RetainedNode& row : y.retained_nodes()) {
+      if (row.kind == "probe") return row.saved_bytes;
+    }
+    return std::int64_t{-1};
+  };
+  const std::int64_t bytes = 4 * 5 * static_cast<std::int64_t>(sizeof(float));
+  EXPECT_EQ(probe_saved_bytes(), bytes);
+  EXPECT_THROW(loss.backward(GraphAfterBackward::Release), std::runtime_error);
+  EXPECT_EQ(p.ran, 1);
+  EXPECT_EQ(p.took, 0);
+  EXPECT_EQ(probe_saved_bytes(), bytes);
+  EXPECT_FALSE(a.has_grad());
+  p.fail_first = false;
+  y.backward(Tensor::ones({4, 5}), GraphAfterBackward::Release);
+  EXPECT_EQ(p.ran, 2);
+  EXPECT_EQ(p.took, 1);
+  EXPECT_TRUE(bit_equal(a.grad(), ones_like(a.value())));
+  EXPECT_TRUE(bit_equal(b.grad(), ones_like(b.value())));
 }
 
 TEST(DonatedBuffers, ACheckpointReplayDonatesOnlyUnderRelease) {

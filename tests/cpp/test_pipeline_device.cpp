@@ -8,11 +8,13 @@
 #include <nlohmann/json.hpp>
 
 #include "../../src/train/training_checkpoint.hpp"
+#include "backend_error.hpp"
 #include "riftco_transformer/model_state.hpp"
 #include "riftco_transformer/pipelines.hpp"
 #include "scratch.hpp"
 
 using namespace riftco_transformer;
+using rt_test::backend_error;
 namespace fs = std::filesystem;
 
 namespace {
@@ -29,15 +31,6 @@ PretrainingConfig tiny(const fs::path& dir) {
   c.eval_batches = 1;
   c.checkpoint_interval = 3;
   return c;
-}
-
-std::string message_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const BackendError& e) {
-    return e.what();
-  }
-  return "(no BackendError)";
 }
 
 }  // namespace
@@ -64,10 +57,10 @@ TEST(PipelineDevice, CudaWithoutADeviceFailsBeforeAnyFileOnEveryEntryPoint) {
   PretrainingConfig c = tiny(dir);
   c.device = Backend::Cuda;
   c.output_dir = dir / "run";
-  const std::string why = message_of([&] { run_pretraining(c); });
+  const std::string why = backend_error([&] { run_pretraining(c); });
   EXPECT_NE(why.find("[pretraining] device cuda: the cuda backend is not built in this package"), std::string::npos)
       << why;
-  EXPECT_NE(message_of([&] { run_pretraining(c, Communicator::world()); }).find("[pretraining] device cuda"),
+  EXPECT_NE(backend_error([&] { run_pretraining(c, Communicator::world()); }).find("[pretraining] device cuda"),
             std::string::npos);
   EXPECT_THROW(c.check_device("x"), BackendError);
   EXPECT_FALSE(fs::exists(c.output_dir));
@@ -76,7 +69,7 @@ TEST(PipelineDevice, CudaWithoutADeviceFailsBeforeAnyFileOnEveryEntryPoint) {
   p.data = dir / "missing.jsonl";
   p.device = Backend::Cuda;
   p.output_dir = dir / "post";
-  EXPECT_NE(message_of([&] { run_post_training(p); }).find("[post_training] device cuda: "), std::string::npos);
+  EXPECT_NE(backend_error([&] { run_post_training(p); }).find("[post_training] device cuda: "), std::string::npos);
   EXPECT_FALSE(fs::exists(p.output_dir));
 }
 

@@ -107,6 +107,25 @@ TEST(Tensor, CreationReshapeAndAccess) {
   EXPECT_THROW(t.item(), ShapeError);
 }
 
+TEST(Tensor, ItemReadsTheOneElementWithoutWriting) {
+  Tensor t = Tensor::from_data({2, 3}, {1, 2, 3, 4, 5, 6});
+  Tensor one = Tensor::full({1, 1, 1}, -2.5F);
+  const std::uint64_t version = one.version();
+  EXPECT_EQ(one.item(), -2.5F);
+  EXPECT_EQ(one.reshape({}).item(), -2.5F);  // a view of the same storage
+  EXPECT_EQ(one.version(), version);         // a read: no version bump
+  for (const Tensor& bad : {t, Tensor::zeros({0}), Tensor()}) {
+    try {
+      (void)bad.item();
+      FAIL() << "item() of " << shape_string(bad.shape());
+    } catch (const ShapeError& e) {
+      EXPECT_NE(std::string(e.what()).find("[item] needs one element, shape is " + shape_string(bad.shape())),
+                std::string::npos)
+          << e.what();
+    }
+  }
+}
+
 TEST(Tensor, ErrorMessagesCarryShapes) {
   try {
     Tensor::from_data({2, 3}, {1, 2}).numel();

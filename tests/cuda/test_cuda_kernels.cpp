@@ -631,11 +631,26 @@ TEST(CudaStorage, HostAccessOfACudaTensorThrows) {
   EXPECT_THROW(cg.data(), BackendError);
   EXPECT_THROW(cg.values(), BackendError);
   EXPECT_THROW(cg.at({0}), BackendError);
-  EXPECT_THROW(Tensor::ones({1}, Backend::Cuda).item(), BackendError);
   try {
     cg.data();
   } catch (const BackendError& e) {
     EXPECT_NE(std::string(e.what()).find("on cuda"), std::string::npos) << e.what();
+  }
+}
+
+TEST(CudaStorage, ItemCopiesTheOneElementToTheHost) {
+  SKIP_WITHOUT_CUDA();
+  const Tensor g = Tensor::full({1, 1}, -2.5F, Backend::Cuda);
+  const std::uint64_t version = g.version();
+  EXPECT_EQ(g.item(), -2.5F);
+  EXPECT_EQ(g.reshape({}).item(), -2.5F);
+  EXPECT_EQ(g.version(), version);  // a read: no version bump
+  EXPECT_EQ(g.backend(), Backend::Cuda);
+  try {
+    (void)Tensor::ones({2, 3}, Backend::Cuda).item();
+    FAIL();
+  } catch (const ShapeError& e) {
+    EXPECT_NE(std::string(e.what()).find("[item] needs one element, shape is (2, 3)"), std::string::npos) << e.what();
   }
 }
 

@@ -1,8 +1,9 @@
 #pragma once
 // What the MPI pipeline tests share (tests/mpi, run under `mpirun`): the
 // job's communicator, a whole-file read, the largest weight difference of two
-// safetensors files, and one scratch folder per job,
-// holding the corpus every test trains on and removed when every rank is done.
+// safetensors files, one scratch folder per job,
+// holding the corpus every test trains on and removed when every rank is done,
+// and the small run they train.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -18,6 +19,7 @@
 
 #include "riftco_transformer/distributed.hpp"
 #include "riftco_transformer/model_state.hpp"
+#include "riftco_transformer/pipelines.hpp"
 
 namespace riftco_mpi_test {
 
@@ -88,5 +90,23 @@ class RemoveJobDir : public ::testing::Environment {
   }
 };
 inline const auto* const kRemoveJobDir = ::testing::AddGlobalTestEnvironment(new RemoveJobDir);
+
+/// The small run the pipeline tests train on the corpus in `dir`, into
+/// dir / name: 20 steps of batch 4 (warmup 2), an evaluation (2 batches)
+/// every 10 steps, a checkpoint every 5.
+inline riftco_transformer::PretrainingConfig tiny_run(const fs::path& dir, const std::string& name) {
+  riftco_transformer::PretrainingConfig c;
+  c.dimensions = {256, 32, 16, 2, 3, 32};
+  c.data = dir / "corpus.txt";
+  c.steps = 20;
+  c.batch = 4;
+  c.sequence_length = 16;
+  c.warmup_steps = 2;
+  c.eval_interval = 10;
+  c.eval_batches = 2;
+  c.checkpoint_interval = 5;
+  c.output_dir = dir / name;
+  return c;
+}
 
 }  // namespace riftco_mpi_test

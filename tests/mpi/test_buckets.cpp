@@ -10,6 +10,7 @@
 #include <memory>
 #include <vector>
 
+#include "../cpp/block_stack.hpp"
 #include "riftco_transformer/checkpoint.hpp"
 #include "riftco_transformer/distributed.hpp"
 #include "riftco_transformer/gradient_buckets.hpp"
@@ -34,35 +35,10 @@ bool same_bits(std::span<const float> a, std::span<const float> b) {
   return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
 }
 
-/// A residual MLP stack; parameters the same on every rank, the input this
-/// rank's own (its shard of the batch).
-struct Stack {
-  std::vector<Variable> params;
-  Variable x;
-  Stack(int layers, std::int64_t width) {
-    Random init(7);  // same on every rank
-    for (int k = 0; k < layers; ++k) {
-      params.emplace_back(Tensor::normal({width, width}, init, 0.0F, 0.1F), true, "w" + std::to_string(k));
-      params.emplace_back(Tensor::normal({width}, init, 1.0F, 0.1F), true, "g" + std::to_string(k));
-    }
-    Random data(100 + static_cast<std::uint64_t>(comm().rank()));
-    x = Variable(Tensor::normal({8, width}, data), false, "x");
-  }
-  Variable loss(bool checkpointed) const {
-    Variable h = x;
-    for (std::size_t k = 0; k + 1 < params.size(); k += 2) {
-      const Variable w = params[k];
-      const Variable g = params[k + 1];
-      auto block = [w, g](const Variable& v) { return add(v, silu(matmul(rms_norm(v, g, 1e-5F), w))); };
-      if (checkpointed) {
-        const std::vector<Variable> deps{w, g};
-        h = checkpoint(h, deps, block);
-      } else {
-        h = block(h);
-      }
-    }
-    return mean(mul(h, h));
-  }
+/// rt_test::BlockStack on the CPU, the input this rank's own.
+struct Stack : rt_test::BlockStack {
+  Stack(int layers, std::int64_t width)
+      : BlockStack(layers, width, 100 + static_cast<std::uint64_t>(comm().rank()), Backend::Cpu) {}
 };
 
 }  // namespace

@@ -33,20 +33,7 @@ fs::path own_dir(const std::string& name) {
   return job_dir() / ("rank" + std::to_string(world().rank()) + "_" + name);
 }
 
-PretrainingConfig tiny(const std::string& name) {
-  PretrainingConfig c;
-  c.dimensions = {256, 32, 16, 2, 3, 32};
-  c.data = job_dir() / "corpus.txt";
-  c.steps = 20;
-  c.batch = 4;
-  c.sequence_length = 16;
-  c.warmup_steps = 2;
-  c.eval_interval = 10;
-  c.eval_batches = 2;
-  c.checkpoint_interval = 5;
-  c.output_dir = job_dir() / name;
-  return c;
-}
+PretrainingConfig tiny(const std::string& name) { return riftco_mpi_test::tiny_run(job_dir(), name); }
 
 struct Trace {
   std::vector<float> losses, validation;

@@ -36,17 +36,10 @@ fs::path job_dir() { return riftco_mpi_test::job_dir("riftco_resume_n_"); }
 
 /// 6 steps, a checkpoint every 3, warmup then cosine decay (the schedule must continue).
 PretrainingConfig tiny(const std::string& name) {
-  PretrainingConfig c;
-  c.dimensions = {256, 32, 16, 2, 3, 32};
-  c.data = job_dir() / "corpus.txt";
+  PretrainingConfig c = riftco_mpi_test::tiny_run(job_dir(), name);
   c.steps = 6;
-  c.batch = 4;
-  c.sequence_length = 16;
-  c.warmup_steps = 2;
   c.eval_interval = 3;
-  c.eval_batches = 2;
   c.checkpoint_interval = 3;
-  c.output_dir = job_dir() / name;
   return c;
 }
 

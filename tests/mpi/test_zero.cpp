@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "riftco_transformer/distributed.hpp"
@@ -339,6 +340,31 @@ TEST(MpiZero, AParameterWithoutAGradientAnywhereIsSkipped) {
   for (std::size_t k = 0; k < params.size(); ++k) {
     EXPECT_TRUE(same_bits(params[k].value().values(), plain_params[k].value().values())) << k;
   }
+}
+
+TEST(MpiZero, AGradientOnSomeRanksOnlyCountsAsZerosOnTheOthers) {
+  // The reduce-scatter's rows hold zeros for a rank without a gradient, as
+  // plain data-parallel Adam's average of zeros does (each step reuses the
+  // buffers the one before left behind in the allocator's cache).
+  const auto params = make_parameters();
+  const auto plain_params = copies(params);
+  ShardedAdam zero(comm(), params, options());
+  Adam plain(plain_params, options());
+  const int last = comm().world_size() - 1;
+  for (int step = 1; step <= 3; ++step) {
+    auto local = local_gradients(params, step);
+    auto with_zeros = local;
+    for (const auto& [k, owner] : {std::pair<std::size_t, int>{1, 0}, std::pair<std::size_t, int>{0, last}}) {
+      if (comm().rank() == owner) continue;
+      local[k] = Tensor();
+      with_zeros[k] = Tensor::zeros(params[k].shape());
+    }
+    EXPECT_TRUE(same_bits(zero.step(local), plain.step(averaged(with_zeros)))) << "step " << step;
+    for (std::size_t k = 0; k < params.size(); ++k) {
+      EXPECT_TRUE(same_bits(params[k].value().values(), plain_params[k].value().values())) << k << ", step " << step;
+    }
+  }
+  expect_identical_on_every_rank(params);
 }
 
 TEST(MpiZero, EmptyShardsAndAZeroElementParameterAreStillPlainAdam) {

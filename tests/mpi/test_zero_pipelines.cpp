@@ -25,18 +25,8 @@ using riftco_mpi_test::world;
 fs::path job_dir() { return riftco_mpi_test::job_dir("riftco_zero_"); }
 
 PretrainingConfig tiny(const std::string& name, std::int64_t zero_stage) {
-  PretrainingConfig c;
-  c.dimensions = {256, 32, 16, 2, 3, 32};
-  c.data = job_dir() / "corpus.txt";
-  c.steps = 20;
-  c.batch = 4;
-  c.sequence_length = 16;
-  c.warmup_steps = 2;
-  c.eval_interval = 10;
-  c.eval_batches = 2;
-  c.checkpoint_interval = 5;
+  PretrainingConfig c = riftco_mpi_test::tiny_run(job_dir(), name);
   c.zero_stage = zero_stage;
-  c.output_dir = job_dir() / name;
   return c;
 }
 

@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "../cpp/backend_error.hpp"
+#include "../cpp/block_stack.hpp"
 #include "backend/kernels.hpp"
 #include "nccl_test_world.hpp"
 #include "riftco_transformer/adam.hpp"
@@ -25,6 +27,7 @@
 #include "riftco_transformer/zero_adam.hpp"
 
 using namespace riftco_transformer;
+using rt_test::backend_error;
 using rt_nccl_test::host;
 using rt_nccl_test::nccl;
 using rt_nccl_test::on_device;
@@ -48,36 +51,10 @@ std::vector<Tensor> cpu_copies(const std::vector<Tensor>& tensors) {
   return out;
 }
 
-/// A residual MLP stack on CUDA; parameters the same on every rank, the
-/// input this rank's own.
-struct Stack {
-  std::vector<Variable> params;
-  Variable x;
-  explicit Stack(std::uint64_t data_seed, int layers = 4, std::int64_t width = 48) {
-    Random init(7);
-    for (int k = 0; k < layers; ++k) {
-      params.emplace_back(Tensor::normal({width, width}, init, 0.0F, 0.1F).to(Backend::Cuda), true,
-                          "w" + std::to_string(k));
-      params.emplace_back(Tensor::normal({width}, init, 1.0F, 0.1F).to(Backend::Cuda), true, "g" + std::to_string(k));
-    }
-    Random data(data_seed * 100 + static_cast<std::uint64_t>(host().rank()));
-    x = Variable(Tensor::normal({8, width}, data).to(Backend::Cuda), false, "x");
-  }
-  Variable loss(bool checkpointed) const {
-    Variable h = x;
-    for (std::size_t k = 0; k + 1 < params.size(); k += 2) {
-      const Variable w = params[k];
-      const Variable g = params[k + 1];
-      auto block = [w, g](const Variable& v) { return add(v, silu(matmul(rms_norm(v, g, 1e-5F), w))); };
-      if (checkpointed) {
-        const std::vector<Variable> deps{w, g};
-        h = checkpoint(h, deps, block);
-      } else {
-        h = block(h);
-      }
-    }
-    return mean(mul(h, h));
-  }
+/// rt_test::BlockStack on CUDA, the input this rank's own.
+struct Stack : rt_test::BlockStack {
+  explicit Stack(std::uint64_t data_seed, int layers = 4, std::int64_t width = 48)
+      : BlockStack(layers, width, data_seed * 100 + static_cast<std::uint64_t>(host().rank()), Backend::Cuda) {}
   /// One plain backward; the gradients (device), cleared from the leaves.
   std::vector<Tensor> gradients(bool checkpointed) {
     loss(checkpointed).backward();
@@ -107,15 +84,6 @@ void expect_same(const std::vector<Tensor>& device, const std::vector<Tensor>& e
     EXPECT_EQ(device[k].backend(), Backend::Cuda);
     EXPECT_TRUE(same_bits(host_values(device[k]), host_values(expected[k])));
   }
-}
-
-std::string message_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const BackendError& e) {
-    return e.what();
-  }
-  return "(no BackendError)";
 }
 
 /// A communicator over two ranks that moves host buffers only (the mpi
@@ -343,13 +311,13 @@ TEST(NcclDataParallel, MixedBackendsAreBackendErrorsNamingBothBeforeAnythingChan
   const std::vector<Variable> cpu = cpu_copies(stack.params);
   // A CPU model on the nccl communicator.
   for (const std::string& m :
-       {message_of([&] { GradientBucketer(nccl(), cpu); }), message_of([&] { ShardedAdam(nccl(), cpu); })}) {
+       {backend_error([&] { GradientBucketer(nccl(), cpu); }), backend_error([&] { ShardedAdam(nccl(), cpu); })}) {
     EXPECT_NE(m.find("the model is on cpu"), std::string::npos) << m;
     EXPECT_NE(m.find("the nccl communicator (rank " + std::to_string(host().rank())), std::string::npos) << m;
   }
   std::vector<Tensor> host_grads;
   for (const Variable& p : cpu) host_grads.push_back(Tensor::ones(p.shape()));
-  const std::string sync_cpu = message_of([&] { synchronize_gradients(nccl(), cpu, host_grads); });
+  const std::string sync_cpu = backend_error([&] { synchronize_gradients(nccl(), cpu, host_grads); });
   EXPECT_NE(sync_cpu.find("[synchronize_gradients] the model is on cpu"), std::string::npos) << sync_cpu;
   EXPECT_EQ(host_grads[0].at({0, 0}), 1.0F);  // untouched
 
@@ -357,28 +325,28 @@ TEST(NcclDataParallel, MixedBackendsAreBackendErrorsNamingBothBeforeAnythingChan
   TwoRankHost two;
   std::vector<Tensor> device_grads = stack.gradients(false);
   const std::vector<float> before = host_values(device_grads[0]);
-  for (const std::string& m : {message_of([&] { GradientBucketer(two, stack.params); }),
-                               message_of([&] { ShardedAdam(two, stack.params); }),
-                               message_of([&] { synchronize_gradients(two, stack.params, device_grads); })}) {
+  for (const std::string& m : {backend_error([&] { GradientBucketer(two, stack.params); }),
+                               backend_error([&] { ShardedAdam(two, stack.params); }),
+                               backend_error([&] { synchronize_gradients(two, stack.params, device_grads); })}) {
     EXPECT_NE(m.find("the model is on cuda"), std::string::npos) << m;
     EXPECT_NE(m.find("the mpi communicator (rank 0 of 2) moves host buffers only"), std::string::npos) << m;
   }
   EXPECT_EQ(two.calls, 0);
   EXPECT_TRUE(same_bits(host_values(device_grads[0]), before));
   if (host().world_size() > 1) {  // the real MPI communicator alike
-    const std::string m = message_of([&] { GradientBucketer(host(), stack.params); });
+    const std::string m = backend_error([&] { GradientBucketer(host(), stack.params); });
     EXPECT_NE(m.find("moves host buffers only"), std::string::npos) << m;
   }
 
   // Parameters on two backends; a gradient on the host for a device model.
   std::vector<Variable> mixed = stack.params;
   mixed[1] = cpu[1];
-  const std::string two_backends = message_of([&] { GradientBucketer(nccl(), mixed); });
+  const std::string two_backends = backend_error([&] { GradientBucketer(nccl(), mixed); });
   EXPECT_NE(two_backends.find("parameter 0 'w0' (48, 48) is on cuda but parameter 1 'g0' (48) is on cpu"),
             std::string::npos)
       << two_backends;
   device_grads[2] = device_grads[2].to(Backend::Cpu);
-  const std::string grad_on_host = message_of([&] { synchronize_gradients(nccl(), stack.params, device_grads); });
+  const std::string grad_on_host = backend_error([&] { synchronize_gradients(nccl(), stack.params, device_grads); });
   EXPECT_NE(grad_on_host.find("the gradient of 'w1' is on cpu, the parameters on cuda"), std::string::npos)
       << grad_on_host;
   EXPECT_TRUE(same_bits(host_values(device_grads[0]), before));
@@ -386,10 +354,10 @@ TEST(NcclDataParallel, MixedBackendsAreBackendErrorsNamingBothBeforeAnythingChan
   // accumulated sum: BackendErrors too (not ShapeErrors: the shapes agree),
   // before anything changes.
   ShardedAdam zero(nccl(), stack.params);
-  const std::string zero_host = message_of([&] { zero.step(device_grads, ShardedAdam::Gradients::Averaged); });
+  const std::string zero_host = backend_error([&] { zero.step(device_grads, ShardedAdam::Gradients::Averaged); });
   EXPECT_NE(zero_host.find("on cpu of 'w1'"), std::string::npos) << zero_host;
   EXPECT_EQ(zero.step_count(), 0);
   GradientBucketer buckets(nccl(), stack.params);
-  const std::string base_host = message_of([&] { buckets.backward(stack.loss(false), device_grads, 1.0F); });
+  const std::string base_host = backend_error([&] { buckets.backward(stack.loss(false), device_grads, 1.0F); });
   EXPECT_NE(base_host.find("the accumulated gradient of 'w1' is (48, 48) on cpu"), std::string::npos) << base_host;
 }
