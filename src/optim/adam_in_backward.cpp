@@ -36,6 +36,33 @@ class Adam::StepInBackward final : public BackwardHooks {
     for (std::size_t i = 0; i < adam.params_.size(); ++i) index_.emplace(adam.params_[i].node(), i);
   }
 
+  /// What check_gradient would refuse in the pass, refused before it runs
+  /// (the cause's own type, nothing changed): the moments and backends of
+  /// the parameters `loss` reaches (the pass gives each a gradient of its
+  /// value's shape and backend), and the gradients the others hold.
+  void check_before(const Variable& loss) const {
+    if (!loss.defined()) return;  // backward() names it
+    std::vector<Variable> leaves;
+    try {
+      leaves = loss.leaves();
+    } catch (const BackwardError&) {
+      return;  // a released graph: backward() refuses it before anything runs, naming the node
+    }
+    std::vector<bool> reached(adam_.params_.size(), false);
+    for (const Variable& leaf : leaves) {
+      if (const auto it = index_.find(leaf.node()); it != index_.end()) reached[it->second] = true;
+    }
+    std::size_t first = 0;
+    bool any = false;
+    for (std::size_t i = 0; i < adam_.params_.size(); ++i) {
+      const Tensor& held = adam_.params_[i].grad();
+      if (!reached[i] && !held.defined()) continue;
+      adam_.check_gradient(i, reached[i] ? adam_.params_[i].value() : held, any ? &first : nullptr);
+      if (!any) first = i;
+      any = true;
+    }
+  }
+
   void gradient_final(const Variable& leaf, const Tensor& gradient) override {
     const auto it = index_.find(leaf.node());
     if (it == index_.end()) return;  // not this Adam's: committed as backward() does
@@ -132,6 +159,7 @@ float Adam::backward_and_step(const Variable& loss, GraphAfterBackward graph) {
   const std::int64_t steps_before = steps_;
   try {
     steps_ = steps_before + 1;  // the coefficients' step; restored when nothing was updated
+    hooks.check_before(loss);
     loss.backward(hooks, graph);  // BackwardError for a non-scalar loss, before anything runs
     const auto norm = static_cast<float>(std::sqrt(hooks.sum_of_squares()));
     if (!std::isfinite(norm)) {

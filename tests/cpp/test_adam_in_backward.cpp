@@ -446,3 +446,43 @@ TEST(AdamInBackward, ACheckpointedModelsPeakDropsByMostOfItsGradients) {
     EXPECT_LE(fused, reference - gradient_bytes * 3 / 5) << what << " reference " << reference << " fused " << fused;
   }
 }
+
+TEST(AdamInBackward, AParameterThatNoLongerFitsItsMomentsIsRefusedBeforeAnythingRuns) {
+  // `late` would only be reached after `first` was stepped: the check runs
+  // before the pass, so step()'s ShapeError comes with nothing changed.
+  Chain chain;
+  chain.late.set_value(randn({2, 2}, 8));
+  Adam adam({chain.late, chain.first});
+  chain.late.set_value(randn({3, 4}, 9));  // after the Adam made its moments
+  const std::vector<Variable> leaves{chain.late, chain.first, chain.other};
+  const Snapshot before = snapshot(leaves, adam);
+  try {
+    adam.backward_and_step(chain.loss());
+    FAIL() << "no ShapeError";
+  } catch (const ShapeError& e) {
+    EXPECT_NE(std::string(e.what()).find("'late'"), std::string::npos) << e.what();
+  }
+  expect_unchanged(before, snapshot(leaves, adam));
+}
+
+TEST(AdamInBackward, ANormThatOverflowsWithFiniteGradientsIsAPartialStepError) {
+  // Each gradient is 3e38 (finite; its square fits a double), but the global
+  // norm √(2 · 9e76) is above FLT_MAX: step() refuses it with nothing
+  // changed, the fused step finds out only after both updates.
+  Variable x(Tensor::full({1}, 3.0e38F), false, "x");
+  Variable w0(Tensor::full({1}, 1.0F), true, "w0");
+  Variable w1(Tensor::full({1}, 1.0F), true, "w1");
+  auto loss = [&] { return add(sum(mul(x, w0)), sum(mul(x, w1))); };
+  Adam reference({w0, w1});
+  loss().backward();
+  EXPECT_THROW(reference.step(), ValueError);
+  Adam adam({w0, w1});
+  try {
+    adam.backward_and_step(loss());
+    FAIL() << "no PartialStepError";
+  } catch (const PartialStepError& e) {
+    EXPECT_NE(std::string(e.what()).find("2 of 2"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("overflowed"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(adam.step_count(), 1);
+}

@@ -327,3 +327,41 @@ TEST(BackwardHooks, AReplacementForAConstantOrTwiceForOneLeafIsRefusedAndCommits
   }
   for (std::size_t k = 0; k < chain.w.size(); ++k) EXPECT_TRUE(same_bits(chain.w[k].grad(), before[k]));
 }
+
+TEST(BackwardHooks, AConsumedGradientIsFreedInThePassAndClearedAtTheCommit) {
+  // The hook consumes w1 (final first): the engine drops it from the pass at
+  // once (its buffer is freed while w0's backward still runs) and the commit
+  // clears w1's earlier gradient; w0 commits as ever.
+  struct Consumer : Recorder {
+    const Node* taken = nullptr;
+    std::weak_ptr<const Storage> storage;  // the consumed gradient's buffer
+    bool freed_before_w0 = false;
+    void gradient_final(const Variable& leaf, const Tensor& gradient) override {
+      Recorder::gradient_final(leaf, gradient);
+      if (leaf.name() == "w0") freed_before_w0 = storage.expired();
+      if (leaf.name() == "w1") storage = gradient.weak_storage();
+    }
+    bool consumes(const Variable& leaf) const override { return leaf.node() == taken; }
+  };
+  Chain chain(2);
+  std::vector<std::string> log;
+  chain.loss(log).backward();  // earlier gradients the commit must clear or replace
+  Consumer hooks;
+  hooks.log = &log;
+  hooks.taken = chain.w[1].node();
+  chain.loss(log).backward(hooks);
+  EXPECT_TRUE(hooks.freed_before_w0);
+  EXPECT_FALSE(chain.w[1].grad().defined());
+  EXPECT_TRUE(same_bits(chain.w[0].grad(), hooks.gradients[1]));
+  // A replacement for a consumed gradient is refused and commits nothing.
+  chain.loss(log).backward();
+  const std::vector<Tensor> before = grads_of(chain.w);
+  hooks.replacements = {{chain.w[1], Tensor::full({4, 4}, 1.0F)}};
+  try {
+    chain.loss(log).backward(hooks);
+    ADD_FAILURE() << "a replacement for a consumed gradient was accepted";
+  } catch (const BackwardError& e) {
+    EXPECT_NE(std::string(e.what()).find("consumed"), std::string::npos) << e.what();
+  }
+  for (std::size_t k = 0; k < chain.w.size(); ++k) EXPECT_TRUE(same_bits(chain.w[k].grad(), before[k]));
+}
