@@ -4,6 +4,7 @@
     /usr/bin/python3 bench/run_benchmarks.py --threads 2,1 --rounds 2,1   # full run, writes docs/benchmarks.md
     /usr/bin/python3 bench/run_benchmarks.py --quick --out-dir /tmp/q     # smoke run (< 60 s)
     /usr/bin/python3 bench/run_benchmarks.py --render bench/results/benchmarks.json   # re-render, no measuring
+    /usr/bin/python3 bench/run_benchmarks.py --shapes S3 --optimizer-in-backward --out-dir /tmp/ib   # + fused step
 
 Builds nothing: expects a build tree (default ./build) with rt-bench-step and,
 for the kernel table, rt-bench-kernels.
@@ -34,7 +35,17 @@ Reported per thread count, shape and policy: median step time, the ratio ours
 allocator through the profiler), compile times, phase times, ours' model
 FLOPs utilization (model FLOPs per step / step time / the 512-bit FMA peak at
 the same thread count; `model_flops`), a thread-scaling table when several
-counts ran, and the targets of issues 6 and 16. Outputs:
+counts ran, and the targets of issues 6 and 16.
+
+--optimizer-in-backward adds, to every row and round, ours with the
+optimizer step fused into the backward pass (rt-bench-step
+--optimizer-in-backward) and each PyTorch 2 form with PyTorch's fused
+recipe (torch2_step.py --optimizer-in-backward: per-parameter Adam in
+post-accumulate-grad hooks; a form torch2_step.py --check-in-backward finds
+refused or wrong is skipped with the reason logged), alternating with the
+rest, and "in-backward step" tables (bench/in_backward.py): ours against
+PyTorch 2 in-backward (like for like) and against PyTorch 2's ordinary step.
+Outputs:
 JSON, Markdown (written between the RESULTS markers of docs/benchmarks.md in
 a full run) and a PNG chart.
 """
@@ -46,6 +57,8 @@ import statistics
 import subprocess
 import sys
 import time
+
+import in_backward
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -211,29 +224,38 @@ def measure_shape(args, name, shape, threads, rounds, blas, have_torch, python2)
     # at most.
     sides = ["ours"] + (["torch_default_malloc", "torch_tuned_malloc"] if have_torch else []) + \
         ([f"torch2_{f}" for f in args.torch2_forms] if python2 else [])
-    runs = {p: {who: [] for who in sides} for p in POLICIES}
+    if args.optimizer_in_backward:
+        sides += in_backward.sides(args.in_backward_forms if python2 else [])
+    runs = {p: {who: [] for who in sides} for p in args.policies}
     loads = []  # 1-minute load average after each process
     for rnd in range(rounds):
-        jobs = [(p, who) for p in POLICIES for who in sides]
+        jobs = [(p, who) for p in args.policies for who in sides]
         if rnd % 2 == 1:
             jobs.reverse()
         for policy, who in jobs:
             common = shape_args(shape) + ["--policy", policy, "--steps", str(steps), "--warmup", str(args.warmup)]
             timeout = args.timeout
-            if who == "ours":
+            fused = in_backward.is_side(who)
+            base = who[:-len(in_backward.SUFFIX)] if fused else who
+            if base == "ours":
                 cmd, e = [str(step_tool)] + common + ["--attention", "flash"], env
-            elif who.startswith("torch2_"):
+            elif base.startswith("torch2_"):
                 cmd = [python2, str(ROOT / "bench" / "torch2_step.py")] + common + [
-                    "--threads", str(threads), "--form", who[len("torch2_"):]]
+                    "--threads", str(threads), "--form", base[len("torch2_"):]]
                 e = torch2_env(env, args)
                 timeout = args.timeout * 2  # a cold compile of S2's 32 blocks
             else:
                 cmd = ["/usr/bin/python3", str(ROOT / "bench" / "torch_step.py")] + common + [
                     "--threads", str(threads)]
                 e = dict(env, **TUNED_MALLOC) if who == "torch_tuned_malloc" else env
+            if fused:
+                cmd.append("--optimizer-in-backward")
             r = run_json(cmd, e, timeout=timeout)
             if r["threads"] != threads:
                 sys.exit(f"[run_benchmarks] {who} ran on {r['threads']} threads, not {threads}: {' '.join(cmd)}")
+            if r.get("optimizer_in_backward", False) != fused:
+                sys.exit(f"[run_benchmarks] {who} reported optimizer_in_backward "
+                         f"{r.get('optimizer_in_backward')}, not {fused}: {' '.join(cmd)}")
             r["load_average"] = load_average()
             loads.append(float(r["load_average"]) if r["load_average"] != "?" else 0.0)
             runs[policy][who].append(r)
@@ -247,7 +269,7 @@ def measure_shape(args, name, shape, threads, rounds, blas, have_torch, python2)
             log(f"{threads}T {name} {policy} round {rnd + 1} {who}: median {r['step_seconds']:.3f} s/step, "
                 f"rss growth {r['rss_growth_bytes'] / 2**20:.0f} MiB{extra} (load {r['load_average']})")
     rows = []
-    for policy in POLICIES:
+    for policy in args.policies:
         row = {"shape": name, **shape, "policy": policy, "threads": threads, "steps_per_process": steps,
                "warmup_steps": args.warmup, "rounds": rounds, "load_samples": loads}
         for who in sides:
@@ -267,7 +289,7 @@ def measure_shape(args, name, shape, threads, rounds, blas, have_torch, python2)
                             "torch_version": best.get("torch_version")}
             row["time_ratio"] = ours["step_seconds"] / row["torch"]["step_seconds"]
             row["memory_ratio"] = ours["rss_growth_bytes"] / row["torch"]["rss_growth_bytes"]
-        forms = [w for w in sides if w.startswith("torch2_") and row.get(w)]
+        forms = [w for w in sides if w.startswith("torch2_") and not in_backward.is_side(w) and row.get(w)]
         if forms:
             fastest = min(forms, key=lambda w: row[w]["step_seconds"])
             leanest = min(forms, key=lambda w: row[w]["rss_growth_bytes"])
@@ -278,6 +300,8 @@ def measure_shape(args, name, shape, threads, rounds, blas, have_torch, python2)
             peaks = [row[w]["allocator_peak_bytes"] for w in forms if row[w].get("allocator_peak_bytes")]
             if peaks and ours.get("peak_bytes"):
                 row["allocator_ratio_torch2"] = ours["peak_bytes"] / min(peaks)
+        if args.optimizer_in_backward:
+            row["in_backward"] = in_backward.ratios(row)
         rows.append(row)
     return rows
 
@@ -298,6 +322,8 @@ def bench_steps(args, shapes, blas):
             f"(max relative difference {checked['max_relative_difference']:.2g})")
         log(f"PyTorch 2.x: {python2}, forms {', '.join(args.torch2_forms)}, malloc {args.torch2_malloc}, "
             f"Inductor cache {args.build_dir / 'inductor-cache'}")
+        if args.optimizer_in_backward:
+            check_in_backward(args, python2)
     step_tool = args.build_dir / "rt-bench-step"
     if not step_tool.exists():
         sys.exit(f"[run_benchmarks] {step_tool} not found: build first (cmake --build {args.build_dir})")
@@ -308,6 +334,33 @@ def bench_steps(args, shapes, blas):
             # What is measured so far, for --render should the run be cut short.
             (args.out_dir / "benchmarks.partial.json").write_text(json.dumps(make_result(args, rows, None)) + "\n")
     return rows
+
+
+def check_in_backward(args, python2):
+    """torch2_step.py --check-in-backward per PyTorch 2 form: the fused step
+    must leave the parameters of the ordinary one (2 steps, small model). A
+    form PyTorch refuses or gets wrong is left out (args.in_backward_forms)
+    with its reason logged and kept in the result; a failing eager form
+    stops the run."""
+    env = torch2_env(base_env(args.threads[0], None, args.wait_policy), args)
+    args.in_backward_check = {}
+    for form in args.torch2_forms:
+        proc = subprocess.run([python2, str(ROOT / "bench" / "torch2_step.py"), "--check-in-backward",
+                               "--form", form, "--threads", str(args.threads[0])],
+                              env=env, capture_output=True, text=True, timeout=args.timeout * 2)
+        try:
+            entry = json.loads(proc.stdout.strip().splitlines()[-1])["forms"][form]
+        except (IndexError, ValueError, KeyError):
+            entry = {"status": "skip", "reason": f"exit {proc.returncode}: {proc.stderr[-500:]}"}
+        args.in_backward_check[form] = entry
+        if entry["status"] == "ok":
+            log(f"PyTorch 2 {form} in-backward: 2 steps match the ordinary step "
+                f"(max relative difference {entry['max_relative_difference']:.2g})")
+        elif form == "eager":
+            sys.exit(f"[run_benchmarks] torch2_step.py --check-in-backward --form eager failed: {entry['reason']}")
+        else:
+            log(f"PyTorch 2 {form} in-backward skipped: {entry['reason']}")
+    args.in_backward_forms = [f for f in args.torch2_forms if args.in_backward_check[f]["status"] == "ok"]
 
 
 def bench_kernels(args, blas):
@@ -470,6 +523,13 @@ def markdown(result):
     if result.get("torch_version"):
         lines.append(f"PyTorch 1.13: {result['torch_version']} (Debian python3-torch, /usr/bin/python3, "
                      "bench/torch_step.py, materialized attention).  ")
+    ib = result.get("optimizer_in_backward")
+    if ib and ib.get("check"):
+        lines.append("In-backward step, PyTorch 2 forms checked against the ordinary step (torch2_step.py "
+                     "--check-in-backward, 2 steps): " + "; ".join(
+                         f"{f} " + (f"ok (max relative difference {c['max_relative_difference']:.2g})"
+                                    if c["status"] == "ok" else f"skipped: {c['reason']}")
+                         for f, c in ib["check"].items()) + ".  ")
     if result.get("torch2_version"):
         lines.append(f"PyTorch 2: {result['torch2_version']} from PyPI (scripts/torch2_env.sh → .venv-torch2, "
                      "bench/torch2_step.py: F.scaled_dot_product_attention + F.rms_norm; its bundled MKL and "
@@ -519,6 +579,7 @@ def markdown(result):
                          f"| {mib(e and e.get('allocator_peak_bytes'))} | {mib(c and c.get('allocator_peak_bytes'))} "
                          f"| {fmt_ratio(r.get('allocator_ratio_torch2'))} |")
         lines.append("")
+        lines += in_backward.tables(rs)
         if any(r.get("torch2_compiled") for r in rs):
             lines.append("torch.compile seconds (warm-up wall time minus as many measured steps; first process "
                          "/ median of the later ones, which reuse the Inductor cache) and Inductor FX-graph cache "
@@ -666,6 +727,7 @@ def targets(rows, kernels, utilization=None):
                 out.append({"issue": 16, "threads": threads,
                             "target": f"{shape}: ours block / disabled step <= {TARGET_BLOCK_COST}",
                             "measured": f"{ratio:.2f}", "met": ratio <= TARGET_BLOCK_COST})
+        out += in_backward.targets(rs, threads, TARGET_MEMORY)
         for r in rs:
             if r.get("memory_ratio_torch2") is not None:
                 out.append({"issue": 16, "threads": threads,
@@ -804,6 +866,12 @@ def main():
                     help="PyTorch 2 processes' malloc: MALLOC_MMAP_THRESHOLD_/TRIM_THRESHOLD_ raised (default) or "
                          "glibc's default")
     ap.add_argument("--no-kernels", action="store_true")
+    ap.add_argument("--policies", default="disabled,block", help="checkpointing policies: a subset of "
+                    "disabled,block (default both; a subset is a partial run, leaving docs/benchmarks.md alone)")
+    ap.add_argument("--optimizer-in-backward", action="store_true",
+                    help="also measure the optimizer step fused into the backward pass: ours "
+                         "(rt-bench-step --optimizer-in-backward) and PyTorch 2's hook recipe, per form; adds "
+                         "the in-backward tables")
     ap.add_argument("--openblas-coretype", choices=["inherit", "native"], default=None,
                     help="native (default of a full run): remove OPENBLAS_CORETYPE/OPENBLAS_L2_SIZE for every "
                          "process (both sides), so OpenBLAS picks this CPU's kernels as PyTorch 2's MKL does; "
@@ -837,10 +905,15 @@ def main():
     if not forms or not set(forms) <= {"eager", "compiled"}:
         sys.exit(f"[run_benchmarks] --torch2-forms {args.torch2_forms}: a subset of eager,compiled")
     args.torch2_forms = forms
+    args.in_backward_forms = []
+    args.in_backward_check = None
+    args.policies = args.policies.split(",")
+    if not args.policies or not set(args.policies) <= set(POLICIES) or len(set(args.policies)) < len(args.policies):
+        sys.exit(f"[run_benchmarks] --policies {','.join(args.policies)}: a subset of {','.join(POLICIES)}")
     # Only a complete run into bench/results rewrites the published page; a
     # partial or scratch run leaves it alone unless --docs names a file.
     complete = (not args.quick and args.out_dir is None and not args.shapes and not args.no_torch
-                and not args.no_kernels and args.torch2 != "off")
+                and not args.no_kernels and args.torch2 != "off" and len(args.policies) == len(POLICIES))
     if args.out_dir is None:
         args.out_dir = args.build_dir / "bench-quick" if args.quick else ROOT / "bench" / "results"
     args.out_dir.mkdir(parents=True, exist_ok=True)
@@ -890,6 +963,8 @@ def make_result(args, rows, kernels):
         "steps": rows,
         "kernels": kernels,
     }
+    if args.optimizer_in_backward:
+        result["optimizer_in_backward"] = {"torch2_forms": args.in_backward_forms, "check": args.in_backward_check}
     return result
 
 

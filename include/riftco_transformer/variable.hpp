@@ -35,8 +35,8 @@ class BackwardHooks {
   virtual void begin_pass() {}
   /// `leaf` (a leaf that requires grad) receives nothing more in this pass:
   /// no node still to run has it as an input. For a checkpointed block's
-  /// dependencies that is right after the block's replay and local
-  /// backward. `gradient` is its gradient in the pass, undefined when no
+  /// dependencies that is inside the block's replay backward, as soon as
+  /// that nested pass has it final (docs/autograd.md). `gradient` is its gradient in the pass, undefined when no
   /// contribution reached it (the commit makes that zeros). Read it, never
   /// write into it: its buffer may be shared with other gradients of the
   /// pass. Called in the order leaves become final, once per leaf.

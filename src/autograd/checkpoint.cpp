@@ -175,10 +175,15 @@ Variable checkpoint(const Variable& input, std::span<const Variable> dependencie
     // saved tensors and value go once its backward ran, not after the whole
     // block's (the block's peak is its replay, not its replay plus all of
     // its backward's temporaries).
-    PassResult pass = run_backward_pass(replay.out, grad_output, "checkpoint replay", nullptr,
+    // When the enclosing pass has hooks (an optimizer step in the backward
+    // pass), each dependency leaf is reported to them as soon as this pass
+    // has it final, not after it (NestedPassHooks); a gradient they consume
+    // is freed right there and its slot stays undefined.
+    NestedPassHooks forward_final(deps);
+    PassResult pass = run_backward_pass(replay.out, grad_output, "checkpoint replay", forward_final.active(),
                                         GraphAfterBackward::Release);
     auto extract = [&](std::size_t slot, const Variable& leaf) {
-      if (!needs[slot]) return;
+      if (!needs[slot] || pass.consumed.contains(leaf.node())) return;
       Tensor g = pass.context.take(leaf.node());
       grads[slot] = g.defined() ? std::move(g) : Tensor::zeros(leaf.value().shape(), leaf.value().backend());
     };

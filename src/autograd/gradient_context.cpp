@@ -1,5 +1,6 @@
 #include "gradient_context.hpp"
 
+#include <algorithm>
 #include <optional>
 #include <unordered_set>
 
@@ -106,6 +107,8 @@ void validate_versions(const std::vector<std::shared_ptr<Node>>& order, const ch
   }
 }
 
+}  // namespace
+
 /// Leaves requiring grad and how many inputs of nodes still to run point at
 /// each (an input listed twice counts twice): a leaf is final at zero.
 class Finality {
@@ -134,6 +137,25 @@ class Finality {
       report(leaf);
     }
   }
+  /// A pass nested in `node`'s closure has `leaf` final with `gradient`:
+  /// when it is final here too (`node` is its last pending consumer and no
+  /// gradient for it reached this pass), reported now and never again.
+  /// Returns whether the hooks consumed it (then listed in `consumed`;
+  /// `node` returns no gradient for it).
+  bool final_inside(const Node& node, const Node* leaf, const Tensor& gradient) {
+    const auto it = pending_.find(leaf);
+    if (hooks_ == nullptr || it == pending_.end() || result_.context.find(leaf) != nullptr) return false;
+    const auto edges = std::count_if(node.parents.begin(), node.parents.end(),
+                                     [&](const Edge& e) { return e.node.get() == leaf; });
+    if (it->second.consumers != static_cast<int>(edges)) return false;  // used outside the node too (a tied weight)
+    const std::shared_ptr<Node> held = std::move(it->second.leaf);
+    pending_.erase(it);
+    const Variable handle = NodeAccess::wrap(held);
+    hooks_->gradient_final(handle, gradient);
+    if (!hooks_->consumes(handle)) return false;  // handed back by `node`, committed as usual
+    result_.consumed.insert(held.get());
+    return true;
+  }
   /// The root itself, when it is a leaf (nothing consumes it). A gradient
   /// the hook consumed goes now (its memory back to the allocator during the
   /// pass) and the commit clears the leaf's.
@@ -156,6 +178,34 @@ class Finality {
   BackwardHooks* hooks_;
   PassResult& result_;
   std::unordered_map<const Node*, Entry> pending_;
+};
+
+/// What a closure running in a pass with hooks sees of that pass: its
+/// Finality and the node whose closure runs (NestedPassHooks).
+struct PassChannel {
+  Finality* finality;
+  const Node* node;
+};
+
+namespace {
+
+thread_local const PassChannel* t_channel = nullptr;
+
+/// Sets this thread's channel around one closure (none when the pass has no
+/// hooks: a pass without hooks, nested or not, forwards nothing) and puts
+/// the previous one (an enclosing pass's) back after, whatever happens.
+class ChannelScope {
+ public:
+  ChannelScope(Finality* finality, const Node* node, bool hooked) : previous_(t_channel), channel_{finality, node} {
+    t_channel = hooked ? &channel_ : nullptr;
+  }
+  ~ChannelScope() { t_channel = previous_; }
+  ChannelScope(const ChannelScope&) = delete;
+  ChannelScope& operator=(const ChannelScope&) = delete;
+
+ private:
+  const PassChannel* previous_;
+  PassChannel channel_;
 };
 
 /// GraphAfterBackward::Release: `node` ran (or received no gradient) and
@@ -203,6 +253,20 @@ void run_node(Node& node_ref, GradientContext& ctx, std::vector<bool>& needs, co
 }
 
 }  // namespace
+
+NestedPassHooks::NestedPassHooks(std::span<const Variable> dependencies) : channel_(t_channel) {
+  if (channel_ == nullptr) return;
+  for (const Variable& d : dependencies) {
+    if (d.is_leaf() && d.requires_grad()) dependencies_.insert(d.node());
+  }
+}
+
+void NestedPassHooks::gradient_final(const Variable& leaf, const Tensor& gradient) {
+  if (channel_ == nullptr || !dependencies_.contains(leaf.node())) return;  // the replay's own input: not the outer's
+  // No contribution reached it: the zeros the closure would hand back.
+  const Tensor g = gradient.defined() ? gradient : Tensor::zeros(leaf.value().shape(), leaf.value().backend());
+  if (channel_->finality->final_inside(*channel_->node, leaf.node(), g)) consumed_.insert(leaf.node());
+}
 
 PassResult run_backward_pass(const Variable& root_var, const Tensor& seed, const char* op, BackwardHooks* hooks,
                              GraphAfterBackward graph) {
@@ -257,6 +321,7 @@ PassResult run_backward_pass(const Variable& root_var, const Tensor& seed, const
     std::optional<DonationScope> donation;  // take_if_unique counts node->saved's report copies as owners
     if (release_graph) donation.emplace(*node);
     try {
+      const ChannelScope channel(&finality, node, hooks != nullptr);
       run_node(*node, ctx, needs, op);
     } catch (...) {
       // A closure that took a saved buffer over cannot run again: released

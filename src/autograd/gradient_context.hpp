@@ -2,6 +2,7 @@
 // GradientContext: where one backward pass accumulates gradients. Nothing in
 // it is public until the pass commits; a nested pass (checkpoint replay) uses
 // its own context and hands its results to the outer one.
+#include <span>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -51,6 +52,37 @@ struct PassResult {
 };
 PassResult run_backward_pass(const Variable& root, const Tensor& seed, const char* op,
                              BackwardHooks* hooks = nullptr, GraphAfterBackward graph = GraphAfterBackward::Keep);
+
+struct PassChannel;  // gradient_context.cpp
+
+/// The BackwardHooks a pass nested in a node's closure (a checkpoint's
+/// replay) runs with, so that the enclosing pass's hooks hear of the node's
+/// dependency leaves as soon as the nested pass has them final instead of
+/// after the whole nested pass (docs/autograd.md, "Leaves final inside a
+/// nested pass"). Made inside the closure, it captures the enclosing pass's
+/// channel (set by run_backward_pass around each closure it runs while it
+/// has hooks): when the nested pass finds one of `dependencies` final and
+/// the closure's node is that leaf's last pending consumer in the enclosing
+/// pass, whose context holds no gradient for it yet, the enclosing pass
+/// reports it there and then (never again). When its hooks consume it,
+/// consumes() says so: the nested pass drops the gradient at once and the
+/// closure returns an undefined gradient for that input. Otherwise the
+/// gradient goes back as usual. Nests: the enclosing pass may itself run
+/// with a NestedPassHooks, and the report goes up level by level.
+class NestedPassHooks final : public BackwardHooks {
+ public:
+  explicit NestedPassHooks(std::span<const Variable> dependencies);
+  /// this, or nullptr when the enclosing pass has no hooks (no cost then).
+  BackwardHooks* active() { return channel_ != nullptr ? this : nullptr; }
+  void gradient_final(const Variable& leaf, const Tensor& gradient) override;
+  bool consumes(const Variable& leaf) const override { return consumed_.contains(leaf.node()); }
+  std::vector<std::pair<Variable, Tensor>> finish() override { return {}; }
+
+ private:
+  const PassChannel* channel_;
+  std::unordered_set<const Node*> dependencies_;
+  std::unordered_set<const Node*> consumed_;
+};
 
 /// Reverse topological order helper: every node reachable from `root`
 /// through edges to nodes that require grad; parents come before children.

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "log_probe.hpp"
 #include "model_fixtures.hpp"
 #include "riftco_transformer/checkpoint.hpp"
 #include "riftco_transformer/gradient_accumulator.hpp"
@@ -16,19 +17,10 @@
 #include "riftco_transformer/ops.hpp"
 
 using namespace riftco_transformer;
+using rt_test::probe;
 using rt_test::randn;
 
 namespace {
-
-/// Identity whose backward appends `label` to `log` (and throws when asked).
-Variable probe(const Variable& x, std::string label, std::vector<std::string>& log, const bool* fail = nullptr) {
-  return Variable::from_op("probe", x.value(), {x},
-                           [label, &log, fail](const Tensor& g, const std::vector<bool>&) -> std::vector<Tensor> {
-                             if (fail != nullptr && *fail) throw std::runtime_error("probe " + label + " failed");
-                             log.push_back(label);
-                             return {g};
-                           });
-}
 
 /// Records every gradient_final call; finish() returns `replacements`.
 struct Recorder : BackwardHooks {

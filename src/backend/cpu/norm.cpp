@@ -6,8 +6,6 @@
 #include <algorithm>
 #include <cmath>
 
-#include <omp.h>
-
 #include "kernels.hpp"
 #include "parallel.hpp"
 #include "vec_math.hpp"
@@ -112,24 +110,29 @@ void rms_norm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, con
   const float* pw = w.data();
   const float* pr = rstd.data();
   const float* pg = g.data();
-  if (need_dx) {
-    dx = Tensor::empty(x.shape());
-    float* pd = dx.data();
-    parallel_rows(rows, c, [&](std::int64_t r0, std::int64_t r1) { backward_rows(px, pw, pr, pg, pd, r0, r1, c); });
-  }
-  if (need_dw) {
-    dw = Tensor::empty(w.shape());
-    float* pdw = dw.data();
-    // Column blocks (multiples of 8) per thread; every column sums its rows in order.
-    const std::int64_t blocks = (c + kLanes - 1) / kLanes;
-    const int threads = blocks > 1 ? threads_for(rows * c, kMinStreamPerThread) : 1;
-#pragma omp parallel num_threads(threads) if (threads > 1)
-    {
-      const std::int64_t n = omp_get_num_threads();
-      const std::int64_t t = omp_get_thread_num();
-      const std::int64_t j0 = std::min(c, blocks * t / n * kLanes);
-      const std::int64_t j1 = std::min(c, blocks * (t + 1) / n * kLanes);
+  if (need_dx) dx = Tensor::empty(x.shape());
+  if (need_dw) dw = Tensor::empty(w.shape());
+  float* pd = need_dx ? dx.data() : nullptr;
+  float* pdw = need_dw ? dw.data() : nullptr;
+  // One parallel region for both parts (each region edge costs a thread
+  // wake-up at 2 threads): dw's column blocks (multiples of 8, one per
+  // thread, the larger tasks) first, then dx's row ranges, all handed out
+  // dynamically. Rows are independent and every column sums its rows in
+  // order, so the split changes no bits.
+  const std::int64_t blocks = (c + kLanes - 1) / kLanes;
+  const int threads = (need_dx && rows > 1) || (need_dw && blocks > 1) ? threads_for(rows * c, kMinStreamPerThread) : 1;
+  const std::int64_t column_tasks = need_dw ? std::min<std::int64_t>(std::max<std::int64_t>(blocks, 1), threads) : 0;
+  const std::int64_t row_tasks = need_dx ? (threads > 1 ? std::min<std::int64_t>(rows, 4 * threads) : 1) : 0;
+  const std::int64_t tasks = column_tasks + row_tasks;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (threads > 1 && tasks > 1)
+  for (std::int64_t i = 0; i < tasks; ++i) {
+    if (i < column_tasks) {
+      const std::int64_t j0 = std::min(c, blocks * i / column_tasks * kLanes);
+      const std::int64_t j1 = std::min(c, blocks * (i + 1) / column_tasks * kLanes);
       if (j0 < j1) weight_columns(px, pg, pr, pdw, rows, c, j0, j1);
+    } else {
+      const std::int64_t k = i - column_tasks;
+      backward_rows(px, pw, pr, pg, pd, rows * k / row_tasks, rows * (k + 1) / row_tasks, c);
     }
   }
 }
