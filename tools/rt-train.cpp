@@ -92,6 +92,10 @@ void add_stage_options(CLI::App& app, StageSettings& s, StageText& t) {
                "keep checkpointed groups' block-boundary inputs in pinned host memory (--device cuda; on the "
                "CPU it is recorded and moves nothing; docs/checkpointing.md)")
       ->group(policy);
+  app.add_flag("--optimizer-in-backward", s.optimizer_in_backward,
+               "update each parameter inside the backward pass as soon as its gradient is final, then free it "
+               "(the same bits; needs --max-grad-norm 0, no gradient accumulation, one process; docs/pipelines.md)")
+      ->group(policy);
   add_number(app, "--zero,--zero-stage", s.zero_stage,
              "ZeRO stage under mpirun: 0 plain Adam on every rank, 1 Adam state sharded across the ranks "
              "(the same bits; one process: plain Adam; docs/distributed.md)")
@@ -232,9 +236,10 @@ std::string ranks_text(const StageSettings& s) {
          " rows each" + (s.zero_stage == 1 ? ", ZeRO-1" : "") + ")";
 }
 
-/// "; device cuda" when not training on the CPU.
-std::string device_text(const StageSettings& s) {
-  return s.device == Backend::Cpu ? "" : std::string("; device ") + backend_name(s.device);
+/// "; device cuda" when not training on the CPU; "; optimizer in backward" when set.
+std::string execution_text(const StageSettings& s) {
+  return (s.device == Backend::Cpu ? "" : std::string("; device ") + backend_name(s.device)) +
+         (s.optimizer_in_backward ? "; optimizer in backward" : "");
 }
 
 /// "checkpointing block" or "activation memory budget 256.0 MiB".
@@ -314,7 +319,7 @@ int pretrain(const CLI::App& sub, Commands& c, bool& running) {
               << d.kv_heads() << " key/value), context " << d.context_length << "; attention "
               << attention_kind_name(p.attention) << ", " << policy_text(p) << "; data "
               << (p.data.empty() ? "default corpus" : p.data.string()) << "; tokenizer "
-              << (p.tokenizer.empty() ? std::string("bytes") : p.tokenizer.string()) << device_text(p) << ranks_text(p)
+              << (p.tokenizer.empty() ? std::string("bytes") : p.tokenizer.string()) << execution_text(p) << ranks_text(p)
               << " -> "
               << p.output_dir.string() << "\n";
   }
@@ -377,7 +382,7 @@ int post_train(const CLI::App& sub, Commands& c, bool& running) {
   const bool print = printing_rank();
   if (print) {
     std::cerr << "[post-train] " << fine_tuning_method_name(p.fine_tuning_method) << " on " << p.base_model.string()
-              << " with " << p.data.string() << "; " << policy_text(p) << device_text(p) << ranks_text(p) << " -> "
+              << " with " << p.data.string() << "; " << policy_text(p) << execution_text(p) << ranks_text(p) << " -> "
               << p.output_dir.string() << "\n";
   }
   running = true;

@@ -63,6 +63,19 @@ struct StageSettings {
   /// devices). cuda needs a build with RIFTCO_CUDA and a visible device
   /// (check_device).
   Backend device = Backend::Cpu;
+  /// Execution policy like the above (metadata.json; a resume may change
+  /// it): each optimizer step runs Adam::backward_and_step, updating every
+  /// parameter as soon as its gradient is final and freeing that gradient,
+  /// so a step never holds every gradient at once (torchtune's
+  /// optimizer_in_bwd). The weights are bit-identical to backward() then
+  /// step(). Needs max_grad_norm 0 (clipping needs every gradient first;
+  /// the stages default to 1.0), gradient_accumulation_steps 1 and one
+  /// process (data parallelism all-reduces the gradients before the step):
+  /// otherwise a ValueError naming the field, before anything is read or
+  /// written. A non-finite gradient found after some parameters moved ends
+  /// the run with PartialStepError (no final model; the last training
+  /// checkpoint is kept).
+  bool optimizer_in_backward = false;
   float dropout = 0.0F;
 
   std::filesystem::path data;  // empty: the stage's default data

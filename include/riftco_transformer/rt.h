@@ -1,4 +1,4 @@
-/* riftco C ABI 2.x (2.0 and what 2.1-2.5 appended): a stable C interface over the C++ library.
+/* riftco C ABI 2.x (2.0 and what 2.1-2.6 appended): a stable C interface over the C++ library.
  *
  * Plain C11 (also valid C++). Every function returns an rt_status; on failure
  * rt_last_error_message() gives the calling thread's message. Exceptions never
@@ -24,7 +24,7 @@ extern "C" {
 #endif
 
 #define RT_ABI_VERSION_MAJOR 2
-#define RT_ABI_VERSION_MINOR 5
+#define RT_ABI_VERSION_MINOR 6
 
 /* ---- status and errors ---------------------------------------------------- */
 
@@ -42,6 +42,11 @@ typedef enum rt_status {
   RT_ERROR_RUNTIME = 10,           /* a failure of no narrower class: a diverged run, a full disk (riftco Error) */
   RT_ERROR_OUT_OF_MEMORY = 11,     /* an allocation failed */
   RT_ERROR_INTERNAL = 12,          /* anything else: a bug; the message says what */
+  /* Appended in ABI 2.6: an optimizer step fused into the backward pass
+   * (rt_adam_backward_and_step, optimizer_in_backward) failed after it had
+   * updated some parameters (PartialStepError): restore the model and
+   * optimizer (e.g. from a training checkpoint) before training on. */
+  RT_ERROR_PARTIAL_STEP = 13,
   RT_STATUS_MAX_ENUM = 0x7FFFFFFF  /* keeps every enum of this header 32 bits wide (ABI) */
 } rt_status;
 
@@ -334,6 +339,18 @@ RT_API rt_status rt_adam_weight_decay(const rt_adam* adam, const char* parameter
 RT_API rt_status rt_adam_destroy(rt_adam* adam);
 /* *grad_norm (may be NULL): the global gradient norm before clipping. */
 RT_API rt_status rt_adam_step(rt_adam* adam, float* grad_norm);
+/* Appended in ABI 2.6: the optimizer step fused into the backward pass
+ * (C++ Adam::backward_and_step): runs loss's backward, freeing the graph as
+ * it goes (as rt_variable_backward_ex with retain_graph 0), and updates each
+ * of this Adam's parameters as soon as its gradient is final, then frees that
+ * gradient: the weights are bit-identical to a backward then rt_adam_step,
+ * and afterwards this Adam's parameters have no gradient. loss must be a
+ * scalar. Options with max_grad_norm > 0 are RT_ERROR_VALUE before anything
+ * runs (clipping needs every gradient first). A failure before the first
+ * update (a stale graph, a non-finite gradient) changes nothing and has its
+ * own status (RT_ERROR_VALUE for a non-finite gradient); one after it is
+ * RT_ERROR_PARTIAL_STEP. *grad_norm (may be NULL): the global gradient norm. */
+RT_API rt_status rt_adam_backward_and_step(rt_adam* adam, const rt_variable* loss, float* grad_norm);
 RT_API rt_status rt_adam_zero_grad(rt_adam* adam);
 RT_API rt_status rt_adam_set_learning_rate(rt_adam* adam, float learning_rate);
 
@@ -445,6 +462,16 @@ typedef struct rt_pretraining_config {
    * not an rt_backend is RT_ERROR_INVALID_ARGUMENT. Recorded in metadata.json;
    * a resume may change it. A smaller struct_size reads RT_BACKEND_CPU. */
   rt_backend device;
+  /* Appended in ABI 2.6: nonzero runs each optimizer step inside the
+   * backward pass (rt_adam_backward_and_step; docs/pipelines.md): the same
+   * weights to the bit, without every gradient held at once. Needs
+   * stage.max_grad_norm 0 (the default is 1), gradient_accumulation_steps 1
+   * and one process, else RT_ERROR_VALUE naming the field before anything is
+   * read or written. A non-finite gradient after some parameters moved ends
+   * the run with RT_ERROR_PARTIAL_STEP (no final model; the last training
+   * checkpoint is kept). Recorded in metadata.json; a resume may change it.
+   * A smaller struct_size reads 0. */
+  int optimizer_in_backward;
 } rt_pretraining_config;
 /* Fills the first struct_size bytes with the defaults and sets struct_size;
  * use the inline rt_pretraining_config_default, which passes the caller's sizeof. */
@@ -474,6 +501,8 @@ typedef struct rt_post_training_config {
   int64_t gradient_bucket_mib;
   /* Appended in ABI 2.5, as in rt_pretraining_config. */
   rt_backend device;
+  /* Appended in ABI 2.6, as in rt_pretraining_config. */
+  int optimizer_in_backward;
 } rt_post_training_config;
 /* Fills the first struct_size bytes with the defaults and sets struct_size;
  * use the inline rt_post_training_config_default, which passes the caller's sizeof. */

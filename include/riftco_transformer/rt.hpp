@@ -193,6 +193,15 @@ class Adam {
     check(rt_adam_step(handle_.get(), &norm));
     return norm;
   }
+  /// The step fused into the backward pass of `loss` (ABI 2.6,
+  /// rt_adam_backward_and_step): the graph is freed, the parameters are left
+  /// without gradients; a failure after the first update throws with
+  /// status() RT_ERROR_PARTIAL_STEP.
+  float backward_and_step(const Variable& loss) {
+    float norm = 0.0F;
+    check(rt_adam_backward_and_step(handle_.get(), loss.get(), &norm));
+    return norm;
+  }
   void zero_grad() { check(rt_adam_zero_grad(handle_.get())); }
 
  private:

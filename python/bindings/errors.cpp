@@ -7,7 +7,8 @@
 //   ├─ BackwardError                     BackwardError
 //   ├─ CheckpointContractError           CheckpointContractError (.violation)
 //   ├─ ModelStateError                   ModelStateError
-//   └─ DataError                         DataError
+//   ├─ DataError                         DataError
+//   └─ PartialStepError                  PartialStepError (a fused optimizer step failed part-way)
 #include "common.hpp"
 #include "riftco_transformer/checkpoint.hpp"
 #include "riftco_transformer/data.hpp"
@@ -25,6 +26,7 @@ PyObject* g_backward = nullptr;
 PyObject* g_contract = nullptr;
 PyObject* g_model_state = nullptr;
 PyObject* g_data = nullptr;
+PyObject* g_partial_step = nullptr;
 
 PyObject* make(nb::module_& m, const char* name, const char* doc, std::initializer_list<PyObject*> bases) {
   nb::tuple base_tuple = nb::steal<nb::tuple>(PyTuple_New(static_cast<Py_ssize_t>(bases.size())));
@@ -60,6 +62,10 @@ void init_errors(nb::module_& m) {
   g_model_state = make(m, "ModelStateError", "A model-state or adapter file that cannot be written, read or used.",
                        {g_error});
   g_data = make(m, "DataError", "A data file that is missing, unreadable, empty or malformed.", {g_error});
+  g_partial_step = make(m, "PartialStepError",
+                        "Adam.backward_and_step (or a run with optimizer_in_backward) failed after updating some "
+                        "parameters: restore the model and optimizer (e.g. from a training checkpoint) first.",
+                        {g_error});
 
   using V = rt::CheckpointContractError::Violation;
   nb::enum_<V>(m, "CheckpointViolation", "Which replay-contract rule a checkpoint function broke.")
@@ -95,6 +101,8 @@ void init_errors(nb::module_& m) {
       raise(g_model_state, e.what());
     } catch (const rt::DataError& e) {
       raise(g_data, e.what());
+    } catch (const rt::PartialStepError& e) {
+      raise(g_partial_step, e.what());
     } catch (const rt::Error& e) {
       raise(g_error, e.what());
     } catch (const nb::cast_error&) {

@@ -148,6 +148,19 @@ void init_optim(nb::module_& m) {
           "One update of every parameter that has a gradient; returns the gradient norm before clipping.\n"
           "accumulated: a GradientAccumulator over this Adam's parameters (in .parameters order): step with\n"
           "its sums instead of the parameters' gradients. Releases the GIL.")
+      .def(
+          "backward_and_step",
+          [](rt::Adam& adam, const rt::Variable& loss) {
+            nb::gil_scoped_release release;
+            return adam.backward_and_step(loss, rt::GraphAfterBackward::Release);
+          },
+          "loss"_a,
+          "loss.backward() with the step fused into it (PyTorch's optimizer step in backward): each parameter\n"
+          "is updated as soon as its gradient is final and the gradient is freed, so the pass never holds\n"
+          "every gradient. The same weights to the bit as loss.backward(retain_graph=False) then step();\n"
+          "afterwards the parameters have no .grad. Returns the gradient norm. ValueError (nothing changed)\n"
+          "for max_grad_norm > 0 or a non-finite gradient before the first update; PartialStepError after it.\n"
+          "Releases the GIL.")
       .def("zero_grad", &rt::Adam::zero_grad, "Drops every parameter's gradient.")
       .def_prop_rw("learning_rate", [](const rt::Adam& a) { return short_double(a.options().learning_rate); },
                    &rt::Adam::set_learning_rate)

@@ -53,6 +53,10 @@ ConfigClass<C>& stage_fields(ConfigClass<C>& c) {
       .choice("device", &StageSettings::device, &rt::parse_backend, &rt::backend_name,
               "'cpu' | 'cuda': where the run trains (the model, gradients and Adam state); 'cuda' without a "
               "CUDA build or device is a BackendError before any file is written")
+      .field("optimizer_in_backward", &StageSettings::optimizer_in_backward, "bool",
+             "update each parameter inside the backward pass as soon as its gradient is final, then free it "
+             "(Adam.backward_and_step; the same bits); needs max_grad_norm=0, gradient_accumulation_steps=1 and "
+             "one process (recorded in metadata.json)")
       .real("dropout", &StageSettings::dropout)
       .path("data", &StageSettings::data, "None: the stage's default data")
       .path("tokenizer", &StageSettings::tokenizer, "None: bytes; a SentencePiece model file (train_tokenizer)")

@@ -68,6 +68,14 @@ T& require(T* pointer, const char* function, const char* name) {
   return *pointer;
 }
 
+/// The Variable a handle holds: INVALID_ARGUMENT for NULL or an empty handle.
+inline const riftco_transformer::Variable& variable_of(const rt_variable* v, const char* function,
+                                                       const char* name = "variable") {
+  const rt_variable& h = require(v, function, name);
+  if (!h.variable.defined()) bad_argument(function, std::string(name) + " handle holds no variable");
+  return h.variable;
+}
+
 /// rt_transformer_config as ABI 2.0 laid it out (the size callers of 2.0 pass).
 struct TransformerConfig20 {
   std::size_t struct_size;

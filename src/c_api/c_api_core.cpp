@@ -154,6 +154,7 @@ const char* rt_status_name(rt_status status) {  // by value: read through its by
     case RT_ERROR_RUNTIME: return "RT_ERROR_RUNTIME";
     case RT_ERROR_OUT_OF_MEMORY: return "RT_ERROR_OUT_OF_MEMORY";
     case RT_ERROR_INTERNAL: return "RT_ERROR_INTERNAL";
+    case RT_ERROR_PARTIAL_STEP: return "RT_ERROR_PARTIAL_STEP";
     default: break;
   }
   return "unknown";

@@ -32,6 +32,8 @@ rt_status guard(const char* function, Body&& body) noexcept {
     return fail(RT_ERROR_DATA, e.what());
   } catch (const ValueError& e) {
     return fail(RT_ERROR_VALUE, e.what());
+  } catch (const PartialStepError& e) {
+    return fail(RT_ERROR_PARTIAL_STEP, e.what());
   } catch (const Error& e) {  // a riftco error of no narrower class: a diverged run, a full disk
     return fail(RT_ERROR_RUNTIME, e.what());
   } catch (const std::filesystem::filesystem_error& e) {  // I/O outside the library's own checks

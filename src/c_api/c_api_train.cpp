@@ -83,6 +83,7 @@ void appended_settings(const Config& c, rt::StageSettings& s, const char* functi
   if (RT_C_COVERS(c, zero_stage)) s.zero_stage = c.zero_stage;
   if (RT_C_COVERS(c, gradient_bucket_mib)) s.gradient_bucket_mib = c.gradient_bucket_mib;
   if (RT_C_COVERS(c, device)) s.device = rt_c::backend(c.device, function);  // another value: INVALID_ARGUMENT
+  if (RT_C_COVERS(c, optimizer_in_backward)) s.optimizer_in_backward = c.optimizer_in_backward != 0;
 }
 
 rt::GenerationOptions generation_options(const rt_generation_options& o, const char* function) {
@@ -227,6 +228,15 @@ rt_status rt_adam_step(rt_adam* adam, float* grad_norm) {
   constexpr const char* f = "rt_adam_step";
   return guard(f, [&] {
     const float norm = require(adam, f, "adam").adam.step();
+    if (grad_norm != nullptr) *grad_norm = norm;
+  });
+}
+
+rt_status rt_adam_backward_and_step(rt_adam* adam, const rt_variable* loss, float* grad_norm) {
+  constexpr const char* f = "rt_adam_backward_and_step";
+  return guard(f, [&] {
+    rt::Adam& a = require(adam, f, "adam").adam;
+    const float norm = a.backward_and_step(variable_of(loss, f, "loss"), rt::GraphAfterBackward::Release);
     if (grad_norm != nullptr) *grad_norm = norm;
   });
 }
@@ -381,6 +391,7 @@ rt_status rt_pretraining_config_init(rt_pretraining_config* config, size_t struc
     c.zero_stage = d.zero_stage;
     c.gradient_bucket_mib = d.gradient_bucket_mib;
     c.device = to_c(d.device);
+    c.optimizer_in_backward = d.optimizer_in_backward ? 1 : 0;
     init_struct(config, struct_size, c, f);
   });
 }
@@ -403,6 +414,7 @@ rt_status rt_post_training_config_init(rt_post_training_config* config, size_t s
     c.zero_stage = d.zero_stage;
     c.gradient_bucket_mib = d.gradient_bucket_mib;
     c.device = to_c(d.device);
+    c.optimizer_in_backward = d.optimizer_in_backward ? 1 : 0;
     init_struct(config, struct_size, c, f);
   });
 }

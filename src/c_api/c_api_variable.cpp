@@ -8,12 +8,6 @@ namespace rt = riftco_transformer;
 
 namespace {
 
-const rt::Variable& variable_of(const rt_variable* v, const char* function) {
-  const rt_variable& h = require(v, function, "variable");
-  if (!h.variable.defined()) bad_argument(function, "variable handle holds no variable");
-  return h.variable;
-}
-
 void check_count(const rt::Tensor& t, size_t count, const char* function) {
   if (static_cast<std::int64_t>(count) != t.numel()) {
     bad_argument(function, "count is " + std::to_string(count) + " but the variable of shape " +

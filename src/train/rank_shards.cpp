@@ -7,11 +7,13 @@
 
 #include "../distributed/gather_words.hpp"
 #include "riftco_transformer/errors.hpp"
+#include "stage_loop.hpp"
 
 namespace riftco_transformer::stage {
 
 void check_world(const StageSettings& s, const Communicator& comm, const char* op) {
   const int world = comm.world_size();
+  check_optimizer_in_backward(s, world, op);
   if (world > 1 && s.batch % world != 0) {
     throw ValueError(std::string("[") + op + "] batch " + std::to_string(s.batch) +
                      " (rows per micro-batch, the global batch) is not divisible by the " + std::to_string(world) +

@@ -19,7 +19,8 @@
 namespace riftco_transformer::stage {
 
 /// ValueError before anything is written when the job's ranks cannot split
-/// every micro-batch evenly: batch must be a multiple of the world size.
+/// every micro-batch evenly (batch must be a multiple of the world size), or
+/// when optimizer_in_backward meets more than one rank.
 void check_world(const StageSettings& s, const Communicator& comm, const char* op);
 
 /// Rows [rank·b/world, (rank+1)·b/world) of a batch of b rows (b a multiple of world).

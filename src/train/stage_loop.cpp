@@ -296,6 +296,15 @@ RunResult run(StageRun& r, const ProgressCallback& progress, const NoticeCallbac
                      "; stopped before updating the weights (no final model is written; the last training "
                      "checkpoint, if any, is kept). Try a lower learning rate or gradient clipping.");
       };
+      // optimizer_in_backward: a non-finite gradient found after some
+      // parameters were updated.
+      const std::function<PartialStepError(const std::string&)> partly_updated = [&](const std::string& what) {
+        raised_by_every_rank = true;
+        return PartialStepError("[" + r.stage + "] step " + std::to_string(step + 1) + ": " + what +
+                                "; the weights were partly updated (optimizer_in_backward), so no final model is "
+                                "written; the last training checkpoint, if any, is kept (resume from it). Try a "
+                                "lower learning rate.");
+      };
       float grad_norm = 0.0F;
       if (world > 1) {
         const ShardedStep done =
@@ -309,14 +318,24 @@ RunResult run(StageRun& r, const ProgressCallback& progress, const NoticeCallbac
         Variable loss = model.loss(batch.tokens, batch.targets, batch.batch);
         last_loss = loss.value().to(Backend::Cpu).item();  // read on the host
         if (!std::isfinite(last_loss)) throw diverged("the training loss is " + std::to_string(last_loss));
-        loss.backward(GraphAfterBackward::Release);  // frees activations as it goes
-        end_pass();
-        loss = Variable();  // release the graph before the update
+        if (!s.optimizer_in_backward) {
+          loss.backward(GraphAfterBackward::Release);  // frees activations as it goes
+          end_pass();
+          loss = Variable();  // release the graph before the update
+        }
         try {
-          grad_norm = adam.step();  // refuses a non-finite gradient before changing anything
+          // optimizer_in_backward: each parameter is updated (and its
+          // gradient freed) inside the pass; a non-finite gradient before
+          // the first update changes nothing (ValueError), one after it is
+          // a PartialStepError.
+          grad_norm = s.optimizer_in_backward ? adam.backward_and_step(loss)
+                                              : adam.step();  // refuses a non-finite gradient before any change
+        } catch (const PartialStepError& e) {
+          throw partly_updated(e.what());
         } catch (const ValueError& e) {
           throw diverged(e.what());
         }
+        if (s.optimizer_in_backward) end_pass();
       } else {
         double loss_sum = 0.0;
         for (std::int64_t k = 0; k < micro_batches; ++k) {

@@ -41,5 +41,9 @@ double json_number(float value);
 nlohmann::json settings_json(const StageSettings& s);
 /// ValueError naming the first bad shared field.
 void validate_settings(const StageSettings& s, std::int64_t context_length, const char* op);
+/// optimizer_in_backward's conditions (max_grad_norm 0, one micro-batch per
+/// step, one rank of `world`): a ValueError naming the field and the fix.
+/// Nothing when the option is off.
+void check_optimizer_in_backward(const StageSettings& s, int world, const char* op);
 
 }  // namespace riftco_transformer::stage

@@ -55,6 +55,10 @@ float StageOptimizer::step(const GradientAccumulator& accumulator) {
   return one_process("step(accumulator)").step(accumulator);
 }
 
+float StageOptimizer::backward_and_step(const Variable& loss) {
+  return one_process("backward_and_step(loss)").backward_and_step(loss, GraphAfterBackward::Release);
+}
+
 float StageOptimizer::step_averaged(std::span<const Tensor> gradients) {
   return zero_ ? zero_->step(gradients, ShardedAdam::Gradients::Averaged) : adam_->step(gradients);
 }

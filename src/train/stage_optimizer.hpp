@@ -30,6 +30,9 @@ class StageOptimizer {
   /// parameters' own gradients, or the accumulator's. An Error when sharded.
   float step();
   float step(const GradientAccumulator& accumulator);
+  /// One process: Adam::backward_and_step (optimizer_in_backward): the
+  /// backward pass of `loss`, graph released, with each update inside it.
+  float backward_and_step(const Variable& loss);
   /// Data parallelism: gradients already averaged over the ranks
   /// (collective when sharded: every rank calls it for the same step).
   float step_averaged(std::span<const Tensor> gradients);

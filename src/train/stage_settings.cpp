@@ -118,6 +118,7 @@ void validate_settings(const StageSettings& s, std::int64_t context_length, cons
   if (s.gradient_bucket_mib < 1 || s.gradient_bucket_mib > 65536) {
     bad("gradient_bucket_mib must be in [1, 65536] MiB, got " + std::to_string(s.gradient_bucket_mib));
   }
+  check_optimizer_in_backward(s, 1, op);  // the ranks: check_world, once the communicator is known
   if (s.eval_interval < 0) bad("eval_interval must be >= 0");
   if (s.eval_batches <= 0 || s.eval_batches > 100000) {
     bad("eval_batches must be in [1, 100000], got " + std::to_string(s.eval_batches));
@@ -133,6 +134,28 @@ void validate_settings(const StageSettings& s, std::int64_t context_length, cons
   }
 }
 
+void check_optimizer_in_backward(const StageSettings& s, int world, const char* op) {
+  if (!s.optimizer_in_backward) return;
+  const std::string head = std::string("[") + op + "] optimizer_in_backward updates each parameter as soon as its "
+                                                   "gradient is final, inside the backward pass; ";
+  const std::string off = ", or leave optimizer_in_backward off";
+  if (s.max_grad_norm > 0.0F) {
+    throw ValueError(head + "gradient clipping needs the global norm of every gradient first, so it needs "
+                            "max_grad_norm 0 (got " + std::to_string(s.max_grad_norm) +
+                     "; the pipelines default to 1.0): set max_grad_norm to 0 (--max-grad-norm 0)" + off);
+  }
+  if (s.gradient_accumulation_steps > 1) {
+    throw ValueError(head + "a step over several micro-batches needs their summed gradients first, so it needs "
+                            "gradient_accumulation_steps 1 (got " + std::to_string(s.gradient_accumulation_steps) +
+                     "): set gradient_accumulation_steps to 1 (a larger batch instead)" + off);
+  }
+  if (world > 1) {
+    throw ValueError(head + "data parallelism needs every gradient in its buckets to all-reduce them before the "
+                            "step, so it runs in one process only (this job has " + std::to_string(world) +
+                     " ranks): run without mpirun" + off);
+  }
+}
+
 nlohmann::json settings_json(const StageSettings& s) {
   return {{"attention", attention_kind_name(s.attention)},
           {"activation_checkpointing", activation_checkpointing_name(s.activation_checkpointing)},
@@ -142,6 +165,7 @@ nlohmann::json settings_json(const StageSettings& s) {
           {"zero_stage", s.zero_stage},
           {"gradient_bucket_mib", s.gradient_bucket_mib},
           {"device", backend_name(s.device)},
+          {"optimizer_in_backward", s.optimizer_in_backward},
           {"dropout", json_number(s.dropout)},
           {"data", s.data.string()},
           {"tokenizer", s.tokenizer.string()},

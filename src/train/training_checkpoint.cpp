@@ -217,7 +217,7 @@ void load_training_checkpoint(const std::filesystem::path& path, const std::vect
   for (auto* j : {&saved, &expected}) {
     for (const char* key : {"resume", "output_dir", "activation_checkpointing", "checkpoint_segment_blocks",
                             "activation_memory_budget", "activation_offload", "zero_stage",
-                            "gradient_bucket_mib", "device",
+                            "gradient_bucket_mib", "device", "optimizer_in_backward",
                             "attention", "eval_interval", "eval_batches", "checkpoint_interval",
                             "allow_non_finite"}) {
       j->erase(key);

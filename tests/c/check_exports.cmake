@@ -28,7 +28,7 @@ foreach(required rt_abi_version rt_model_create rt_model_set_activation_checkpoi
                  rt_model_activation_checkpointing rt_run_pretraining rt_last_error_message
                  rt_adam_create_grouped rt_adam_weight_decay rt_generate_samples rt_generation_sample_count
                  rt_generation_sample rt_generation_destroy
-                 rt_train_tokenizer rt_evaluate)
+                 rt_train_tokenizer rt_evaluate rt_adam_backward_and_step)
   if(NOT symbols MATCHES "${required}")
     message(FATAL_ERROR "${required} is not exported")
   endif()

@@ -73,8 +73,9 @@ static void make_batch(void) {
   }
 }
 
-/* Every parameter gradient of `model`, concatenated (malloc'd; *total_out elements). */
-static float* model_gradients(const rt_model* model, size_t* total_out) {
+/* Every parameter gradient (gradients 1) or value (0) of `model`, concatenated
+ * (malloc'd; *total_out elements). */
+static float* model_floats(const rt_model* model, int gradients, size_t* total_out) {
   size_t count = 0;
   OK(rt_model_parameter_count(model, &count));
   int64_t elements = 0;
@@ -88,9 +89,13 @@ static float* model_gradients(const rt_model* model, size_t* total_out) {
     OK(rt_model_parameter(model, name, &p));
     int64_t n = 0;
     OK(rt_variable_numel(p, &n));
-    int has = 0;
-    OK(rt_variable_grad(p, all + offset, (size_t)n, &has));
-    CHECK(has == 1);
+    if (gradients) {
+      int has = 0;
+      OK(rt_variable_grad(p, all + offset, (size_t)n, &has));
+      CHECK(has == 1);
+    } else {
+      OK(rt_variable_value(p, all + offset, (size_t)n));
+    }
     offset += (size_t)n;
     rt_variable_destroy(p);
   }
@@ -98,6 +103,9 @@ static float* model_gradients(const rt_model* model, size_t* total_out) {
   *total_out = offset;
   return all;
 }
+
+static float* model_gradients(const rt_model* model, size_t* total_out) { return model_floats(model, 1, total_out); }
+static float* model_values(const rt_model* model, size_t* total_out) { return model_floats(model, 0, total_out); }
 
 /* Loss and every parameter gradient, concatenated, for one policy.
  * retain_graph -1: rt_variable_backward; 0 or 1: rt_variable_backward_ex. */
@@ -159,9 +167,10 @@ static void test_struct_init(void) {
 }
 
 static void test_version_and_names(void) {
-  CHECK(rt_abi_version() == ((2u << 16) | 5u));
-  CHECK(RT_ABI_VERSION_MAJOR == 2 && RT_ABI_VERSION_MINOR == 5);
+  CHECK(rt_abi_version() == ((2u << 16) | 6u));
+  CHECK(RT_ABI_VERSION_MAJOR == 2 && RT_ABI_VERSION_MINOR == 6);
   CHECK(strcmp(rt_status_name(RT_ERROR_STALE_GRAPH), "RT_ERROR_STALE_GRAPH") == 0);
+  CHECK(strcmp(rt_status_name(RT_ERROR_PARTIAL_STEP), "RT_ERROR_PARTIAL_STEP") == 0 && RT_ERROR_PARTIAL_STEP == 13);
   CHECK(strcmp(rt_status_name((rt_status)99), "unknown") == 0);
 }
 
@@ -1393,6 +1402,174 @@ static void test_pipeline_device(void) {
   CHECK(r.completed == 1);
 }
 
+/* rt_adam_backward_and_step (ABI 2.6): N fused steps give the parameters and
+ * norms of N backward + rt_adam_step rounds to the bit and leave no gradient; NULL
+ * handles are RT_ERROR_INVALID_ARGUMENT, clipping options and a non-finite
+ * gradient RT_ERROR_VALUE, each changing nothing. */
+static void test_adam_backward_and_step(void) {
+  rt_transformer_config c = tiny_config();
+  rt_adam_options options;
+  OK(rt_adam_options_default(&options));
+  options.learning_rate = 1e-2f;
+  options.max_grad_norm = 0.0f;
+  rt_model* models[2] = {NULL, NULL};
+  rt_adam* adams[2] = {NULL, NULL};
+  float norms[2][3];
+  for (int fused = 0; fused < 2; ++fused) {
+    OK(rt_model_create(&c, 5, RT_ATTENTION_FLASH, RT_ACTIVATION_CHECKPOINTING_TRANSFORMER_BLOCK, &models[fused]));
+    OK(rt_adam_create(models[fused], &options, &adams[fused]));
+    for (int step = 0; step < 3; ++step) {
+      rt_variable* loss = NULL;
+      OK(rt_model_loss(models[fused], g_tokens, g_targets, B, T, &loss));
+      if (fused) {
+        OK(rt_adam_backward_and_step(adams[fused], loss, &norms[fused][step]));
+      } else {
+        OK(rt_variable_backward_ex(loss, NULL, 0, 0));
+        OK(rt_adam_step(adams[fused], &norms[fused][step]));
+        OK(rt_adam_zero_grad(adams[fused]));
+      }
+      rt_variable_destroy(loss);
+    }
+  }
+  size_t na = 0, nb = 0;
+  float* plain = model_values(models[0], &na);
+  float* fused = model_values(models[1], &nb);
+  CHECK(na == nb && na > 0 && memcmp(plain, fused, na * sizeof(float)) == 0);
+  for (int step = 0; step < 3; ++step) {
+    CHECK(norms[1][step] > 0.0f && memcmp(&norms[0][step], &norms[1][step], sizeof(float)) == 0);
+  }
+  rt_variable* p = NULL;
+  OK(rt_model_parameter(models[1], "lm_head.weight", &p));
+  int64_t numel = 0;
+  OK(rt_variable_numel(p, &numel));
+  float* head = malloc(sizeof(float) * (size_t)numel);
+  int has = 1;
+  OK(rt_variable_grad(p, head, (size_t)numel, &has));
+  CHECK(has == 0); /* the fused step freed it */
+  rt_variable* loss = NULL;
+  OK(rt_model_loss(models[1], g_tokens, g_targets, B, T, &loss));
+  FAILS(rt_adam_backward_and_step(NULL, loss, NULL), RT_ERROR_INVALID_ARGUMENT, "adam is NULL");
+  FAILS(rt_adam_backward_and_step(adams[1], NULL, NULL), RT_ERROR_INVALID_ARGUMENT, "loss is NULL");
+  /* Clipping needs every gradient first: refused before the pass. */
+  rt_adam* clipping = NULL;
+  options.max_grad_norm = 1.0f;
+  OK(rt_adam_create(models[1], &options, &clipping));
+  FAILS(rt_adam_backward_and_step(clipping, loss, NULL), RT_ERROR_VALUE, "max_grad_norm");
+  rt_adam_destroy(clipping);
+  /* A NaN weight makes the first gradient non-finite: nothing moves. */
+  size_t n = 0;
+  OK(rt_variable_value(p, head, (size_t)numel));
+  head[0] = NAN;
+  OK(rt_variable_set_value(p, head, (size_t)numel));
+  rt_variable_destroy(loss);
+  OK(rt_model_loss(models[1], g_tokens, g_targets, B, T, &loss));
+  float* poisoned = model_values(models[1], &n);
+  FAILS(rt_adam_backward_and_step(adams[1], loss, NULL), RT_ERROR_VALUE, "not finite");
+  float* after = model_values(models[1], &n);
+  CHECK(memcmp(poisoned, after, n * sizeof(float)) == 0);
+  rt_variable_destroy(loss);
+  rt_variable_destroy(p);
+  free(head);
+  free(poisoned);
+  free(after);
+  free(plain);
+  free(fused);
+  for (int i = 0; i < 2; ++i) {
+    rt_adam_destroy(adams[i]);
+    rt_model_destroy(models[i]);
+  }
+}
+
+/* Reads metadata.json of a run in g_dir into `out` (NUL-terminated). */
+static void read_metadata(const char* run, char* out, size_t size) {
+  char name[256];
+  snprintf(name, sizeof name, "%s/metadata.json", run);
+  memset(out, 0, size);
+  FILE* f = fopen(path_in(name), "r");
+  CHECK(f != NULL);
+  if (f != NULL) {
+    CHECK(fread(out, 1, size - 1, f) > 0);
+    fclose(f);
+  }
+}
+
+/* The pipelines' optimizer_in_backward (ABI 2.6, appended): 0 by default;
+ * on (with max_grad_norm 0) the same weights as off, recorded in
+ * metadata.json; clipping, accumulation refused with RT_ERROR_VALUE before
+ * the output directory exists, for both stages; a 2.5-sized struct never
+ * reads the field. */
+static void test_optimizer_in_backward(void) {
+  rt_pretraining_config c;
+  OK(rt_pretraining_config_default(&c));
+  CHECK(c.optimizer_in_backward == 0 && c.stage.max_grad_norm > 0.0f);
+  rt_post_training_config p;
+  OK(rt_post_training_config_default(&p));
+  CHECK(p.optimizer_in_backward == 0);
+  c.model.context_length = 32;
+  c.model.model_width = 16;
+  c.model.heads = 2;
+  c.model.layers = 2;
+  c.model.feed_forward_width = 32;
+  char corpus[512];
+  snprintf(corpus, sizeof corpus, "%s", path_in("corpus.txt"));
+  c.stage.data = corpus;
+  c.stage.steps = 3;
+  c.stage.batch = 2;
+  c.stage.sequence_length = 16;
+  c.stage.eval_batches = 1;
+  c.stage.checkpoint_interval = 0;
+  c.stage.max_grad_norm = 0.0f;
+  rt_run_result off, on;
+  off.struct_size = sizeof off;
+  on.struct_size = sizeof on;
+  c.stage.output_dir = path_in("fused_off");
+  OK(rt_run_pretraining(&c, NULL, NULL, &off));
+  c.optimizer_in_backward = 1;
+  c.stage.output_dir = path_in("fused_on");
+  OK(rt_run_pretraining(&c, NULL, NULL, &on));
+  CHECK(off.completed == 1 && on.completed == 1);
+  CHECK(memcmp(&off.final_train_loss, &on.final_train_loss, sizeof(float)) == 0);
+  CHECK(memcmp(&off.final_validation_loss, &on.final_validation_loss, sizeof(float)) == 0);
+  char fa[17], fb[17];
+  rt_model *a = NULL, *b = NULL;
+  OK(rt_model_load_new(off.weights, RT_ATTENTION_FLASH, RT_ACTIVATION_CHECKPOINTING_DISABLED, 0, &a));
+  OK(rt_model_load_new(on.weights, RT_ATTENTION_FLASH, RT_ACTIVATION_CHECKPOINTING_DISABLED, 0, &b));
+  OK(rt_model_fingerprint(a, fa, sizeof fa));
+  OK(rt_model_fingerprint(b, fb, sizeof fb));
+  CHECK(strcmp(fa, fb) == 0);
+  rt_model_destroy(a);
+  rt_model_destroy(b);
+  char metadata[16384];
+  read_metadata("fused_on", metadata, sizeof metadata);
+  CHECK(strstr(metadata, "\"optimizer_in_backward\": true") != NULL);
+  read_metadata("fused_off", metadata, sizeof metadata);
+  CHECK(strstr(metadata, "\"optimizer_in_backward\": false") != NULL);
+  rt_run_result r;
+  r.struct_size = sizeof r;
+  c.stage.output_dir = path_in("fused_bad");
+  c.stage.max_grad_norm = 1.0f;
+  FAILS(rt_run_pretraining(&c, NULL, NULL, &r), RT_ERROR_VALUE, "set max_grad_norm to 0");
+  c.stage.max_grad_norm = 0.0f;
+  c.gradient_accumulation_steps = 2;
+  FAILS(rt_run_pretraining(&c, NULL, NULL, &r), RT_ERROR_VALUE, "set gradient_accumulation_steps to 1");
+  p.optimizer_in_backward = 1;
+  p.base_model = path_in("fused_on/model.safetensors");
+  p.stage.data = RIFTCO_SOURCE_DIR "/data/chat_example.jsonl";
+  p.stage.sequence_length = 16;
+  p.stage.output_dir = path_in("fused_bad");
+  FAILS(rt_run_post_training(&p, NULL, NULL, &r), RT_ERROR_VALUE, "set max_grad_norm to 0");
+  CHECK(access(path_in("fused_bad"), F_OK) != 0);
+  /* A caller built against 2.5 passes the smaller size: the field is not read
+   * (clipping and accumulation are then fine). */
+  c.stage.max_grad_norm = 1.0f;
+  c.struct_size = offsetof(rt_pretraining_config, optimizer_in_backward);
+  c.stage.output_dir = path_in("fused_25");
+  OK(rt_run_pretraining(&c, NULL, NULL, &r));
+  CHECK(r.completed == 1);
+  read_metadata("fused_25", metadata, sizeof metadata);
+  CHECK(strstr(metadata, "\"optimizer_in_backward\": false") != NULL);
+}
+
 /* Model transfer and the model's activation offload (ABI 2.4, appended).
  * Without a usable CUDA device a move to cuda is RT_ERROR_BACKEND and leaves
  * the model untouched (its earlier graph still differentiates); with one,
@@ -1495,6 +1672,8 @@ int main(void) {
   test_activation_offload();
   test_zero_stage_and_buckets();
   test_pipeline_device();
+  test_adam_backward_and_step();
+  test_optimizer_in_backward();
   test_model_transfer_and_offload();
   char command[600];
   snprintf(command, sizeof command, "rm -rf '%s'", g_dir);

@@ -84,6 +84,35 @@ TEST(CAbiRaii, BackwardWithoutRetainGraphFreesIt) {
   }
 }
 
+TEST(CAbiRaii, BackwardAndStepGivesTheBitsOfBackwardThenStep) {
+  const std::vector<int32_t> tokens = {1, 2, 3, 4, 5, 6, 7, 8};
+  const std::vector<int32_t> targets = {2, 3, 4, 5, 6, 7, 8, 9};
+  rt_adam_options options;
+  ASSERT_EQ(rt_adam_options_default(&options), RT_OK);
+  options.max_grad_norm = 0.0F;
+  rt::Model plain(tiny(), 3, RT_ATTENTION_FLASH, RT_ACTIVATION_CHECKPOINTING_DISABLED);
+  rt::Model fused(tiny(), 3, RT_ATTENTION_FLASH, RT_ACTIVATION_CHECKPOINTING_DISABLED);
+  rt::Adam a(plain, options);
+  rt::Adam b(fused, options);
+  for (int step = 0; step < 2; ++step) {
+    plain.loss(tokens, targets, 1).backward(false);
+    const float norm = a.step();
+    a.zero_grad();
+    EXPECT_EQ(b.backward_and_step(fused.loss(tokens, targets, 1)), norm);
+  }
+  EXPECT_EQ(plain.parameter("blocks.0.mlp.down.weight").value(), fused.parameter("blocks.0.mlp.down.weight").value());
+  EXPECT_EQ(plain.parameter("lm_head.weight").value(), fused.parameter("lm_head.weight").value());
+  EXPECT_TRUE(fused.parameter("lm_head.weight").grad().empty());
+  options.max_grad_norm = 1.0F;
+  rt::Adam clipping(fused, options);
+  try {
+    clipping.backward_and_step(fused.loss(tokens, targets, 1));
+    ADD_FAILURE() << "expected rt::Error";
+  } catch (const rt::Error& e) {
+    EXPECT_EQ(e.status(), RT_ERROR_VALUE) << e.what();
+  }
+}
+
 TEST(CAbiStatus, EveryExceptionClassHasItsStatusAndKeepsItsMessage) {
   namespace r = riftco_transformer;
   using V = r::CheckpointContractError::Violation;
@@ -101,6 +130,9 @@ TEST(CAbiStatus, EveryExceptionClassHasItsStatusAndKeepsItsMessage) {
   EXPECT_EQ(status_of([] { throw r::BackwardError("[w] bad"); }), RT_ERROR_BACKWARD);
   EXPECT_EQ(status_of([] { throw r::ModelStateError("[load] p: bad"); }), RT_ERROR_MODEL_STATE);
   EXPECT_EQ(status_of([] { throw r::DataError("[data] p: bad"); }), RT_ERROR_DATA);
+  EXPECT_EQ(status_of([] { throw r::PartialStepError("[Adam::backward_and_step] failed after updating 1"); }),
+            RT_ERROR_PARTIAL_STEP);
+  EXPECT_STREQ(rt_last_error_message(), "[Adam::backward_and_step] failed after updating 1");
   EXPECT_EQ(status_of([] { throw r::Error("[pipeline] disk full"); }), RT_ERROR_RUNTIME);
   EXPECT_EQ(status_of([] {
               throw std::filesystem::filesystem_error("cannot create directories", std::make_error_code(std::errc::not_a_directory));

@@ -233,6 +233,23 @@ TEST(DataParallel, BatchNotDivisibleByTheRanksIsAValueErrorBeforeAnyFile) {
   EXPECT_FALSE(fs::exists(c.output_dir));
 }
 
+// The fused step needs every gradient unreduced: refused on every rank (no
+// rank waits in a collective), before any file.
+TEST(DataParallel, OptimizerInBackwardIsAValueErrorOnEveryRankBeforeAnyFile) {
+  PretrainingConfig c = tiny("fused_step");
+  c.optimizer_in_backward = true;
+  c.max_grad_norm = 0.0F;
+  try {
+    run_pretraining(c, world());
+    ADD_FAILURE() << "optimizer_in_backward over 2 ranks was accepted";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("[pretraining] optimizer_in_backward"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("this job has 2 ranks"), std::string::npos) << e.what();
+  }
+  world().barrier();
+  EXPECT_FALSE(fs::exists(c.output_dir));
+}
+
 TEST(DataParallel, SynchronizeGradientsAveragesAndKeepsMissingOnesConsistent) {
   const auto rank = static_cast<float>(world().rank());
   std::vector<Variable> params = {Variable(Tensor::zeros({2, 3}), true, "w"), Variable(Tensor::zeros({4}), true, "b"),
