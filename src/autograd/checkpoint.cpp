@@ -149,10 +149,17 @@ Variable checkpoint(const Variable& input, std::span<const Variable> dependencie
   }
   const std::size_t parent_count = parents.size();
   std::vector<Variable> deps(dependencies.begin(), dependencies.end());
+  // The dependencies whose whole gradient through this node the replay's
+  // pass computes: not one that is also the input (its input part comes
+  // through the replay's fresh leaf, after the pass), so never final inside.
+  std::vector<Variable> final_inside;
+  for (const Variable& d : deps) {
+    if (d.node() != input.node()) final_inside.push_back(d);
+  }
   Random* random = options.random;
   const bool input_requires_grad = input.requires_grad();
 
-  BackwardFn backward = [recompute = std::move(recompute), saved_input, deps, where, out_shape, out_backend, random,
+  BackwardFn backward = [recompute = std::move(recompute), saved_input, deps, final_inside = std::move(final_inside), where, out_shape, out_backend, random,
                          forward_state, streams = std::move(streams), input_requires_grad,
                          parent_count](const Tensor& grad_output, const std::vector<bool>& needs) {
     g_replays.fetch_add(1);
@@ -179,7 +186,7 @@ Variable checkpoint(const Variable& input, std::span<const Variable> dependencie
     // pass), each dependency leaf is reported to them as soon as this pass
     // has it final, not after it (NestedPassHooks); a gradient they consume
     // is freed right there and its slot stays undefined.
-    NestedPassHooks forward_final(deps);
+    NestedPassHooks forward_final(final_inside);
     PassResult pass = run_backward_pass(replay.out, grad_output, "checkpoint replay", forward_final.active(),
                                         GraphAfterBackward::Release);
     auto extract = [&](std::size_t slot, const Variable& leaf) {

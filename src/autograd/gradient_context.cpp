@@ -65,6 +65,31 @@ std::vector<std::shared_ptr<Node>> topological_order(const std::shared_ptr<Node>
 
 namespace {
 
+/// StaleGraphError when input `i` of `node` changed since the graph was built.
+void check_input_version(const Node& node, std::size_t i, const char* op) {
+  const Edge& edge = node.parents[i];
+  const std::uint64_t now = edge.node->version();
+  if (now != edge.version) {
+    throw StaleGraphError(std::string("[") + op + "] stale graph: " + edge.node->label() + " (input " +
+                          std::to_string(i) + " of " + node.label() + ") changed (" +
+                          change_reason(*edge.node, edge.structural) + ") from version " +
+                          std::to_string(edge.version) + " to " + std::to_string(now) +
+                          " after the graph was built; run the forward pass again");
+  }
+}
+
+/// A pass with hooks, right before `node` runs: its leaf inputs' versions
+/// again. Hooks may update a final leaf in place (an optimizer step in the
+/// pass); a node still to run never has that leaf as an input, but may read
+/// its buffer through another leaf (a constant sharing it), and would use the
+/// new values. Leaves only: a non-leaf's buffer may legitimately be donated
+/// to a closure and written during a Release pass.
+void check_leaf_inputs(const Node& node, const char* op) {
+  for (std::size_t i = 0; i < node.parents.size(); ++i) {
+    if (node.parents[i].node->is_leaf) check_input_version(node, i, op);
+  }
+}
+
 void validate_versions(const std::vector<std::shared_ptr<Node>>& order, const char* op) {
   for (const std::shared_ptr<Node>& node : order) {
     if (node->released) {
@@ -77,17 +102,7 @@ void validate_versions(const std::vector<std::shared_ptr<Node>>& order, const ch
                             ", which its backward may read, changed (its buffer was " + node->value.last_change() +
                             ") after the graph was built; run the forward pass again");
     }
-    for (std::size_t i = 0; i < node->parents.size(); ++i) {
-      const Edge& edge = node->parents[i];
-      const std::uint64_t now = edge.node->version();
-      if (now != edge.version) {
-        throw StaleGraphError(std::string("[") + op + "] stale graph: " + edge.node->label() + " (input " +
-                              std::to_string(i) + " of " + node->label() + ") changed (" +
-                              change_reason(*edge.node, edge.structural) + ") from version " +
-                              std::to_string(edge.version) + " to " + std::to_string(now) +
-                              " after the graph was built; run the forward pass again");
-      }
-    }
+    for (std::size_t i = 0; i < node->parents.size(); ++i) check_input_version(*node, i, op);
     for (const WatchedStorage& w : node->watched) {
       if (const std::shared_ptr<Node> constant = w.node.lock(); constant && constant->version() != w.node_version) {
         throw StaleGraphError(std::string("[") + op + "] stale graph: " + w.what + ", a constant that " +
@@ -317,6 +332,7 @@ PassResult run_backward_pass(const Variable& root_var, const Tensor& seed, const
     // what they need), so the value goes first: the pass never holds a
     // node's output and its gradient's temporaries at once (a block's
     // gate/up projections while their gradient is taken).
+    if (hooks != nullptr) check_leaf_inputs(*node, op);  // a leaf updated in the pass, read through another
     if (release_graph && it->use_count() == 1) node->value = Tensor();
     std::optional<DonationScope> donation;  // take_if_unique counts node->saved's report copies as owners
     if (release_graph) donation.emplace(*node);

@@ -69,6 +69,10 @@ struct PassChannel;  // gradient_context.cpp
 /// closure returns an undefined gradient for that input. Otherwise the
 /// gradient goes back as usual. Nests: the enclosing pass may itself run
 /// with a NestedPassHooks, and the report goes up level by level.
+/// `dependencies` must be leaves whose every contribution through the node
+/// comes from this nested pass: a leaf that is also the node's input through
+/// a different nested leaf (a checkpoint's input that is also a dependency)
+/// is left out by the caller, or its report would miss that part.
 class NestedPassHooks final : public BackwardHooks {
  public:
   explicit NestedPassHooks(std::span<const Variable> dependencies);
