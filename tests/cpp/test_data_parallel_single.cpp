@@ -15,6 +15,7 @@
 #include "riftco_transformer/model_state.hpp"
 #include "riftco_transformer/pipelines.hpp"
 #include "scratch.hpp"
+#include "tiny_pretraining.hpp"
 
 using namespace riftco_transformer;
 namespace fs = std::filesystem;
@@ -22,13 +23,7 @@ namespace fs = std::filesystem;
 namespace {
 
 PretrainingConfig tiny(const fs::path& dir) {
-  PretrainingConfig c;
-  c.dimensions = {256, 32, 16, 2, 2, 32};
-  c.data = rt_test::write_corpus(dir);
-  c.steps = 6;
-  c.batch = 2;
-  c.sequence_length = 16;
-  c.eval_batches = 1;
+  PretrainingConfig c = rt_test::tiny_pretraining(dir);
   c.checkpoint_interval = 2;
   c.output_dir = dir / "run";
   return c;

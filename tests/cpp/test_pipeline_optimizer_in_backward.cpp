@@ -12,6 +12,7 @@
 #include "riftco_transformer/model_state.hpp"
 #include "riftco_transformer/pipelines.hpp"
 #include "scratch.hpp"
+#include "tiny_pretraining.hpp"
 
 using namespace riftco_transformer;
 namespace fs = std::filesystem;
@@ -19,15 +20,9 @@ namespace fs = std::filesystem;
 namespace {
 
 PretrainingConfig tiny(const fs::path& dir) {
-  PretrainingConfig c;
-  c.dimensions = {256, 32, 16, 2, 2, 32};
-  c.data = rt_test::write_corpus(dir);
-  c.steps = 6;
-  c.batch = 2;
-  c.sequence_length = 16;
+  PretrainingConfig c = rt_test::tiny_pretraining(dir);
   c.warmup_steps = 2;
   c.eval_interval = 0;
-  c.eval_batches = 1;
   c.checkpoint_interval = 3;
   c.max_grad_norm = 0.0F;  // the fused step cannot clip
   return c;
