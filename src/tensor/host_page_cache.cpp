@@ -42,6 +42,13 @@
 // gradients and back: on S3 the resident set follows the allocator's peak
 // and a measured step faults ~170 pages (growing one cached block with
 // mremap instead of moving several: ~44,000, i.e. 170 MiB a step).
+// A freed block is joined with the cached blocks right before and after it
+// in the address space (all pages of ours): a head given back and its cached
+// tail are one block again. Without that, a pattern like rt-eval's (two
+// large blocks fill the bound, smaller requests take heads of them, the large
+// size comes back) split a block and moved its pieces together again every
+// cycle: 20,014 mremaps, 27 s of system time in one run. Pieces still apart
+// (a live block between them) are moved as above.
 // Moved pieces stay separate kernel mappings; limit_mappings() keeps them
 // far from the per-process limit.
 //
