@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <cstring>
 #include <fstream>
+#include <initializer_list>
 #include <new>
 #include <thread>
 #include <vector>
@@ -267,26 +268,51 @@ namespace {
 /// Cycles that assemble a 4 MiB block from two cached 2 MiB ones while a
 /// 1 MiB block stays cached; true when the cache was dropped on the way
 /// (the bytes held fell below their steady value).
+/// Blocks of these sizes cut in order from one mapping (the cache emptied
+/// first): neighbours in the address space by construction.
+std::vector<void*> carve(std::initializer_list<std::size_t> sizes) {
+  release_cached_memory();
+  std::size_t total = 0;
+  for (const std::size_t bytes : sizes) total += bytes;
+  detail::free_bytes(Backend::Cpu, detail::allocate_bytes(Backend::Cpu, total), total);
+  std::vector<void*> blocks;
+  for (const std::size_t bytes : sizes) blocks.push_back(detail::allocate_bytes(Backend::Cpu, bytes));
+  for (std::size_t i = 1; i < blocks.size(); ++i) {
+    EXPECT_EQ(static_cast<char*>(blocks[i - 1]) + sizes.begin()[i - 1], blocks[i]) << "not cut in order";
+  }
+  return blocks;
+}
+
 bool cache_dropped_over(int cycles) {
+  // Cached blocks next to each other are joined when freed, so each cycle
+  // leaves a live 1 MiB block between the pieces the next one assembles,
+  // and a 64 KiB block (kept apart by a live one) stays cached throughout:
+  // what a drop unmaps.
+  constexpr std::size_t kSmall = 64 * 1024;
   release_cached_memory();
   const std::int64_t base = memory_stats().reserved_bytes;
-  void* a = detail::allocate_bytes(Backend::Cpu, 2 * kMiB);
-  void* b = detail::allocate_bytes(Backend::Cpu, 2 * kMiB);
-  void* c = detail::allocate_bytes(Backend::Cpu, kMiB);
-  detail::free_bytes(Backend::Cpu, a, 2 * kMiB);
-  detail::free_bytes(Backend::Cpu, b, 2 * kMiB);
-  detail::free_bytes(Backend::Cpu, c, kMiB);
-  const std::int64_t steady = memory_stats().reserved_bytes - base;  // 5 MiB held
+  const std::vector<void*> blocks = carve({kSmall, kSmall, 2 * kMiB, kMiB, 2 * kMiB});
+  void* guard = blocks[1];
+  void* spacer = blocks[3];
+  detail::free_bytes(Backend::Cpu, blocks[0], kSmall);
+  detail::free_bytes(Backend::Cpu, blocks[2], 2 * kMiB);
+  detail::free_bytes(Backend::Cpu, blocks[4], 2 * kMiB);
+  const std::int64_t steady = memory_stats().reserved_bytes - base;  // 5 MiB + 128 KiB held
   bool dropped = false;
   for (int i = 0; i < cycles; ++i) {
-    void* whole = detail::allocate_bytes(Backend::Cpu, 4 * kMiB);  // from the two 2 MiB blocks
+    void* whole = detail::allocate_bytes(Backend::Cpu, 4 * kMiB);  // assembled from the cached pieces
     detail::free_bytes(Backend::Cpu, whole, 4 * kMiB);
-    void* head = detail::allocate_bytes(Backend::Cpu, 2 * kMiB);  // the 4 MiB block's halves
-    void* tail = detail::allocate_bytes(Backend::Cpu, 2 * kMiB);
+    void* head = detail::allocate_bytes(Backend::Cpu, 2 * kMiB);  // the 4 MiB block cut in 2 + 1 + 1 MiB
+    void* middle = detail::allocate_bytes(Backend::Cpu, kMiB);
+    void* tail = detail::allocate_bytes(Backend::Cpu, kMiB);
     detail::free_bytes(Backend::Cpu, head, 2 * kMiB);
-    detail::free_bytes(Backend::Cpu, tail, 2 * kMiB);
+    detail::free_bytes(Backend::Cpu, tail, kMiB);
+    detail::free_bytes(Backend::Cpu, spacer, kMiB);  // the middle stays live: head and tail stay apart
+    spacer = middle;
     dropped = dropped || memory_stats().reserved_bytes - base < steady;
   }
+  detail::free_bytes(Backend::Cpu, spacer, kMiB);
+  detail::free_bytes(Backend::Cpu, guard, kSmall);
   return dropped;
 }
 }  // namespace
@@ -345,8 +371,10 @@ TEST(Allocator, AFailedMoveNeverTouchesAnotherMappingAndStillServes) {
     SCOPED_TRACE(static_cast<int>(failure));
     release_cached_memory();
     const MemoryStats s0 = memory_stats();
-    void* a = detail::allocate_bytes(Backend::Cpu, 2 * kMiB);
-    void* b = detail::allocate_bytes(Backend::Cpu, 2 * kMiB);
+    const std::vector<void*> blocks = carve({2 * kMiB, kMiB, 2 * kMiB});  // the middle one live: a and b apart
+    void* a = blocks[0];
+    void* spacer = blocks[1];
+    void* b = blocks[2];
     detail::free_bytes(Backend::Cpu, a, 2 * kMiB);
     detail::free_bytes(Backend::Cpu, b, 2 * kMiB);
     g_failure = failure;
@@ -365,14 +393,62 @@ TEST(Allocator, AFailedMoveNeverTouchesAnotherMappingAndStillServes) {
     }
     const auto* w = static_cast<const unsigned char*>(whole);
     EXPECT_TRUE(std::all_of(w, w + 4 * kMiB, [](unsigned char v) { return v == 0x11; }));
-    EXPECT_EQ(memory_stats().live_bytes - s0.live_bytes, static_cast<std::int64_t>(4 * kMiB));
+    EXPECT_EQ(memory_stats().live_bytes - s0.live_bytes, static_cast<std::int64_t>(5 * kMiB));
     detail::free_bytes(Backend::Cpu, whole, 4 * kMiB);
     if (failure == MoveFailure::TakenHole && g_other != MAP_FAILED) munmap(g_other, g_other_bytes);
+    detail::free_bytes(Backend::Cpu, spacer, kMiB);
     EXPECT_EQ(memory_stats().live_bytes, s0.live_bytes);
     void* again = detail::allocate_bytes(Backend::Cpu, 4 * kMiB);  // the cache still serves
     std::memset(again, 0x22, 4 * kMiB);
     detail::free_bytes(Backend::Cpu, again, 4 * kMiB);
   }
+  release_cached_memory();
+}
+
+std::atomic<int> g_counted_moves{0};
+void* counting_move(void* from, std::size_t bytes, void* to) {
+  ++g_counted_moves;
+  return mremap(from, bytes, bytes, MREMAP_MAYMOVE | MREMAP_FIXED, to);
+}
+
+TEST(Allocator, APingPongOfSizesMovesNoPagesOnceWarm) {
+  // rt-eval's pattern: two 512 KiB blocks live at once fill the bound; then
+  // smaller requests take heads of them and the next pair of 512 KiB ones
+  // needed a block assembled again from the pieces: four mremaps every
+  // cycle (20,000 in one run, 27 s of system time). A head given back joins
+  // its cached tail again, so a warm cycle moves nothing.
+  if (kAsan) GTEST_SKIP() << "the cache is off under AddressSanitizer";
+  constexpr std::size_t kK = 1024;
+  release_cached_memory();
+  const MemoryStats s0 = memory_stats();
+  const std::int64_t reserved0 = detail::host_pages_reserved();
+  const auto pair = [](std::size_t first, std::size_t second) {
+    void* a = detail::allocate_bytes(Backend::Cpu, first);
+    void* b = detail::allocate_bytes(Backend::Cpu, second);
+    std::memset(a, 1, first);
+    std::memset(b, 2, second);
+    detail::free_bytes(Backend::Cpu, b, second);
+    detail::free_bytes(Backend::Cpu, a, first);
+  };
+  const auto cycle = [&] {
+    pair(96 * kK, 64 * kK);
+    pair(128 * kK, 64 * kK);
+    pair(96 * kK, 64 * kK);
+    pair(128 * kK, 64 * kK);
+    pair(512 * kK, 512 * kK);
+  };
+  g_counted_moves = 0;
+  const detail::HostPagesMove previous = detail::host_pages_set_move(counting_move);
+  cycle();  // warm-up: the bound reaches two 512 KiB blocks
+  const int warm_up_moves = g_counted_moves.exchange(0);
+  constexpr int kCycles = 200;
+  for (int i = 0; i < kCycles; ++i) cycle();
+  const int moves = g_counted_moves.load();
+  detail::host_pages_set_move(previous);
+  EXPECT_LE(warm_up_moves, 8);
+  EXPECT_LE(moves, 8) << "moves over " << kCycles << " warm cycles (4 a cycle before pieces were joined)";
+  EXPECT_EQ(memory_stats().live_bytes, s0.live_bytes);
+  EXPECT_LE(detail::host_pages_reserved() - reserved0, static_cast<std::int64_t>(1024 * kK));
   release_cached_memory();
 }
 
