@@ -471,6 +471,9 @@ typedef struct rt_pretraining_config {
    * the run with RT_ERROR_PARTIAL_STEP (no final model; the last training
    * checkpoint is kept). Recorded in metadata.json; a resume may change it.
    * A smaller struct_size reads 0. */
+  int32_t reserved_2_5_tail; /* 2.5's tail padding, named so that the 2.6
+                              * field starts at 2.5's sizeof (a 2.5 caller's
+                              * struct_size never covers it); never read */
   int optimizer_in_backward;
 } rt_pretraining_config;
 /* Fills the first struct_size bytes with the defaults and sets struct_size;
@@ -501,7 +504,8 @@ typedef struct rt_post_training_config {
   int64_t gradient_bucket_mib;
   /* Appended in ABI 2.5, as in rt_pretraining_config. */
   rt_backend device;
-  /* Appended in ABI 2.6, as in rt_pretraining_config. */
+  /* Appended in ABI 2.6, as in rt_pretraining_config (after 2.5's tail padding). */
+  int32_t reserved_2_5_tail;
   int optimizer_in_backward;
 } rt_post_training_config;
 /* Fills the first struct_size bytes with the defaults and sets struct_size;

@@ -90,6 +90,26 @@ void check_leaf_inputs(const Node& node, const char* op) {
   }
 }
 
+/// StaleGraphError when a constant `node` read (a checkpoint's watched
+/// constants and buffers: it replays from them) changed since it was built.
+void check_watched(const Node& node, const char* op) {
+  for (const WatchedStorage& w : node.watched) {
+    if (const std::shared_ptr<Node> constant = w.node.lock(); constant && constant->version() != w.node_version) {
+      throw StaleGraphError(std::string("[") + op + "] stale graph: " + w.what + ", a constant that " + node.label() +
+                            " read, changed (" + change_reason(*constant, w.node_structural) + ") from version " +
+                            std::to_string(w.node_version) + " to " + std::to_string(constant->version()) +
+                            " after the graph was built; run the forward pass again");
+    }
+    const std::shared_ptr<const Storage> storage = w.storage.lock();
+    if (storage && storage->version() != w.version) {
+      throw StaleGraphError(std::string("[") + op + "] stale graph: " + w.what + ", a constant that " + node.label() +
+                            " read, changed (its buffer was " + storage->last_change() + ") from version " +
+                            std::to_string(w.version) + " to " + std::to_string(storage->version()) +
+                            " after the graph was built; run the forward pass again");
+    }
+  }
+}
+
 void validate_versions(const std::vector<std::shared_ptr<Node>>& order, const char* op) {
   for (const std::shared_ptr<Node>& node : order) {
     if (node->released) {
@@ -103,22 +123,7 @@ void validate_versions(const std::vector<std::shared_ptr<Node>>& order, const ch
                             ") after the graph was built; run the forward pass again");
     }
     for (std::size_t i = 0; i < node->parents.size(); ++i) check_input_version(*node, i, op);
-    for (const WatchedStorage& w : node->watched) {
-      if (const std::shared_ptr<Node> constant = w.node.lock(); constant && constant->version() != w.node_version) {
-        throw StaleGraphError(std::string("[") + op + "] stale graph: " + w.what + ", a constant that " +
-                              node->label() + " read, changed (" + change_reason(*constant, w.node_structural) + ") from version " +
-                              std::to_string(w.node_version) + " to " + std::to_string(constant->version()) +
-                              " after the graph was built; run the forward pass again");
-      }
-      const std::shared_ptr<const Storage> storage = w.storage.lock();
-      if (storage && storage->version() != w.version) {
-        throw StaleGraphError(std::string("[") + op + "] stale graph: " + w.what + ", a constant that " +
-                              node->label() + " read, changed (its buffer was " + storage->last_change() +
-                              ") from version " + std::to_string(w.version) + " to " +
-                              std::to_string(storage->version()) +
-                              " after the graph was built; run the forward pass again");
-      }
-    }
+    check_watched(*node, op);
   }
 }
 
@@ -327,12 +332,15 @@ PassResult run_backward_pass(const Variable& root_var, const Tensor& seed, const
       if (release_graph) release(*it);
       continue;
     }
+    if (hooks != nullptr) {  // a leaf updated in the pass, read through another leaf or a checkpoint's constant
+      check_leaf_inputs(*node, op);
+      check_watched(*node, op);
+    }
     // Released: a node only `order` still holds goes after its backward, and
     // its backward never reads its value through the node (closures keep
     // what they need), so the value goes first: the pass never holds a
     // node's output and its gradient's temporaries at once (a block's
     // gate/up projections while their gradient is taken).
-    if (hooks != nullptr) check_leaf_inputs(*node, op);  // a leaf updated in the pass, read through another
     if (release_graph && it->use_count() == 1) node->value = Tensor();
     std::optional<DonationScope> donation;  // take_if_unique counts node->saved's report copies as owners
     if (release_graph) donation.emplace(*node);

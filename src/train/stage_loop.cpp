@@ -75,7 +75,7 @@ float evaluate(StageRun& r) {
   double total = 0.0;
   for (std::int64_t i = 0; i < s.eval_batches; ++i) {
     const TokenBatch b = r.sample(eval_random, Split::Validation);
-    total += r.model->loss(b.tokens, b.targets, b.batch).value().to(Backend::Cpu).item();
+    total += r.model->loss(b.tokens, b.targets, b.batch).value().item();
   }
   r.model->set_training(was_training);
   return static_cast<float>(total / static_cast<double>(s.eval_batches));
@@ -316,7 +316,7 @@ RunResult run(StageRun& r, const ProgressCallback& progress, const NoticeCallbac
         const TokenBatch& batch = batches.front();
         start_pass();
         Variable loss = model.loss(batch.tokens, batch.targets, batch.batch);
-        last_loss = loss.value().to(Backend::Cpu).item();  // read on the host
+        last_loss = loss.value().item();  // one float read back from the run's device
         if (!std::isfinite(last_loss)) throw diverged("the training loss is " + std::to_string(last_loss));
         if (!s.optimizer_in_backward) {
           loss.backward(GraphAfterBackward::Release);  // frees activations as it goes
@@ -344,7 +344,7 @@ RunResult run(StageRun& r, const ProgressCallback& progress, const NoticeCallbac
           const TokenBatch& batch = batches[ks];
           start_pass();
           Variable loss = model.loss(batch.tokens, batch.targets, batch.batch);
-          const float value = loss.value().to(Backend::Cpu).item();
+          const float value = loss.value().item();
           if (!std::isfinite(value)) {
             throw diverged("the training loss of micro-batch " + std::to_string(k + 1) + " of " +
                            std::to_string(micro_batches) + " is " + std::to_string(value));

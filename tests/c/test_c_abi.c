@@ -1559,10 +1559,17 @@ static void test_optimizer_in_backward(void) {
   p.stage.output_dir = path_in("fused_bad");
   FAILS(rt_run_post_training(&p, NULL, NULL, &r), RT_ERROR_VALUE, "set max_grad_norm to 0");
   CHECK(access(path_in("fused_bad"), F_OK) != 0);
-  /* A caller built against 2.5 passes the smaller size: the field is not read
-   * (clipping and accumulation are then fine). */
+  /* A caller built against 2.5 passes 2.5's sizeof (its last field `device`
+   * rounded up to the struct's 8-byte alignment): the new field starts at or
+   * after it (it must not sit in 2.5's tail padding, bytes a 2.5 caller never
+   * set), so it is not read (clipping and accumulation are then fine). */
+  const size_t pretraining25 = ALIGN8(offsetof(rt_pretraining_config, device) + sizeof(rt_backend));
+  const size_t post_training25 = ALIGN8(offsetof(rt_post_training_config, device) + sizeof(rt_backend));
+  CHECK(offsetof(rt_pretraining_config, optimizer_in_backward) >= pretraining25);
+  CHECK(offsetof(rt_post_training_config, optimizer_in_backward) >= post_training25);
+  CHECK(sizeof(rt_pretraining_config) > pretraining25 && sizeof(rt_post_training_config) > post_training25);
   c.stage.max_grad_norm = 1.0f;
-  c.struct_size = offsetof(rt_pretraining_config, optimizer_in_backward);
+  c.struct_size = pretraining25;
   c.stage.output_dir = path_in("fused_25");
   OK(rt_run_pretraining(&c, NULL, NULL, &r));
   CHECK(r.completed == 1);

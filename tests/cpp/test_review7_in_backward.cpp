@@ -97,6 +97,26 @@ TEST(Review7InBackward, AConstantSharingAParametersBufferReadAfterItsUpdateIsASt
   EXPECT_FALSE(x.grad().defined()) << "nothing committed";
 }
 
+// The same through a checkpoint: its callable makes a constant of w's buffer
+// (watched by the checkpoint node, no edge to w); w is final and stepped
+// before the checkpoint node runs, whose replay would read the new bytes.
+TEST(Review7InBackward, ACheckpointsConstantOfAParametersBufferIsStaleAfterItsUpdate) {
+  Variable w(randn({3, 3}, 21), true, "w");
+  Variable x(randn({2, 3}, 22), true, "x");
+  const std::vector<Variable> none;
+  const Variable block = checkpoint(x, none, [&w](const Variable& in) { return matmul(in, Variable(w.value())); });
+  const Variable loss = add(sum(block), sum(matmul(x, w)));  // w's branch runs first
+  Adam adam({w});
+  try {
+    adam.backward_and_step(loss);
+    FAIL() << "the replay read the updated w";
+  } catch (const PartialStepError& e) {
+    EXPECT_NE(std::string(e.what()).find("stale graph"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("1 of 1"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(x.grad().defined()) << "nothing committed";
+}
+
 // A closure failing inside a replay's backward after the replay reported
 // (and Adam stepped) a dependency: PartialStepError counting that one update;
 // nothing committed; the channel is gone (a later pass without checkpoint
