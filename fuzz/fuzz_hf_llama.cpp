@@ -3,6 +3,7 @@
 // otherwise valid checkpoint of the seeds' tiny model: 0 config.json, 1
 // model.safetensors (F32/F16/BF16 reader), 2 model.safetensors.index.json
 // (with the weights moved to a shard). Only ModelStateError may escape.
+#include <cstdio>
 #include <filesystem>
 
 #include "fuzz_common.hpp"
@@ -44,8 +45,15 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   static const fs::path work = own_path("hf_work");
   std::error_code ec;
   fs::remove_all(work, ec);
-  fs::copy(root / (mode == 2 ? "sharded" : "single"), work, fs::copy_options::recursive, ec);
-  if (ec) std::abort();  // the harness itself failed
+  // overwrite_existing: whatever a failed remove_all left is replaced, not an
+  // error (the harness aborted once, after ~60,000 inputs, on this copy).
+  fs::copy(root / (mode == 2 ? "sharded" : "single"), work,
+           fs::copy_options::recursive | fs::copy_options::overwrite_existing, ec);
+  if (ec) {  // the harness itself failed: say why
+    std::fprintf(stderr, "fuzz_hf_llama harness: copying the valid checkpoint to %s failed: %s\n",
+                 work.c_str(), ec.message().c_str());
+    std::abort();
+  }
   const char* name = mode == 0 ? "config.json" : mode == 1 ? "model.safetensors" : "model.safetensors.index.json";
   std::ofstream out(work / name, std::ios::binary | std::ios::trunc);
   out.write(reinterpret_cast<const char*>(data + 1), static_cast<std::streamsize>(size - 1));
