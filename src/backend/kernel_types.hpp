@@ -15,7 +15,10 @@ namespace riftco_transformer::backend {
 inline constexpr std::int64_t kNormChunk = 32768;
 
 /// One product C(M,N) = alpha·op(A)·op(B) + beta·C for gemm_group, with
-/// gemm's arguments (row-major; op transposes when set).
+/// gemm's arguments (row-major; op transposes when set). With `addend` set,
+/// C(i,j) = addend(i,j) + C(i,j) follows the product (rows ld_addend
+/// apart): the bits of a separate elementwise add of the two, done while
+/// each block of C is still in cache (the residual of a projection).
 struct GemmProblem {
   bool trans_a, trans_b;
   std::int64_t m, n, k;
@@ -27,6 +30,8 @@ struct GemmProblem {
   float beta;
   float* c;
   std::int64_t ldc;
+  const float* addend = nullptr;
+  std::int64_t ld_addend = 0;
 };
 
 enum class BinaryOp : std::uint8_t { Add, Sub, Mul };

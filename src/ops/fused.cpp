@@ -19,11 +19,12 @@ namespace {
 /// all products in one parallel region.
 void packed_forward(const backend::Kernels& kern, const float* x, std::int64_t rows, std::int64_t k,
                     const std::vector<Tensor>& w, const std::vector<std::int64_t>& widths, std::int64_t total,
-                    float* out) {
+                    float* out, const float* addend = nullptr) {
   std::vector<backend::GemmProblem> problems;
   std::int64_t offset = 0;
   for (std::size_t i = 0; i < w.size(); ++i) {
-    problems.push_back({false, true, rows, widths[i], k, 1.0F, x, k, w[i].device_data(), k, 0.0F, out + offset, total});
+    problems.push_back({false, true, rows, widths[i], k, 1.0F, x, k, w[i].device_data(), k, 0.0F, out + offset, total,
+                        addend == nullptr ? nullptr : addend + offset, total});
     offset += widths[i];
   }
   std::vector<std::span<const backend::GemmProblem>> chains;
@@ -80,9 +81,12 @@ std::vector<std::int64_t> packed_widths(const char* op, const Variable& x, const
   return widths;
 }
 
-/// out = a + b elementwise (the add op's kernel, same order).
-Tensor add_same_shape(const backend::Kernels& kern, const Tensor& a, const Tensor& b) {
-  return kern.binary(backend::BinaryOp::Add, a, b, a.shape());
+/// Rows of a (..., last) tensor: the product of its leading dimensions, also
+/// when the last one is 0 (a product over an empty K is zeros, not nothing).
+std::int64_t leading_rows(const Shape& shape) {
+  std::int64_t rows = 1;
+  for (std::size_t i = 0; i + 1 < shape.size(); ++i) rows *= shape[i];
+  return rows;
 }
 
 /// The value of a node whose value is not computed (value_needed false): all
@@ -110,7 +114,7 @@ Variable norm_linear_packed(const Variable& h, const Variable& norm_weight, floa
   const Tensor hv = h.value();
   const Tensor nw = norm_weight.value();
   const std::int64_t k = hv.size(-1);
-  const std::int64_t rows = k == 0 ? 0 : hv.numel() / k;
+  const std::int64_t rows = leading_rows(hv.shape());
   Shape out_shape = hv.shape();
   out_shape.back() = total;
   const backend::Kernels& kern = backend::kernels_for(op, hv, nw);  // weights: checked by packed_widths
@@ -165,15 +169,18 @@ Variable linear_residual(const Variable& residual, const Variable& x, const Vari
   const Tensor xv = x.value();
   const std::vector<Tensor> wv{weight.value()};
   const std::int64_t k = xv.size(-1);
-  const std::int64_t rows = k == 0 ? 0 : xv.numel() / k;
+  const std::int64_t rows = leading_rows(xv.shape());
   const backend::Kernels& kern = backend::kernels_for(op, xv, residual.value());
   Tensor out;
   if (!value_needed) {
     out = unread_value(out_shape, xv.backend());
   } else {
-    Tensor projection = Tensor::empty(out_shape, xv.backend());  // not kept
-    packed_forward(kern, xv.device_data(), rows, k, wv, widths, total, projection.device_data());
-    out = add_same_shape(kern, residual.value(), projection);  // residual + x Wᵀ, as add(residual, linear(x, W))
+    // residual + x Wᵀ with add(residual, linear(x, W))'s bits, each block of
+    // the product added to the residual by the GEMM's own task (the
+    // projection is never a whole tensor).
+    const Tensor rv = residual.value();
+    out = Tensor::empty(out_shape, xv.backend());
+    packed_forward(kern, xv.device_data(), rows, k, wv, widths, total, out.device_data(), rv.device_data());
   }
   return Variable::from_op(
       op, std::move(out), {residual, x, weight},
@@ -212,16 +219,16 @@ Variable swiglu_linear_residual(const Variable& residual, const Variable& gate_u
   const std::vector<std::int64_t> widths{ws[0]};
   const std::int64_t total = ws[0];
   const std::int64_t k = ws[1];
-  const std::int64_t rows = k == 0 ? 0 : gu.numel() / (2 * k);
+  const std::int64_t rows = leading_rows(gu.shape());
   const backend::Kernels& kern = backend::kernels_for(op, gu, residual.value());
   Tensor out;
   if (!value_needed) {
     out = unread_value(residual.shape(), gu.backend());
   } else {
     const Tensor m = kern.swiglu_packed_forward(gu);  // (..., F), not kept
-    Tensor projection = Tensor::empty(residual.shape(), gu.backend());
-    packed_forward(kern, m.device_data(), rows, k, wv, widths, total, projection.device_data());
-    out = add_same_shape(kern, residual.value(), projection);
+    const Tensor rv = residual.value();
+    out = Tensor::empty(residual.shape(), gu.backend());  // residual + m Wᵀ, added block by block as above
+    packed_forward(kern, m.device_data(), rows, k, wv, widths, total, out.device_data(), rv.device_data());
   }
   return Variable::from_op(
       op, std::move(out), {residual, gate_up, weight},
@@ -270,7 +277,7 @@ Variable linear_packed(const Variable& x, const std::vector<Variable>& weights) 
   const std::vector<std::int64_t> widths = packed_widths(op, x, weights, total);
   const Tensor xv = x.value();
   const std::int64_t k = xv.size(-1);
-  const std::int64_t rows = k == 0 ? 0 : xv.numel() / k;
+  const std::int64_t rows = leading_rows(xv.shape());
   Shape out_shape = x.shape();
   out_shape.back() = total;
   const backend::Kernels& kern = backend::kernels_for(op, xv);  // weights: checked by packed_widths

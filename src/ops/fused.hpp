@@ -46,8 +46,9 @@ Variable norm_linear_packed(const Variable& h, const Variable& norm_weight, floa
                             const std::vector<Variable>& weights);
 
 /// residual + x Wᵀ (W: (N, K), residual (..., N)) with the bits of
-/// add(residual, linear(x, W)); the projection is a temporary, not a graph
-/// value. value_needed false: the GEMM and the add are skipped and the value
+/// add(residual, linear(x, W)); the projection is never a tensor of its own:
+/// each GEMM block adds the residual to its part of the output while it is
+/// in cache (GemmProblem::addend). value_needed false: the GEMM and the add are skipped and the value
 /// is not computed (see the top of this file).
 Variable linear_residual(const Variable& residual, const Variable& x, const Variable& weight,
                          bool value_needed = true);

@@ -295,6 +295,62 @@ TEST(FusedLinearResidual, BitIdenticalToAddOfLinear) {
   EXPECT_THROW(fused::linear_residual(Variable(Tensor::zeros({2, 4})), Variable(x), Variable(w)), ShapeError);
 }
 
+/// The residual is added by the GEMM's own blocks (row blocks when the
+/// product is taller than wide, column blocks otherwise): the bits of
+/// add(r, linear(x, W)) at every thread count, for both cuts.
+TEST(FusedLinearResidual, TheAddInsideTheGemmBlocksKeepsTheCompositeBitsAtAnyThreadCount) {
+  const int threads_before = omp_get_max_threads();
+  for (const auto& [rows, n, k] : {std::tuple<std::int64_t, std::int64_t, std::int64_t>{600, 96, 64},
+                                   {48, 700, 40}, {1, 33, 5}}) {
+    const Tensor r = randn({rows, n}, 131);
+    const Tensor x = randn({rows, k}, 132);
+    const Tensor w = randn({n, k}, 133);
+    const Tensor gu = randn({rows, 2 * k}, 134);
+    const Tensor wd = randn({n, k}, 135);
+    for (const int threads : {1, 2, 3}) {
+      omp_set_num_threads(threads);
+      const std::string what = std::to_string(rows) + "x" + std::to_string(n) + "x" + std::to_string(k) + ", " +
+                               std::to_string(threads) + " threads";
+      const Tensor fused_out = fused::linear_residual(Variable(r), Variable(x), Variable(w)).value();
+      const Tensor ref = add(Variable(r), linear(Variable(x), Variable(w))).value();
+      EXPECT_TRUE(bit_equal(fused_out, ref)) << what;
+      const Tensor swiglu_out = fused::swiglu_linear_residual(Variable(r), Variable(gu), Variable(wd)).value();
+      const Tensor swiglu_ref = add(Variable(r), linear(fused::swiglu_packed(Variable(gu)), Variable(wd))).value();
+      EXPECT_TRUE(bit_equal(swiglu_out, swiglu_ref)) << what;
+    }
+  }
+  omp_set_num_threads(threads_before);
+}
+
+/// A product over an empty K is zeros: a zero-width input gives the residual
+/// itself (or zeros without one), never the bytes a reused block held.
+TEST(FusedProjections, AZeroWidthInputGivesZerosOrTheResidual) {
+  const Tensor r = randn({4, 64, 64}, 141);  // 64 KiB: a page-cache block, recycled
+  const Variable x(Tensor::zeros({4, 64, 0}), true);
+  const Variable w(Tensor::zeros({64, 0}), true);
+  const Variable n(Tensor::zeros({0}), true);
+  const auto dirty = [] { Tensor d = Tensor::full({4, 64, 64}, 7.0F); };  // freed: the next block may hold 7s
+  dirty();
+  for (const float v : linear(x, w).value().values()) ASSERT_EQ(v, 0.0F) << "linear (the composite)";
+  dirty();
+  const Tensor lp = fused::linear_packed(x, {w}).value();
+  for (const float v : lp.values()) ASSERT_EQ(v, 0.0F) << "linear_packed";
+  dirty();
+  const Tensor nlp = fused::norm_linear_packed(x, n, 1e-5F, {w}).value();
+  for (const float v : nlp.values()) ASSERT_EQ(v, 0.0F) << "norm_linear_packed";
+  dirty();
+  EXPECT_TRUE(bit_equal(fused::linear_residual(Variable(r), x, w).value(), r)) << "linear_residual";
+  dirty();
+  EXPECT_TRUE(bit_equal(fused::swiglu_linear_residual(Variable(r), x, w).value(), r)) << "swiglu_linear_residual";
+  // and the backward of each: gradients of the residual pass through, the rest are empty
+  Variable rr(r.clone(), true);
+  Variable out = fused::linear_residual(rr, x, w);
+  out.backward(Tensor::full({4, 64, 64}, 1.0F));
+  EXPECT_TRUE(bit_equal(rr.grad(), Tensor::full({4, 64, 64}, 1.0F)));
+  EXPECT_EQ(x.grad().numel(), 0);
+  EXPECT_EQ(w.grad().numel(), 0);
+}
+
 TEST(FusedSwigluLinearResidual, BitIdenticalToTheComposite) {
   const Tensor r = randn({2, 11, 8}, 101);
   const Tensor gu = randn({2, 11, 2 * 12}, 102);

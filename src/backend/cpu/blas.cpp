@@ -85,22 +85,38 @@ Blocking blocking_for(std::span<const GemmProblem> chain, int threads) {
   return b;
 }
 
-/// Rows (or columns) [begin, end) of C for every product of a chain, in order.
+/// Product p over rows (or columns) [begin, end) of C.
+void run_product_block(const GemmProblem& p, bool rows, std::int64_t begin, std::int64_t end) {
+  if (p.k == 0) {
+    for (std::int64_t i = rows ? begin : 0; i < (rows ? end : p.m); ++i)
+      for (std::int64_t j = rows ? 0 : begin; j < (rows ? p.n : end); ++j)
+        p.c[i * p.ldc + j] = p.beta == 0.0F ? 0.0F : p.beta * p.c[i * p.ldc + j];
+  } else if (rows) {  // rows [begin, end) of C and op(A)
+    const float* ap = p.trans_a ? p.a + begin : p.a + begin * p.lda;
+    sgemm(p.trans_a, p.trans_b, end - begin, p.n, p.k, p.alpha, ap, p.lda, p.b, p.ldb, p.beta, p.c + begin * p.ldc,
+          p.ldc);
+  } else {  // columns [begin, end) of C and op(B)
+    const float* bp = p.trans_b ? p.b + begin * p.ldb : p.b + begin;
+    sgemm(p.trans_a, p.trans_b, p.m, end - begin, p.k, p.alpha, p.a, p.lda, bp, p.ldb, p.beta, p.c + begin, p.ldc);
+  }
+}
+
+/// C(i,j) = addend(i,j) + C(i,j) over rows [r0, r1) and columns [c0, c1):
+/// one IEEE addition per element, the bits of the elementwise add kernel.
+void add_addend(const GemmProblem& p, std::int64_t r0, std::int64_t r1, std::int64_t c0, std::int64_t c1) {
+  for (std::int64_t i = r0; i < r1; ++i) {
+    float* __restrict c = p.c + i * p.ldc;
+    const float* __restrict a = p.addend + i * p.ld_addend;
+    for (std::int64_t j = c0; j < c1; ++j) c[j] = a[j] + c[j];
+  }
+}
+
+/// Rows (or columns) [begin, end) of C for every product of a chain, in
+/// order, each followed by its addend while the block is in cache.
 void run_block(std::span<const GemmProblem> chain, bool rows, std::int64_t begin, std::int64_t end) {
   for (const GemmProblem& p : chain) {
-    if (p.k == 0) {
-      for (std::int64_t i = rows ? begin : 0; i < (rows ? end : p.m); ++i)
-        for (std::int64_t j = rows ? 0 : begin; j < (rows ? p.n : end); ++j)
-          p.c[i * p.ldc + j] = p.beta == 0.0F ? 0.0F : p.beta * p.c[i * p.ldc + j];
-    } else if (rows) {  // rows [begin, end) of C and op(A)
-      const float* ap = p.trans_a ? p.a + begin : p.a + begin * p.lda;
-      sgemm(p.trans_a, p.trans_b, end - begin, p.n, p.k, p.alpha, ap, p.lda, p.b, p.ldb, p.beta, p.c + begin * p.ldc,
-            p.ldc);
-    } else {  // columns [begin, end) of C and op(B)
-      const float* bp = p.trans_b ? p.b + begin * p.ldb : p.b + begin;
-      sgemm(p.trans_a, p.trans_b, p.m, end - begin, p.k, p.alpha, p.a, p.lda, bp, p.ldb, p.beta, p.c + begin,
-            p.ldc);
-    }
+    run_product_block(p, rows, begin, end);
+    if (p.addend != nullptr) add_addend(p, rows ? begin : 0, rows ? end : p.m, rows ? 0 : begin, rows ? p.n : end);
   }
 }
 

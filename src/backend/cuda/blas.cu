@@ -85,6 +85,17 @@ __global__ void scale_matrix(float* c, std::int64_t m, std::int64_t n, std::int6
   }
 }
 
+/// c(i,j) = addend(i,j) + c(i,j): one IEEE addition, the elementwise add's bits.
+__global__ void add_to_matrix(float* c, const float* addend, std::int64_t m, std::int64_t n, std::int64_t ldc,
+                              std::int64_t ld_addend) {
+  const std::int64_t total = m * n;
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    float* p = c + (i / n) * ldc + i % n;
+    *p = __fadd_rn(addend[(i / n) * ld_addend + i % n], *p);
+  }
+}
+
 }  // namespace
 
 bool tf32_enabled() {
@@ -115,6 +126,11 @@ void gemm_group(std::span<const std::span<const GemmProblem>> chains) {
   for (const std::span<const GemmProblem> chain : chains) {
     for (const GemmProblem& p : chain) {
       gemm(p.trans_a, p.trans_b, p.m, p.n, p.k, p.alpha, p.a, p.lda, p.b, p.ldb, p.beta, p.c, p.ldc);
+      if (p.addend != nullptr && p.m > 0 && p.n > 0) {
+        add_to_matrix<<<detail::grid_for(p.m * p.n), detail::kThreads>>>(p.c, p.addend, p.m, p.n, p.ldc,
+                                                                          p.ld_addend);
+        detail::check_launch("gemm", "add_to_matrix");
+      }
     }
   }
 }
