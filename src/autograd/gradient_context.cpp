@@ -176,6 +176,12 @@ class Finality {
     result_.consumed.insert(held.get());
     return true;
   }
+  /// A node of a pass nested in one of this pass's closures ran: the hooks'
+  /// node_done() (communication progress) runs for it too, so a long replay
+  /// does not leave the collectives in flight waiting for its end.
+  void nested_node_done() {
+    if (hooks_ != nullptr) hooks_->node_done();
+  }
   /// The root itself, when it is a leaf (nothing consumes it). A gradient
   /// the hook consumed goes now (its memory back to the allocator during the
   /// pass) and the commit clears the leaf's.
@@ -279,6 +285,10 @@ NestedPassHooks::NestedPassHooks(std::span<const Variable> dependencies) : chann
   for (const Variable& d : dependencies) {
     if (d.is_leaf() && d.requires_grad()) dependencies_.insert(d.node());
   }
+}
+
+void NestedPassHooks::node_done() {
+  if (channel_ != nullptr) channel_->finality->nested_node_done();
 }
 
 void NestedPassHooks::gradient_final(const Variable& leaf, const Tensor& gradient) {

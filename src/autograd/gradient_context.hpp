@@ -80,6 +80,9 @@ class NestedPassHooks final : public BackwardHooks {
   BackwardHooks* active() { return channel_ != nullptr ? this : nullptr; }
   void gradient_final(const Variable& leaf, const Tensor& gradient) override;
   bool consumes(const Variable& leaf) const override { return consumed_.contains(leaf.node()); }
+  /// The enclosing pass's hooks' node_done(), for each node the nested pass
+  /// runs (a bucketed all-reduce keeps moving during a replay).
+  void node_done() override;
   std::vector<std::pair<Variable, Tensor>> finish() override { return {}; }
 
  private:

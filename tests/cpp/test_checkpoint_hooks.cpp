@@ -7,6 +7,7 @@
 // and what it saves with Adam::backward_and_step, from the allocator's peak.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <string>
@@ -207,6 +208,49 @@ TEST(CheckpointHooks, ACheckpointInsideACheckpointsReplayReportsUpLevelByLevel) 
     EXPECT_TRUE(same_bits(inner, w_inner.grad()));
     EXPECT_TRUE(same_bits(outer, w_outer.grad()));
   }
+}
+
+/// node_done() (a GradientBucketer polls its all-reduces there) also runs
+/// for the nodes of a replay's nested pass, nested replays included, not
+/// only once the checkpoint node is done: a replay is a block's whole
+/// backward, long enough for collectives to stall without it.
+TEST(CheckpointHooks, NodeDoneRunsForEachNodeOfAReplaysBackward) {
+  struct Progress : Counting {
+    void node_done() override { log->push_back("node_done"); }
+  };
+  const Variable x(randn({3, 4}, 15), true, "x");
+  const Variable w_outer(randn({4, 4}, 16), true, "w_outer");
+  const Variable w_inner(randn({4, 4}, 17), true, "w_inner");
+  std::vector<std::string> log;
+  const std::vector<Variable> outer_deps{w_outer, w_inner};
+  const Variable out = checkpoint(x, outer_deps, [&](const Variable& v) {
+    const Variable a = probe(matmul(probe(v, "outer input", log), w_outer), "outer product", log);
+    const std::vector<Variable> inner_deps{w_inner};
+    return checkpoint(a, inner_deps, [&](const Variable& u) {
+      return silu(matmul(probe(u, "inner input", log), w_inner));
+    });
+  });
+  Progress hooks;
+  hooks.log = &log;
+  sum(out).backward(hooks);
+  const auto at = [&](const std::string& what) {
+    return static_cast<std::size_t>(std::find(log.begin(), log.end(), what) - log.begin());
+  };
+  const auto progress_between = [&](std::size_t from, std::size_t to) {
+    return std::count(log.begin() + static_cast<std::ptrdiff_t>(from), log.begin() + static_cast<std::ptrdiff_t>(to),
+                      std::string("node_done"));
+  };
+  ASSERT_LT(at("inner input"), at("outer product"));
+  ASSERT_LT(at("outer product"), at("outer input"));
+  ASSERT_LT(at("outer input"), log.size());
+  // The outer pass's sum node, then inside the inner replay (silu, matmul,
+  // its input's probe) and inside the outer one (the inner checkpoint node,
+  // the probes, the matmul): before, only the outer pass's two nodes.
+  EXPECT_GE(progress_between(0, at("inner input")), 2) << ::testing::PrintToString(log);
+  EXPECT_GE(progress_between(at("inner input"), at("outer product")), 1) << ::testing::PrintToString(log);
+  EXPECT_GE(progress_between(at("outer product"), at("outer input")), 1) << ::testing::PrintToString(log);
+  EXPECT_EQ(hooks.times("w_inner"), 1);
+  EXPECT_EQ(hooks.times("w_outer"), 1);
 }
 
 TEST(CheckpointHooks, TheFusedStepUnderBlockHoldsNoWholeBlocksGradients) {

@@ -331,7 +331,8 @@ TEST(FusedProjections, AZeroWidthInputGivesZerosOrTheResidual) {
   const Variable n(Tensor::zeros({0}), true);
   const auto dirty = [] { Tensor d = Tensor::full({4, 64, 64}, 7.0F); };  // freed: the next block may hold 7s
   dirty();
-  for (const float v : linear(x, w).value().values()) ASSERT_EQ(v, 0.0F) << "linear (the composite)";
+  const Tensor lin = linear(x, w).value();  // held: a range-for over a temporary's span would outlive it
+  for (const float v : lin.values()) ASSERT_EQ(v, 0.0F) << "linear (the composite)";
   dirty();
   const Tensor lp = fused::linear_packed(x, {w}).value();
   for (const float v : lp.values()) ASSERT_EQ(v, 0.0F) << "linear_packed";
