@@ -34,7 +34,8 @@
 //                     release_cached_memory() and malloc_trim(0) have handed
 //                     freed memory back: the figure bench/torch2_step.py
 //                     measures for PyTorch 2 (the first measured step faults
-//                     its activations in again, on both sides)
+//                     its activations in again, on both sides); -1 with
+//                     --backend cuda
 //   reserved_bytes    bytes the allocator holds (live + cached for reuse)
 //   host_peak_bytes   with --backend cuda: the CPU allocator's peak during a
 //                     step above its live bytes before it (the pinned host
@@ -226,6 +227,10 @@ int run(int argc, char** argv) {
   // warm-up touched once for good (code, OpenBLAS's and OpenMP's buffers,
   // thread stacks) count on neither side.
   const auto start_measured_rss = [&] {
+    // CPU runs only: a GPU run's host memory is not the figure, and handing
+    // the pinned offload buffers back would make the first measured step
+    // pay cudaHostAlloc again.
+    if (backend != Backend::Cpu) return;
     rss_warm_peak = status_bytes("VmHWM");
     (void)release_cached_memory(Backend::Cpu);
     (void)malloc_trim(0);
