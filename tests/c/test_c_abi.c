@@ -62,6 +62,24 @@ static rt_transformer_config tiny_config(void) {
   return c;
 }
 
+/* The 2-layer model and short run the pipeline tests share (the corpus is
+ * written by test_pipelines): `corpus` receives its path, since path_in's
+ * rotating buffers are reused by later calls. */
+static void tiny_c_pretraining(rt_pretraining_config* c, char corpus[512], int64_t steps) {
+  c->model.context_length = 32;
+  c->model.model_width = 16;
+  c->model.heads = 2;
+  c->model.layers = 2;
+  c->model.feed_forward_width = 32;
+  snprintf(corpus, 512, "%s", path_in("corpus.txt"));
+  c->stage.data = corpus;
+  c->stage.steps = steps;
+  c->stage.batch = 2;
+  c->stage.sequence_length = 16;
+  c->stage.eval_batches = 1;
+  c->stage.checkpoint_interval = 0;
+}
+
 enum { B = 2, T = 8 };
 static int32_t g_tokens[B * T];
 static int32_t g_targets[B * T];
@@ -667,17 +685,9 @@ static void test_pipelines(void) {
   fclose(f);
   rt_pretraining_config c;
   OK(rt_pretraining_config_default(&c));
-  c.model.context_length = 32;
-  c.model.model_width = 16;
-  c.model.heads = 2;
-  c.model.layers = 2;
-  c.model.feed_forward_width = 32;
-  c.stage.data = path_in("corpus.txt");
+  char corpus[512];
+  tiny_c_pretraining(&c, corpus, 4);
   c.stage.output_dir = path_in("pretrain");
-  c.stage.steps = 4;
-  c.stage.batch = 2;
-  c.stage.sequence_length = 16;
-  c.stage.eval_batches = 1;
   c.stage.checkpoint_interval = 1;
   c.stage.activation_checkpointing = RT_ACTIVATION_CHECKPOINTING_TRANSFORMER_BLOCK;
   rt_run_result r;
@@ -1071,17 +1081,9 @@ static void test_groups_accumulation_and_sampling(void) {
   rt_pretraining_config p;
   OK(rt_pretraining_config_default(&p));
   CHECK(p.gradient_accumulation_steps == 1 && p.decay_embeddings == 1);
-  p.model.context_length = 32;
-  p.model.model_width = 16;
-  p.model.heads = 2;
-  p.model.layers = 2;
-  p.model.feed_forward_width = 32;
-  p.stage.data = path_in("corpus.txt");
+  char corpus[512];
+  tiny_c_pretraining(&p, corpus, 2);
   p.stage.output_dir = path_in("accumulate");
-  p.stage.steps = 2;
-  p.stage.batch = 2;
-  p.stage.sequence_length = 16;
-  p.stage.eval_batches = 1;
   p.gradient_accumulation_steps = 2;
   p.decay_embeddings = 0;
   rt_run_result r;
@@ -1233,18 +1235,9 @@ static void test_activation_offload(void) {
   rt_pretraining_config c;
   OK(rt_pretraining_config_default(&c));
   CHECK(c.activation_offload == 0);
-  c.model.context_length = 32;
-  c.model.model_width = 16;
-  c.model.heads = 2;
-  c.model.layers = 2;
-  c.model.feed_forward_width = 32;
-  c.stage.data = path_in("corpus.txt");
+  char corpus[512];
+  tiny_c_pretraining(&c, corpus, 2);
   c.stage.activation_checkpointing = RT_ACTIVATION_CHECKPOINTING_TRANSFORMER_BLOCK;
-  c.stage.steps = 2;
-  c.stage.batch = 2;
-  c.stage.sequence_length = 16;
-  c.stage.eval_batches = 1;
-  c.stage.checkpoint_interval = 0;
   rt_run_result off;
   off.struct_size = sizeof off;
   c.stage.output_dir = path_in("offload_off");
@@ -1278,20 +1271,9 @@ static void test_zero_stage_and_buckets(void) {
   rt_post_training_config p;
   OK(rt_post_training_config_default(&p));
   CHECK(p.zero_stage == 0 && p.gradient_bucket_mib == 25);
-  c.model.context_length = 32;
-  c.model.model_width = 16;
-  c.model.heads = 2;
-  c.model.layers = 2;
-  c.model.feed_forward_width = 32;
   char corpus[512], base[512]; /* path_in's buffers are reused */
-  snprintf(corpus, sizeof corpus, "%s", path_in("corpus.txt"));
+  tiny_c_pretraining(&c, corpus, 2);
   snprintf(base, sizeof base, "%s", path_in("zero_off/model.safetensors"));
-  c.stage.data = corpus;
-  c.stage.steps = 2;
-  c.stage.batch = 2;
-  c.stage.sequence_length = 16;
-  c.stage.eval_batches = 1;
-  c.stage.checkpoint_interval = 0;
   rt_run_result plain;
   plain.struct_size = sizeof plain;
   c.stage.output_dir = path_in("zero_off");
@@ -1347,19 +1329,8 @@ static void test_pipeline_device(void) {
   rt_post_training_config p;
   OK(rt_post_training_config_default(&p));
   CHECK(p.device == RT_BACKEND_CPU);
-  c.model.context_length = 32;
-  c.model.model_width = 16;
-  c.model.heads = 2;
-  c.model.layers = 2;
-  c.model.feed_forward_width = 32;
   char corpus[512];
-  snprintf(corpus, sizeof corpus, "%s", path_in("corpus.txt"));
-  c.stage.data = corpus;
-  c.stage.steps = 2;
-  c.stage.batch = 2;
-  c.stage.sequence_length = 16;
-  c.stage.eval_batches = 1;
-  c.stage.checkpoint_interval = 0;
+  tiny_c_pretraining(&c, corpus, 2);
   rt_run_result r;
   r.struct_size = sizeof r;
   c.stage.output_dir = path_in("device_cpu");
@@ -1505,19 +1476,8 @@ static void test_optimizer_in_backward(void) {
   rt_post_training_config p;
   OK(rt_post_training_config_default(&p));
   CHECK(p.optimizer_in_backward == 0);
-  c.model.context_length = 32;
-  c.model.model_width = 16;
-  c.model.heads = 2;
-  c.model.layers = 2;
-  c.model.feed_forward_width = 32;
   char corpus[512];
-  snprintf(corpus, sizeof corpus, "%s", path_in("corpus.txt"));
-  c.stage.data = corpus;
-  c.stage.steps = 3;
-  c.stage.batch = 2;
-  c.stage.sequence_length = 16;
-  c.stage.eval_batches = 1;
-  c.stage.checkpoint_interval = 0;
+  tiny_c_pretraining(&c, corpus, 3);
   c.stage.max_grad_norm = 0.0f;
   rt_run_result off, on;
   off.struct_size = sizeof off;

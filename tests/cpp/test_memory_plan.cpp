@@ -10,6 +10,7 @@
 
 #include "model_fixtures.hpp"
 #include "scratch.hpp"
+#include "tiny_pretraining.hpp"
 #include "riftco_transformer/errors.hpp"
 #include "riftco_transformer/memory.hpp"
 #include "riftco_transformer/memory_plan.hpp"
@@ -306,16 +307,8 @@ TEST(MemoryPlan, LoraPostTrainingWithABudgetStaysUnderIt) {
   PretrainingConfig base = small_run(dir);
   base.steps = 1;
   ASSERT_TRUE(run_pretraining(base).completed);
-  PostTrainingConfig c;
-  c.base_model = base.output_dir / "model.safetensors";
-  c.data = fs::path(RIFTCO_SOURCE_DIR) / "data" / "chat_example.jsonl";
-  c.steps = 2;
-  c.batch = 2;
-  c.sequence_length = 96;
-  c.eval_interval = 0;
-  c.eval_batches = 1;
+  PostTrainingConfig c = rt_test::tiny_chat_post_training(base.output_dir / "model.safetensors", 2);
   c.checkpoint_interval = 0;
-  c.lora.rank = 2;
   c.output_dir = dir / "unplanned";
   const RunResult unplanned = run_post_training(c);
   c.output_dir = dir / "planned";

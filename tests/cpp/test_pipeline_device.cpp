@@ -20,13 +20,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-PretrainingConfig tiny(const fs::path& dir) {
-  PretrainingConfig c = rt_test::tiny_pretraining(dir);
-  c.warmup_steps = 2;
-  c.eval_interval = 0;
-  c.checkpoint_interval = 3;
-  return c;
-}
+PretrainingConfig tiny(const fs::path& dir) { return rt_test::tiny_pretraining_checkpointed(dir); }
 
 }  // namespace
 

@@ -20,12 +20,19 @@ namespace fs = std::filesystem;
 namespace {
 
 PretrainingConfig tiny(const fs::path& dir) {
-  PretrainingConfig c = rt_test::tiny_pretraining(dir);
-  c.warmup_steps = 2;
-  c.eval_interval = 0;
-  c.checkpoint_interval = 3;
+  PretrainingConfig c = rt_test::tiny_pretraining_checkpointed(dir);
   c.max_grad_norm = 0.0F;  // the fused step cannot clip
   return c;
+}
+
+/// A base model for post-training on the chat data (context 96): `steps`
+/// steps into dir/base.
+PretrainingConfig chat_base(const fs::path& dir, std::int64_t steps) {
+  PretrainingConfig base = tiny(dir);
+  base.dimensions.context_length = 96;
+  base.steps = steps;
+  base.output_dir = dir / "base";
+  return base;
 }
 
 nlohmann::json metadata(const fs::path& run) {
@@ -110,22 +117,11 @@ TEST(PipelineOptimizerInBackward, AResumeMayTurnItOnOrOff) {
 
 TEST(PipelineOptimizerInBackward, LoraAndFullPostTrainingGiveTheSameBits) {
   const fs::path dir = rt_test::fresh_dir("fused_step", "post");
-  PretrainingConfig base = tiny(dir);
-  base.dimensions.context_length = 96;
-  base.steps = 2;
-  base.output_dir = dir / "base";
+  const PretrainingConfig base = chat_base(dir, 2);
   ASSERT_TRUE(run_pretraining(base).completed);
-  PostTrainingConfig c;
-  c.base_model = base.output_dir / "model.safetensors";
-  c.data = fs::path(RIFTCO_SOURCE_DIR) / "data" / "chat_example.jsonl";
+  PostTrainingConfig c = rt_test::tiny_chat_post_training(base.output_dir / "model.safetensors", 3);
   c.activation_checkpointing = ActivationCheckpointingKind::TransformerBlock;
-  c.steps = 3;
-  c.batch = 2;
-  c.sequence_length = 96;
-  c.eval_interval = 0;
-  c.eval_batches = 1;
   c.max_grad_norm = 0.0F;
-  c.lora.rank = 2;
   for (const FineTuningMethod method : {FineTuningMethod::Lora, FineTuningMethod::Full}) {
     c.fine_tuning_method = method;
     const std::string name = fine_tuning_method_name(method);
@@ -216,10 +212,7 @@ TEST(PipelineOptimizerInBackward, TheThreeRefusalsComeBeforeAnythingIsReadOrWrit
 // Fused: the head and the norm are updated, then the step fails part-way.
 TEST(PipelineOptimizerInBackward, AGradientOverflowAfterTheFirstUpdateIsAPartialStepErrorWithNoModel) {
   const fs::path dir = rt_test::fresh_dir("fused_step", "partial");
-  PretrainingConfig base = tiny(dir);
-  base.dimensions.context_length = 96;
-  base.steps = 1;
-  base.output_dir = dir / "base";
+  const PretrainingConfig base = chat_base(dir, 1);
   ASSERT_TRUE(run_pretraining(base).completed);
   auto model = load_model(base.output_dir / "model.safetensors");
   const std::int64_t c = base.dimensions.model_width;
@@ -234,14 +227,8 @@ TEST(PipelineOptimizerInBackward, AGradientOverflowAfterTheFirstUpdateIsAPartial
   model->parameter(last + "down.weight").set_value(down);
   save_model_state(*model, dir / "overflowing.safetensors");
 
-  PostTrainingConfig p;
-  p.base_model = dir / "overflowing.safetensors";
-  p.data = fs::path(RIFTCO_SOURCE_DIR) / "data" / "chat_example.jsonl";
+  PostTrainingConfig p = rt_test::tiny_chat_post_training(dir / "overflowing.safetensors", 2);
   p.fine_tuning_method = FineTuningMethod::Full;
-  p.steps = 2;
-  p.batch = 2;
-  p.sequence_length = 96;
-  p.eval_batches = 1;
   p.max_grad_norm = 0.0F;
   p.output_dir = dir / "plain";
   try {  // the plain step sees every gradient first: nothing changes

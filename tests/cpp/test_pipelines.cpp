@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "scratch.hpp"
+#include "tiny_pretraining.hpp"
 #include "riftco_transformer/adapter_state.hpp"
 #include "riftco_transformer/data.hpp"
 #include "riftco_transformer/pipelines.hpp"
@@ -22,15 +23,10 @@ namespace {
 fs::path fresh_dir(const std::string& name) { return rt_test::fresh_dir("pipeline", name); }
 using rt_test::read_file;
 
-using rt_test::write_corpus;
-
+/// The shared tiny run, 8 steps with evaluations and checkpoints along the way.
 PretrainingConfig tiny_pretraining(const fs::path& dir) {
-  PretrainingConfig c;
-  c.dimensions = {256, 32, 16, 2, 2, 32};
-  c.data = write_corpus(dir);
+  PretrainingConfig c = rt_test::tiny_pretraining(dir);
   c.steps = 8;
-  c.batch = 2;
-  c.sequence_length = 16;
   c.warmup_steps = 2;
   c.eval_interval = 4;
   c.eval_batches = 2;
@@ -150,16 +146,9 @@ TEST(Pipelines, LoraPostTrainingOnTheShippedData) {
   base.steps = 2;
   ASSERT_TRUE(run_pretraining(base).completed);
 
-  PostTrainingConfig c;
-  c.base_model = base.output_dir / "model.safetensors";
-  c.data = fs::path(RIFTCO_SOURCE_DIR) / "data" / "chat_example.jsonl";
+  PostTrainingConfig c = rt_test::tiny_chat_post_training(base.output_dir / "model.safetensors", 4);
   c.activation_checkpointing = ActivationCheckpointingKind::TransformerBlock;
-  c.steps = 4;
-  c.batch = 2;
-  c.sequence_length = 96;
   c.eval_interval = 2;
-  c.eval_batches = 1;
-  c.lora.rank = 2;
   c.output_dir = dir / "lora";
   const RunResult r = run_post_training(c);
   ASSERT_TRUE(r.completed);

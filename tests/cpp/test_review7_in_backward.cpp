@@ -44,6 +44,21 @@ Variable input_is_dependency_loss(const Variable& w) {
   return sum(mul(y, y));
 }
 
+/// Adam's fused step over `loss` updates w (its only parameter), then a
+/// node reads w's old bytes through another handle: a PartialStepError
+/// saying stale graph and 1 of 1 updates, and x's gradient not committed.
+void expect_stale_after_the_update(Variable& w, const Variable& x, const Variable& loss, const char* otherwise) {
+  Adam adam({w});
+  try {
+    adam.backward_and_step(loss);
+    ADD_FAILURE() << otherwise;
+  } catch (const PartialStepError& e) {
+    EXPECT_NE(std::string(e.what()).find("stale graph"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("1 of 1"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(x.grad().defined()) << "nothing committed";
+}
+
 }  // namespace
 
 TEST(Review7InBackward, ALeafThatIsACheckpointsInputAndDependencyIsReportedOnceWithItsWholeGradient) {
@@ -86,15 +101,7 @@ TEST(Review7InBackward, AConstantSharingAParametersBufferReadAfterItsUpdateIsASt
   const Variable first = sum(matmul(x, w));      // w final once this branch ran
   const Variable second = sum(matmul(x, alias));  // reads alias (w's buffer) for x's gradient
   const Variable loss = add(second, first);       // first's branch runs first
-  Adam adam({w});
-  try {
-    adam.backward_and_step(loss);
-    FAIL() << "x's gradient was computed from the updated w";
-  } catch (const PartialStepError& e) {
-    EXPECT_NE(std::string(e.what()).find("stale graph"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("1 of 1"), std::string::npos) << e.what();
-  }
-  EXPECT_FALSE(x.grad().defined()) << "nothing committed";
+  expect_stale_after_the_update(w, x, loss, "x's gradient was computed from the updated w");
 }
 
 // The same through a checkpoint: its callable makes a constant of w's buffer
@@ -106,15 +113,7 @@ TEST(Review7InBackward, ACheckpointsConstantOfAParametersBufferIsStaleAfterItsUp
   const std::vector<Variable> none;
   const Variable block = checkpoint(x, none, [&w](const Variable& in) { return matmul(in, Variable(w.value())); });
   const Variable loss = add(sum(block), sum(matmul(x, w)));  // w's branch runs first
-  Adam adam({w});
-  try {
-    adam.backward_and_step(loss);
-    FAIL() << "the replay read the updated w";
-  } catch (const PartialStepError& e) {
-    EXPECT_NE(std::string(e.what()).find("stale graph"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("1 of 1"), std::string::npos) << e.what();
-  }
-  EXPECT_FALSE(x.grad().defined()) << "nothing committed";
+  expect_stale_after_the_update(w, x, loss, "the replay read the updated w");
 }
 
 // A closure failing inside a replay's backward after the replay reported

@@ -9,6 +9,8 @@
 #include <iostream>
 #include <cmath>
 #include <filesystem>
+#include <initializer_list>
+#include <string>
 #include <nlohmann/json.hpp>
 
 #include "job_dir.hpp"
@@ -219,18 +221,28 @@ TEST(DataParallel, ResumeMatchesAnUninterruptedRunAndRefusesOtherWorldSizes) {
   EXPECT_EQ(read_file(part.output_dir / "model.safetensors"), read_file(whole.output_dir / "model.safetensors"));
 }
 
-TEST(DataParallel, BatchNotDivisibleByTheRanksIsAValueErrorBeforeAnyFile) {
-  PretrainingConfig c = tiny("uneven");
-  c.batch = 3;
+namespace {
+
+/// `c` is a ValueError on every rank whose message holds each phrase, and
+/// no rank writes its output directory.
+void expect_refused_on_every_rank(const PretrainingConfig& c, const std::string& what,
+                                  std::initializer_list<const char*> phrases) {
   try {
     run_pretraining(c, world());
-    ADD_FAILURE() << "batch 3 over 2 ranks was accepted";
+    ADD_FAILURE() << what << " was accepted";
   } catch (const ValueError& e) {
-    EXPECT_NE(std::string(e.what()).find("batch 3"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("not divisible by the 2 ranks"), std::string::npos) << e.what();
+    for (const char* phrase : phrases) EXPECT_NE(std::string(e.what()).find(phrase), std::string::npos) << e.what();
   }
   world().barrier();
   EXPECT_FALSE(fs::exists(c.output_dir));
+}
+
+}  // namespace
+
+TEST(DataParallel, BatchNotDivisibleByTheRanksIsAValueErrorBeforeAnyFile) {
+  PretrainingConfig c = tiny("uneven");
+  c.batch = 3;
+  expect_refused_on_every_rank(c, "batch 3 over 2 ranks", {"batch 3", "not divisible by the 2 ranks"});
 }
 
 // The fused step needs every gradient unreduced: refused on every rank (no
@@ -239,15 +251,8 @@ TEST(DataParallel, OptimizerInBackwardIsAValueErrorOnEveryRankBeforeAnyFile) {
   PretrainingConfig c = tiny("fused_step");
   c.optimizer_in_backward = true;
   c.max_grad_norm = 0.0F;
-  try {
-    run_pretraining(c, world());
-    ADD_FAILURE() << "optimizer_in_backward over 2 ranks was accepted";
-  } catch (const ValueError& e) {
-    EXPECT_NE(std::string(e.what()).find("[pretraining] optimizer_in_backward"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("this job has 2 ranks"), std::string::npos) << e.what();
-  }
-  world().barrier();
-  EXPECT_FALSE(fs::exists(c.output_dir));
+  expect_refused_on_every_rank(c, "optimizer_in_backward over 2 ranks",
+                               {"[pretraining] optimizer_in_backward", "this job has 2 ranks"});
 }
 
 TEST(DataParallel, SynchronizeGradientsAveragesAndKeepsMissingOnesConsistent) {
