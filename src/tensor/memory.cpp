@@ -148,6 +148,25 @@ void* take_cached(BlockCache& cache, std::size_t rounded) {
   return ptr;
 }
 
+/// Puts a freed block of `rounded` bytes on its free list; false when it is
+/// not kept (the caller gives it back): a capped cache (CUDA's) whose bytes
+/// would pass the largest live byte count seen (raised to `live_before`
+/// first), or a list that cannot grow.
+bool keep_cached(BlockCache& cache, void* ptr, std::size_t rounded, bool capped, std::int64_t live_before) noexcept {
+  try {
+    std::lock_guard<std::mutex> guard(cache.lock);
+    if (capped) {
+      cache.high_water = std::max(cache.high_water, live_before);
+      if (cache.cached + static_cast<std::int64_t>(rounded) > cache.high_water) return false;
+    }
+    cache.free_lists[rounded].push_back(ptr);  // may allocate: hence the try
+    cache.cached += static_cast<std::int64_t>(rounded);
+    return true;
+  } catch (...) {
+    return false;
+  }
+}
+
 /// Gives every cached block back with `give_back` (no longer reserved in
 /// `c`); the bytes released.
 std::int64_t release_cache(BlockCache& cache, Counters& c, void (*give_back)(void*) noexcept) {
@@ -281,20 +300,7 @@ void free_bytes(Backend backend, void* ptr, std::size_t bytes) noexcept {
     host_pages_free(ptr, rounded);
     return;
   }
-  if (backend == Backend::Cuda) {
-    BlockCache& cache = cuda_cache();
-    try {
-      std::lock_guard<std::mutex> guard(cache.lock);
-      cache.high_water = std::max(cache.high_water, live_before);
-      if (cache.cached + static_cast<std::int64_t>(rounded) <= cache.high_water) {
-        cache.free_lists[rounded].push_back(ptr);  // may allocate: hence the try
-        cache.cached += static_cast<std::int64_t>(rounded);
-        return;
-      }
-    } catch (...) {
-      // fall through: give the block back to the system
-    }
-  }
+  if (backend == Backend::Cuda && keep_cached(cuda_cache(), ptr, rounded, true, live_before)) return;
   system_free(backend, ptr);
   c.reserved.fetch_sub(static_cast<std::int64_t>(rounded));
 }
@@ -319,16 +325,8 @@ void free_pinned_bytes(void* ptr, std::size_t bytes) noexcept {
   Counters& c = counters(Backend::Cpu);
   c.live.fetch_sub(static_cast<std::int64_t>(bytes));
   c.frees.fetch_add(1);
-  BlockCache& pinned = pinned_cache();
   const std::size_t rounded = std::max(size_class(bytes), kAlign);
-  try {
-    std::lock_guard<std::mutex> guard(pinned.lock);
-    pinned.free_lists[rounded].push_back(ptr);
-    pinned.cached += static_cast<std::int64_t>(rounded);
-    return;
-  } catch (...) {
-    // fall through: give the block back
-  }
+  if (keep_cached(pinned_cache(), ptr, rounded, false, 0)) return;  // every freed one is kept
   cuda_host_free(ptr);
   c.reserved.fetch_sub(static_cast<std::int64_t>(rounded));
 }
