@@ -245,7 +245,8 @@ RT_API rt_status rt_model_parameter_count(const rt_model* model, size_t* count);
 RT_API rt_status rt_model_parameter_elements(const rt_model* model, int64_t* elements);
 /* Copies parameter `index`'s name into `buffer` (NUL-terminated). `*needed`
  * (may be NULL) receives the size it needs, NUL included; a buffer that is
- * too small gives RT_ERROR_INVALID_ARGUMENT and writes nothing. */
+ * too small gives RT_ERROR_INVALID_ARGUMENT and writes nothing. buffer NULL
+ * with buffer_size 0 and `needed` set is a size query: RT_OK (ABI 2.6.1). */
 RT_API rt_status rt_model_parameter_name(const rt_model* model, size_t index, char* buffer, size_t buffer_size,
                                          size_t* needed);
 /* A handle to the named parameter (base or adapter), for its value and gradient. */

@@ -88,7 +88,7 @@ class Variable {
   }
   std::string name() const {
     size_t needed = 0;
-    rt_variable_name(get(), nullptr, 0, &needed);  // asks for the size
+    check(rt_variable_name(get(), nullptr, 0, &needed));  // a size query (RT_OK; the last error stays)
     std::string out(needed, '\0');
     check(rt_variable_name(get(), out.data(), out.size(), &needed));
     out.resize(needed - 1);
@@ -136,7 +136,18 @@ class Model {
     return kind;
   }
   Variable loss(const std::vector<int32_t>& tokens, const std::vector<int32_t>& targets, int64_t batch) const {
-    if (batch <= 0 || tokens.size() % static_cast<size_t>(batch) != 0) check(RT_ERROR_INVALID_ARGUMENT);
+    // Checked here: the C call reads batch × (tokens / batch) ids from each
+    // buffer, and a status without a call would report an older message.
+    if (batch <= 0 || tokens.empty() || tokens.size() % static_cast<size_t>(batch) != 0) {
+      throw Error(RT_ERROR_INVALID_ARGUMENT, "RT_ERROR_INVALID_ARGUMENT: [rt::Model::loss] " +
+                                                 std::to_string(tokens.size()) + " tokens do not split into batch " +
+                                                 std::to_string(batch));
+    }
+    if (targets.size() != tokens.size()) {
+      throw Error(RT_ERROR_INVALID_ARGUMENT, "RT_ERROR_INVALID_ARGUMENT: [rt::Model::loss] " +
+                                                 std::to_string(targets.size()) + " targets for " +
+                                                 std::to_string(tokens.size()) + " tokens");
+    }
     rt_variable* v = nullptr;
     check(rt_model_loss(get(), tokens.data(), targets.data(), batch,
                         static_cast<int64_t>(tokens.size()) / batch, &v));

@@ -118,6 +118,7 @@ riftco_transformer::LoraConfig lora(const rt_lora_config& c, const char* functio
 
 void copy_string(const std::string& text, char* buffer, std::size_t size, std::size_t* needed, const char* function) {
   if (needed != nullptr) *needed = text.size() + 1;
+  if (buffer == nullptr && size == 0 && needed != nullptr) return;  // a size query: RT_OK, nothing written
   if (buffer == nullptr) bad_argument(function, "buffer is NULL");
   if (size < text.size() + 1) {
     bad_argument(function, "buffer of " + std::to_string(size) + " bytes is too small: " +

@@ -15,9 +15,14 @@ rt::DecoderOnlyTransformer& model_of(const rt_model* model, const char* function
   return *m.model;
 }
 
-rt::LoadOptions load_options(uint32_t flags, const char* function) {
-  if ((flags & ~(RT_LOAD_ALLOW_NON_FINITE | RT_LOAD_ALLOW_BASE_MISMATCH)) != 0) {
-    bad_argument(function, "flags " + std::to_string(flags) + " has bits that are not RT_LOAD_* values");
+/// `flags` as load options; bits outside `allowed` (the RT_LOAD_* values
+/// this function takes) are RT_ERROR_INVALID_ARGUMENT.
+rt::LoadOptions load_options(uint32_t flags, const char* function,
+                             uint32_t allowed = RT_LOAD_ALLOW_NON_FINITE | RT_LOAD_ALLOW_BASE_MISMATCH) {
+  if ((flags & ~allowed) != 0) {
+    bad_argument(function, "flags " + std::to_string(flags) + " has bits that are not " +
+                               (allowed == RT_LOAD_ALLOW_NON_FINITE ? "RT_LOAD_ALLOW_NON_FINITE (the only flag it takes)"
+                                                                    : "RT_LOAD_* values"));
   }
   rt::LoadOptions o;
   o.allow_non_finite = (flags & RT_LOAD_ALLOW_NON_FINITE) != 0;
@@ -265,14 +270,14 @@ rt_status rt_model_load(rt_model* model, const char* path, uint32_t flags) {
 rt_status rt_convert_from_hf(const char* directory, const char* output, uint32_t flags) {
   constexpr const char* f = "rt_convert_from_hf";
   return guard(f, [&] {
-    rt::convert_from_hf(path_of(directory, f), path_of(output, f), load_options(flags, f));
+    rt::convert_from_hf(path_of(directory, f), path_of(output, f), load_options(flags, f, RT_LOAD_ALLOW_NON_FINITE));
   });
 }
 
 rt_status rt_convert_to_hf(const char* model_state, const char* directory, uint32_t flags) {
   constexpr const char* f = "rt_convert_to_hf";
   return guard(f, [&] {
-    rt::convert_to_hf(path_of(model_state, f), path_of(directory, f), load_options(flags, f));
+    rt::convert_to_hf(path_of(model_state, f), path_of(directory, f), load_options(flags, f, RT_LOAD_ALLOW_NON_FINITE));
   });
 }
 

@@ -486,6 +486,15 @@ static void test_errors_leave_handles_usable(void) {
   CHECK(needed == strlen("token_embedding.weight") + 1);
   FAILS(rt_model_parameter_name(model, 999, tiny_name, sizeof tiny_name, NULL), RT_ERROR_INVALID_ARGUMENT,
         "out of range");
+  /* NULL with size 0 is a size query (2.6.1): RT_OK, the last error stays;
+   * NULL with a size, or without `needed`, is still an error. */
+  needed = 0;
+  OK(rt_model_parameter_name(model, 0, NULL, 0, &needed));
+  CHECK(needed == strlen("token_embedding.weight") + 1);
+  CHECK(strstr(rt_last_error_message(), "out of range") != NULL);
+  FAILS(rt_model_parameter_name(model, 0, NULL, 8, &needed), RT_ERROR_INVALID_ARGUMENT, "buffer is NULL");
+  FAILS(rt_model_parameter_name(model, 0, NULL, 0, NULL), RT_ERROR_INVALID_ARGUMENT, "buffer is NULL");
+  FAILS(rt_model_parameter_name(model, 999, NULL, 0, &needed), RT_ERROR_INVALID_ARGUMENT, "out of range");
   rt_variable* loss = NULL;
   FAILS(rt_model_loss(model, g_tokens, NULL, B, T, &loss), RT_ERROR_INVALID_ARGUMENT, "targets is NULL");
   FAILS(rt_model_loss(model, g_tokens, g_targets, 0, T, &loss), RT_ERROR_INVALID_ARGUMENT, "must be > 0");
@@ -955,6 +964,11 @@ static void test_gqa_tied_and_hf_conversion(void) {
         "not a directory");
   FAILS(rt_convert_from_hf(NULL, path_in("x.safetensors"), 0), RT_ERROR_INVALID_ARGUMENT, "NULL");
   FAILS(rt_convert_to_hf(path_in("gqa.safetensors"), path_in("hf"), 0x80u), RT_ERROR_INVALID_ARGUMENT, "flags");
+  /* The adapter-only flag means nothing to a conversion: refused, not ignored. */
+  FAILS(rt_convert_to_hf(path_in("gqa.safetensors"), path_in("hf"), RT_LOAD_ALLOW_BASE_MISMATCH),
+        RT_ERROR_INVALID_ARGUMENT, "RT_LOAD_ALLOW_NON_FINITE (the only flag it takes)");
+  FAILS(rt_convert_from_hf(path_in("hf"), path_in("x.safetensors"), RT_LOAD_ALLOW_BASE_MISMATCH),
+        RT_ERROR_INVALID_ARGUMENT, "RT_LOAD_ALLOW_NON_FINITE (the only flag it takes)");
   rt_model_destroy(again);
   rt_model_destroy(model);
 }

@@ -65,6 +65,35 @@ TEST(CAbiRaii, TrainsOneStepAndDecodesThroughHandles) {
   EXPECT_THROW(grouped.weight_decay("nothing"), rt::Error);
 }
 
+// rt::Model::loss checks what the C call cannot: targets as long as the
+// tokens (the C call reads batch × length ids from each), and a batch that
+// splits them, each an rt::Error with its own message (not the thread's
+// older one). name() asks the size without a failure: the last error stays.
+TEST(CAbiRaii, LossRefusesTargetsOfAnotherLengthAndNameKeepsTheLastError) {
+  rt::Model model(tiny(), 3);
+  const std::vector<int32_t> tokens(16, 5);
+  const auto refusal = [&](const std::vector<int32_t>& targets, int64_t batch) -> std::string {
+    try {
+      model.loss(tokens, targets, batch);
+    } catch (const rt::Error& e) {
+      EXPECT_EQ(e.status(), RT_ERROR_INVALID_ARGUMENT);
+      return e.what();
+    }
+    return "(accepted)";
+  };
+  EXPECT_NE(refusal(std::vector<int32_t>(4, 1), 2).find("4 targets for 16 tokens"), std::string::npos);
+  EXPECT_NE(refusal(std::vector<int32_t>(17, 1), 2).find("17 targets for 16 tokens"), std::string::npos);
+  EXPECT_NE(refusal(tokens, 3).find("16 tokens do not split into batch 3"), std::string::npos);
+  EXPECT_NE(refusal(tokens, 0).find("batch 0"), std::string::npos);
+  EXPECT_NE(refusal(tokens, -2).find("batch -2"), std::string::npos);
+  EXPECT_EQ(model.loss(tokens, tokens, 2).value().size(), 1U);
+
+  EXPECT_NE(rt_model_set_dropout(model.get(), 7.0F, 1), RT_OK);
+  const std::string failure = rt_last_error_message();
+  EXPECT_EQ(model.parameter("lm_head.weight").name(), "lm_head.weight");
+  EXPECT_EQ(rt_last_error_message(), failure);
+}
+
 TEST(CAbiRaii, BackwardWithoutRetainGraphFreesIt) {
   const std::vector<int32_t> tokens = {1, 2, 3, 4, 5, 6, 7, 8};
   const std::vector<int32_t> targets = {2, 3, 4, 5, 6, 7, 8, 9};
