@@ -59,7 +59,9 @@ class Adam {
   /// parameter's shape or backend changed (set_value, to()) since this Adam
   /// made its moments: build a new Adam for the new shape. A non-finite
   /// gradient (NaN/inf anywhere, or a norm that overflows) is a ValueError
-  /// naming the parameter, and nothing changes either.
+  /// naming the parameter, and nothing changes either. With no gradient at
+  /// all nothing changes and step_count() stays (PyTorch's step() with every
+  /// .grad None): the next real step is bias-corrected as this one would be.
   float step();
   /// The same update with explicit gradients, one per parameter in
   /// parameters() order (an undefined Tensor skips that parameter), instead
@@ -78,14 +80,17 @@ class Adam {
   /// gradient, so the pass never holds every gradient at once. The updates
   /// are bit-identical to backward() followed by step(). `loss` must be a
   /// scalar. Refused before anything runs (ValueError): max_grad_norm > 0
-  /// (clipping needs every gradient first). Parameters of this Adam are left
+  /// (clipping needs every gradient first), and a loss that reaches none of
+  /// this Adam's parameters (another model's). Parameters of this Adam are left
   /// without a gradient (grad() undefined); other leaves the pass reaches get
   /// theirs as backward() gives them. As after backward(), a parameter
   /// reached without a contribution is stepped with zeros, and one never
   /// reached with the gradient it holds (skipped when it holds none).
   /// Returns the global gradient norm, bit-equal to step()'s. A failure
   /// before the first update (a stale graph, a non-finite first gradient, a
-  /// closure or allocation failing) changes nothing and throws its own type;
+  /// closure or allocation failing) changes no parameter, moment, gradient
+  /// or step count and throws its own type (with Release, the loss's graph
+  /// is gone as after any Release pass that threw: run the forward again);
   /// one after it throws PartialStepError (errors.hpp) naming how many
   /// parameters were updated and the cause, with step_count() advanced (a
   /// global norm that overflows with every gradient finite, too).

@@ -347,10 +347,14 @@ RT_API rt_status rt_adam_step(rt_adam* adam, float* grad_norm);
  * gradient: the weights are bit-identical to a backward then rt_adam_step,
  * and afterwards this Adam's parameters have no gradient. loss must be a
  * scalar. Options with max_grad_norm > 0 are RT_ERROR_VALUE before anything
- * runs (clipping needs every gradient first). A failure before the first
- * update (a stale graph, a non-finite gradient) changes nothing and has its
- * own status (RT_ERROR_VALUE for a non-finite gradient); one after it is
- * RT_ERROR_PARTIAL_STEP. *grad_norm (may be NULL): the global gradient norm. */
+ * runs (clipping needs every gradient first), as is a loss that reaches none
+ * of this Adam's parameters (2.6.1). A failure before the first update (a
+ * stale graph, a non-finite gradient) changes no parameter, moment, gradient
+ * or step count and has its own status (RT_ERROR_VALUE for a non-finite
+ * gradient); the loss's graph, freed as the pass went, is gone as after a
+ * failed rt_variable_backward_ex with retain_graph 0 (run the forward
+ * again). One after it is RT_ERROR_PARTIAL_STEP. *grad_norm (may be NULL):
+ * the global gradient norm. */
 RT_API rt_status rt_adam_backward_and_step(rt_adam* adam, const rt_variable* loss, float* grad_norm);
 RT_API rt_status rt_adam_zero_grad(rt_adam* adam);
 RT_API rt_status rt_adam_set_learning_rate(rt_adam* adam, float learning_rate);

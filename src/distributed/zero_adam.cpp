@@ -265,6 +265,9 @@ float ShardedAdam::update(std::span<const Tensor* const> gradients, Gradients ki
   for (std::size_t i = 0; i < count; ++i) present[i] = gradients[i]->defined() ? 1.0F : 0.0F;
   comm_.all_reduce_sum(present);
   auto steps = [&](std::size_t i) { return present[i] > 0.0F; };
+  // No gradient on any rank (every rank sees the same flags): nothing to
+  // update and the step count stays, as Adam::step.
+  if (std::none_of(present.begin(), present.end(), [](float p) { return p > 0.0F; })) return 0.0F;
 
   // Every flat buffer below is on the parameters' backend, filled by its kernels.
   const backend::Kernels& kernels = backend::kernels(backend_, "ShardedAdam");

@@ -170,6 +170,10 @@ float Adam::update(std::span<const Tensor* const> gradients) {
     detail::throw_non_finite_gradient_norm("Adam", culprit);
   }
   const auto norm = static_cast<float>(std::sqrt(squares));
+  // No gradient at all (as PyTorch's step() with every .grad None): nothing
+  // to update, and the step count stays, so the next real step's bias
+  // correction is a first step's.
+  if (with_grad.empty()) return norm;
   ++steps_;
   const backend::AdamCoefficients c =
       detail::adam_coefficients(options_, steps_, detail::adam_clip_factor(options_, norm));

@@ -10,6 +10,7 @@
 // clipping here), and the norm summed from each parameter's
 // sum_of_squares_partials in parameters() order once the pass is over,
 // exactly the terms and order step()'s sum_of_squares adds.
+#include <algorithm>
 #include <cmath>
 #include <exception>
 #include <new>
@@ -51,6 +52,14 @@ class Adam::StepInBackward final : public BackwardHooks {
     std::vector<bool> reached(adam_.params_.size(), false);
     for (const Variable& leaf : leaves) {
       if (const auto it = index_.find(leaf.node()); it != index_.end()) reached[it->second] = true;
+    }
+    if (!adam_.params_.empty() && std::none_of(reached.begin(), reached.end(), [](bool r) { return r; })) {
+      // Another model's loss (or one of parameters this Adam was not built
+      // with): the pass would commit its leaves' gradients and step nothing.
+      throw ValueError("[Adam::backward_and_step] the loss reaches none of this Adam's " +
+                       std::to_string(adam_.params_.size()) + " parameters (the first is '" +
+                       adam_.params_.front().name() +
+                       "'): a loss of another model? Nothing ran; build the Adam over the loss's parameters");
     }
     std::size_t first = 0;
     bool any = false;
