@@ -1441,6 +1441,10 @@ static void test_adam_backward_and_step(void) {
   OK(rt_adam_create(models[1], &options, &clipping));
   FAILS(rt_adam_backward_and_step(clipping, loss, NULL), RT_ERROR_VALUE, "max_grad_norm");
   rt_adam_destroy(clipping);
+  /* Another model's loss reaches none of this Adam's parameters (2.6.1):
+   * refused before the pass, so that loss can still run its backward. */
+  FAILS(rt_adam_backward_and_step(adams[0], loss, NULL), RT_ERROR_VALUE, "reaches none of this Adam's");
+  OK(rt_variable_backward_ex(loss, NULL, 0, 1));
   /* A NaN weight makes the first gradient non-finite: nothing moves. */
   size_t n = 0;
   OK(rt_variable_value(p, head, (size_t)numel));

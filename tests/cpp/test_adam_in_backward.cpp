@@ -285,6 +285,31 @@ TEST(AdamInBackward, ANonFiniteLateGradientIsAPartialStepErrorNamingTheCount) {
   EXPECT_TRUE(bit_equal(adam.state().first_moment[0], Tensor::zeros({3, 4})));
 }
 
+// Another model's loss reaches none of the Adam's parameters: refused before
+// the pass runs (a ValueError naming the count and the first parameter), so
+// the loss's graph, the other model's gradients and the Adam are untouched.
+TEST(AdamInBackward, ALossReachingNoneOfItsParametersIsRefusedBeforeThePass) {
+  Variable w(randn({3, 3}, 41), true, "w");
+  Variable other(randn({3, 3}, 42), true, "other");
+  const Variable x(randn({2, 3}, 43), false, "x");
+  Adam adam({w});
+  const Variable before = Variable(w.value().clone());
+  const Variable loss = sum(matmul(x, other));
+  try {
+    adam.backward_and_step(loss);
+    FAIL() << "a loss of another parameter was stepped";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("reaches none of this Adam's 1 parameters (the first is 'w')"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(adam.step_count(), 0);
+  EXPECT_FALSE(other.grad().defined());
+  EXPECT_EQ(w.value().to_vector(), before.value().to_vector());
+  loss.backward(GraphAfterBackward::Release);  // the graph is intact
+  EXPECT_TRUE(other.grad().defined());
+}
+
 TEST(AdamInBackward, AFailureBeforeTheFirstUpdateChangesNothingAndKeepsItsType) {
   Chain chain;
   chain.loss().backward();  // gradients from an earlier pass, which a failure must not touch

@@ -166,3 +166,30 @@ TEST(ShardedAdamSingle, AFailedParameterGatherRefusesLaterStepsAndStateUntilARes
   EXPECT_NO_THROW(zero.step(grads));
   EXPECT_EQ(zero.step_count(), 1);
 }
+
+// A step with no gradient at all (every parameter's undefined) changes
+// nothing, the step count included, on both Adams: the next real step is a
+// first step's, bit for bit (PyTorch's step() with every .grad None).
+TEST(ShardedAdamSingle, AStepWithoutAnyGradientChangesNothingOnEitherAdam) {
+  const auto comm = make_single_process_communicator();
+  const auto a = params_from(3);
+  const auto b = params_from(3);
+  const auto fresh = params_from(3);
+  ShardedAdam zero(*comm, a, clipped());
+  Adam plain(b, clipped());
+  Adam reference(fresh, clipped());
+  const std::vector<Tensor> none(3);
+  EXPECT_EQ(zero.step(none), 0.0F);
+  EXPECT_EQ(plain.step(none), 0.0F);
+  EXPECT_EQ(plain.step(), 0.0F);  // the parameters' own (undefined) gradients
+  EXPECT_EQ(zero.state().steps, 0);
+  EXPECT_EQ(plain.step_count(), 0);
+  const std::vector<Tensor> g{randn({40000}, 30), randn({3, 5}, 31), randn({9}, 32)};
+  zero.step(g);
+  plain.step(g);
+  reference.step(g);
+  for (std::size_t k = 0; k < a.size(); ++k) {
+    EXPECT_TRUE(same_bits(a[k].value().values(), fresh[k].value().values())) << k;
+    EXPECT_TRUE(same_bits(b[k].value().values(), fresh[k].value().values())) << k;
+  }
+}
