@@ -23,7 +23,7 @@ class CheckpointContractError : public Error {
     UndeclaredLeaf,           ///< the callable created a new leaf that requires grad
     InputUnused,              ///< the output does not depend on the input
     DependencyUnused,         ///< the output does not depend on a declared dependency
-    OutputChanged,            ///< replay output shape/backend differs from the forward's
+    OutputChanged,            ///< replay output shape/backend differs from the forward's, or lost its grad
     BoundaryModified,         ///< the callable wrote into its input or a dependency
   };
   CheckpointContractError(Violation violation, const std::string& message)

@@ -176,7 +176,6 @@ Variable checkpoint(const Variable& input, std::span<const Variable> dependencie
     }
     checkpoint_contract::check_replay_output(replay.out, out_shape, out_backend, where + " replay");
     std::vector<Tensor> grads(parent_count);  // constants' slots stay undefined
-    if (!replay.out.requires_grad()) return grads;  // no differentiable path now: nothing flows back
     // Local VJP in a nested, isolated context. The replay graph is this
     // closure's alone, so the pass frees it as it goes: each replayed node's
     // saved tensors and value go once its backward ran, not after the whole

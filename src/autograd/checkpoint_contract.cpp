@@ -127,6 +127,14 @@ void check_replay_output(const Variable& replayed, const Shape& shape, Backend b
          "the replay returned shape " + shape_string(replayed.shape()) + " on " + backend_name(replayed.backend()) +
              " but the forward returned " + shape_string(shape) + " on " + backend_name(backend));
   }
+  // Only a forward output that required grad has a checkpoint node to
+  // replay. A replay without that path (run under no_grad, or returning a
+  // constant) would send zeros to the input and every dependency.
+  if (!replayed.requires_grad()) {
+    fail(Violation::OutputChanged, where,
+         "the replay's output does not require grad but the forward's did (the callable ran under no_grad or "
+         "returned a constant when replaying): its gradients would be zeros");
+  }
 }
 
 }  // namespace riftco_transformer::checkpoint_contract

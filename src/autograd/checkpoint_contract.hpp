@@ -44,7 +44,8 @@ std::vector<BoundaryVersion> boundary_versions(const Variable& input, std::span<
 void check_boundary_unchanged(const std::vector<BoundaryVersion>& before, const Variable& input,
                               std::span<const Variable> dependencies, const std::string& where);
 
-/// Replay output must keep the forward output's shape and backend.
+/// Replay output must keep the forward output's shape and backend, and
+/// require grad (as the forward's did: only such an output has a node).
 void check_replay_output(const Variable& replayed, const Shape& shape, Backend backend, const std::string& where);
 
 }  // namespace riftco_transformer::checkpoint_contract

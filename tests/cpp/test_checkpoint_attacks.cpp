@@ -477,6 +477,51 @@ TEST(CheckpointAttack, NoDifferentiablePathVariants) {
   EXPECT_THROW(sum(c).backward(), BackwardError);
 }
 
+// A callable that loses its differentiable path only when replaying: under
+// no_grad then, its replay's zeros were committed as the input's and the
+// dependency's gradients; now OutputChanged. A constant returned is the
+// unused-input rule's. Every gradient is left as it was.
+TEST(CheckpointAttack, AReplayWithoutTheForwardsDifferentiablePathIsOutputChanged) {
+  Variable x(randn({2, 3}, 32), true, "x");
+  Variable w(randn({3, 3}, 33), true, "w");
+  const std::vector<Variable> deps{w};
+  struct Case {
+    const char* what;
+    Fn fn;
+    Violation violation;
+    const char* message;
+  };
+  const std::vector<Case> callables{
+      {"no_grad when replaying",
+       [&](const Variable& h) {
+         std::optional<NoGradGuard> off;
+         if (checkpoint_replaying()) off.emplace();
+         return matmul(h, w);
+       },
+       Violation::OutputChanged, "does not require grad but the forward's did"},
+      {"a constant when replaying",
+       [&](const Variable& h) {
+         const Variable y = matmul(h, w);
+         return checkpoint_replaying() ? Variable(y.value().clone()) : y;
+       },
+       Violation::InputUnused, "does not depend on the input"},
+  };
+  for (const auto& [what, fn, violation, message] : callables) {
+    sum(matmul(x, w)).backward();  // gradients a failed pass must keep
+    const Tensor gx = x.grad().clone(), gw = w.grad().clone();
+    const Variable loss = sum(checkpoint(x, deps, fn));
+    try {
+      loss.backward();
+      ADD_FAILURE() << what << ": zeros were committed";
+    } catch (const CheckpointContractError& e) {
+      EXPECT_EQ(e.violation(), violation) << what;
+      EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
+    }
+    EXPECT_TRUE(bit_equal(x.grad(), gx)) << what;
+    EXPECT_TRUE(bit_equal(w.grad(), gw)) << what;
+  }
+}
+
 // ---- retain_grad inside the callable, and on the checkpoint output ----
 TEST(CheckpointAttack, RetainGradInsideAndOnOutput) {
   Variable x(randn({2, 3}, 32), true, "x");
