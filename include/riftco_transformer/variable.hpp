@@ -118,6 +118,8 @@ class Variable {
   /// NoGradGuard is active) the result is a constant leaf with no parents
   /// (inside a checkpoint callable too: tracing never changes what it sees).
   /// `saved` lists the tensors the closure keeps (for retained_nodes()).
+  /// ValueError naming `op`: an undefined value or parent, or an empty
+  /// `backward` when a parent requires grad (outside NoGradGuard).
   static Variable from_op(std::string op, Tensor value, std::vector<Variable> parents, BackwardFn backward,
                           std::vector<Tensor> saved = {});
 

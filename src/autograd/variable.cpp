@@ -179,18 +179,29 @@ Variable::Variable(Tensor value, bool requires_grad, std::string name) : node_(s
 
 Variable Variable::from_op(std::string op, Tensor value, std::vector<Variable> parents, BackwardFn backward,
                            std::vector<Tensor> saved) {
+  // A custom op's mistakes, named before any node exists (an undefined
+  // parent was dereferenced later; an empty closure threw
+  // std::bad_function_call from inside a pass).
+  if (!value.defined()) throw ValueError("[" + op + "] Variable::from_op: the value is an undefined Tensor");
+  bool any = false;
+  for (std::size_t i = 0; i < parents.size(); ++i) {
+    if (!parents[i].defined()) {
+      throw ValueError("[" + op + "] Variable::from_op: parent " + std::to_string(i) + " of " +
+                       std::to_string(parents.size()) + " is an undefined Variable");
+    }
+    any = any || parents[i].node_->requires_grad;
+  }
+  if (any && !g_no_grad && !backward) {
+    throw ValueError("[" + op + "] Variable::from_op: a parent requires grad but the backward function is empty");
+  }
   auto node = std::make_shared<Node>();
   node->value = std::move(value);
-  bool any = false;
-  for (const Variable& p : parents) any = any || (p.defined() && p.node_->requires_grad);
   node->op = std::move(op);
   if (!any || g_no_grad) {
     // A constant: a leaf with no graph, as outside a checkpoint. Under
     // TraceGuard its inputs are kept aside for the contract walk only.
     if (g_trace != nullptr) {
-      for (const Variable& p : parents) {
-        if (p.defined()) node->trace_parents.push_back(p.node_);
-      }
+      for (const Variable& p : parents) node->trace_parents.push_back(p.node_);
       if (!node->trace_parents.empty()) TraceGuard::note(node);
     }
     return Variable(std::move(node));

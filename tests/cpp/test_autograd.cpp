@@ -1,5 +1,10 @@
 #include <gtest/gtest.h>
 
+#include <functional>
+#include <string>
+#include <vector>
+
+
 #include "riftco_transformer/ops.hpp"
 #include "riftco_transformer/variable.hpp"
 
@@ -263,4 +268,38 @@ TEST(Autograd, FailedPassKeepsRetainedIntermediateGradients) {
   fail = true;
   EXPECT_THROW(loss.backward(), std::runtime_error);
   EXPECT_TRUE(bit_equal(gh, h.grad()));
+}
+
+// Variable::from_op refuses a custom op's mistakes before any node exists,
+// naming the op: an undefined parent (dereferenced later), an undefined
+// value, an empty backward function when a parent requires grad (it threw
+// std::bad_function_call from inside a pass).
+TEST(Autograd, FromOpRefusesUndefinedPartsAndAnEmptyBackward) {
+  const Variable a(Tensor::ones({2}), true, "a");
+  const BackwardFn identity = [](const Tensor& g, const std::vector<bool>&) { return std::vector<Tensor>{g, g}; };
+  const auto refusal = [](const std::function<void()>& make) -> std::string {
+    try {
+      make();
+    } catch (const ValueError& e) {
+      return e.what();
+    }
+    return "(accepted)";
+  };
+  EXPECT_NE(refusal([&] { Variable::from_op("custom", Tensor::ones({2}), {a, Variable()}, identity); })
+                .find("[custom] Variable::from_op: parent 1 of 2 is an undefined Variable"),
+            std::string::npos);
+  const Variable constant(Tensor::ones({2}));
+  EXPECT_NE(refusal([&] { Variable::from_op("custom", Tensor::ones({2}), {constant, Variable()}, identity); })
+                .find("parent 1 of 2"),
+            std::string::npos);
+  EXPECT_NE(refusal([&] { Variable::from_op("custom", Tensor(), {a}, identity); }).find("the value is an undefined"),
+            std::string::npos);
+  EXPECT_NE(refusal([&] { Variable::from_op("custom", Tensor::ones({2}), {a}, BackwardFn()); })
+                .find("the backward function is empty"),
+            std::string::npos);
+  {
+    NoGradGuard off;  // a constant: no closure needed
+    EXPECT_FALSE(Variable::from_op("custom", Tensor::ones({2}), {a}, BackwardFn()).requires_grad());
+  }
+  EXPECT_FALSE(Variable::from_op("custom", Tensor::ones({2}), {constant}, BackwardFn()).requires_grad());
 }
