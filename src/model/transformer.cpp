@@ -172,6 +172,7 @@ const TransformerDimensions& DecoderOnlyTransformer::dimensions() const { return
 float DecoderOnlyTransformer::norm_epsilon() const { return core_->eps; }
 FullSequenceAttentionKind DecoderOnlyTransformer::attention_kind() const { return core_->attention; }
 ActivationCheckpointingKind DecoderOnlyTransformer::activation_checkpointing_kind() const {
+  const std::lock_guard<std::mutex> guard(core_->policy_lock);
   return core_->checkpointing;
 }
 
@@ -190,6 +191,7 @@ void DecoderOnlyTransformer::set_activation_checkpointing_kind(ActivationCheckpo
     }
     throw ValueError("[set_activation_checkpointing_kind] unknown policy " + std::to_string(static_cast<int>(kind)));
   }
+  const std::lock_guard<std::mutex> guard(core_->policy_lock);
   core_->checkpointing = kind;
   core_->plan.clear();
 }
@@ -218,7 +220,9 @@ void DecoderOnlyTransformer::set_activation_checkpointing_plan(const ActivationC
     throw ValueError(op + std::string("the groups cover ") + std::to_string(covered) + " blocks but the model has " +
                      std::to_string(core_->dims.layers));
   }
-  core_->plan = plan;
+  ActivationCheckpointingPlan copy = plan;  // allocated before the lock
+  const std::lock_guard<std::mutex> guard(core_->policy_lock);
+  core_->plan.swap(copy);
   core_->checkpointing = ActivationCheckpointingKind::Planned;
 }
 
@@ -227,18 +231,22 @@ bool DecoderOnlyTransformer::activation_offload() const { return core_->activati
 
 ActivationCheckpointingPlan DecoderOnlyTransformer::activation_checkpointing_plan() const {
   const TransformerCore& m = *core_;
+  std::unique_lock<std::mutex> guard(m.policy_lock);  // one consistent policy
   if (m.checkpointing == ActivationCheckpointingKind::Planned) return m.plan;
+  const ActivationCheckpointingKind kind = m.checkpointing;
+  const std::int64_t segment_blocks = m.segment_blocks;
+  guard.unlock();
   const std::int64_t layers = m.dims.layers;
   ActivationCheckpointingPlan plan;
-  if (m.checkpointing == ActivationCheckpointingKind::BlockSegments) {
-    const std::int64_t k = checkpoint_segment_blocks();
+  if (kind == ActivationCheckpointingKind::BlockSegments) {
+    const std::int64_t k = segment_blocks > 0 ? std::min(segment_blocks, layers) : checkpoint_segment_blocks();
     for (std::int64_t i = 0; i < layers; i += k) plan.push_back({std::min(k, layers - i), BlockRecompute::Whole});
     return plan;
   }
   BlockRecompute r = BlockRecompute::Nothing;
-  if (m.checkpointing == ActivationCheckpointingKind::TransformerBlock) r = BlockRecompute::Whole;
-  if (m.checkpointing == ActivationCheckpointingKind::AttentionSubBlock) r = BlockRecompute::Attention;
-  if (m.checkpointing == ActivationCheckpointingKind::MlpSubBlock) r = BlockRecompute::Mlp;
+  if (kind == ActivationCheckpointingKind::TransformerBlock) r = BlockRecompute::Whole;
+  if (kind == ActivationCheckpointingKind::AttentionSubBlock) r = BlockRecompute::Attention;
+  if (kind == ActivationCheckpointingKind::MlpSubBlock) r = BlockRecompute::Mlp;
   plan.assign(static_cast<std::size_t>(layers), CheckpointGroup{1, r});
   return plan;
 }
@@ -248,12 +256,18 @@ void DecoderOnlyTransformer::set_checkpoint_segment_blocks(std::int64_t blocks) 
     throw ValueError("[set_checkpoint_segment_blocks] blocks must be >= 0 (0 = round(sqrt(layers))), got " +
                      std::to_string(blocks));
   }
+  const std::lock_guard<std::mutex> guard(core_->policy_lock);
   core_->segment_blocks = blocks;
 }
 
 std::int64_t DecoderOnlyTransformer::checkpoint_segment_blocks() const {
   const std::int64_t layers = core_->dims.layers;
-  if (core_->segment_blocks > 0) return std::min(core_->segment_blocks, layers);
+  std::int64_t segment_blocks = 0;
+  {
+    const std::lock_guard<std::mutex> guard(core_->policy_lock);
+    segment_blocks = core_->segment_blocks;
+  }
+  if (segment_blocks > 0) return std::min(segment_blocks, layers);
   const auto k = static_cast<std::int64_t>(std::lround(std::sqrt(static_cast<double>(layers))));
   return std::max<std::int64_t>(1, k);
 }

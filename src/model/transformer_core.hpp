@@ -2,6 +2,8 @@
 // The model's shared state. A DecoderOnlyTransformer, every graph its forward
 // built (through checkpoint closures) and every DecodeSession hold it, so
 // destroying the model object never invalidates them.
+#include <mutex>
+
 #include "riftco_transformer/transformer.hpp"
 
 namespace riftco_transformer {
@@ -13,6 +15,11 @@ struct TransformerCore {
   TransformerDimensions dims;
   float eps = 1.0e-5F;
   FullSequenceAttentionKind attention = FullSequenceAttentionKind::Materialized;
+  // The checkpointing policy: set from any thread at any time (a Python
+  // property while another thread trains), read once per forward as a plan
+  // (DecoderOnlyTransformer::activation_checkpointing_plan). Under
+  // policy_lock: the plan is a vector a setter replaces.
+  mutable std::mutex policy_lock;
   ActivationCheckpointingKind checkpointing = ActivationCheckpointingKind::Disabled;
   std::int64_t segment_blocks = 0;  // 0 = round(sqrt(layers))
   ActivationCheckpointingPlan plan;  // under Planned
