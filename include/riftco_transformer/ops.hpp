@@ -54,7 +54,8 @@ Variable softmax(const Variable& x);
 /// (offset = Tk - Tq when queries are the last Tq positions).
 Variable causal_mask(const Variable& scores, std::int64_t offset = 0);
 /// Rotary position embedding on x (..., T, D), D even, rotating pairs
-/// (2i, 2i+1) by angle (position_offset + t) * base^(-2i/D).
+/// (2i, 2i+1) by angle (position_offset + t) * base^(-2i/D). The positions
+/// must lie in [0, 2^20), the model's context limit (ValueError otherwise).
 Variable rope(const Variable& x, std::int64_t position_offset = 0, float base = 10000.0F);
 /// Mean cross-entropy of logits (..., V) against targets (one per row);
 /// rows whose target equals ignore_index are skipped. Fused log-softmax.

@@ -13,7 +13,15 @@ Variable rope(const Variable& x, std::int64_t position_offset, float base) {
   if (x.value().dim() < 2 || x.shape().back() % 2 != 0) {
     throw ShapeError(tag(op) + "input " + shape_string(x.shape()) + " must be (..., T, D) with D even");
   }
-  if (position_offset < 0) throw ValueError(tag(op) + "position_offset must be >= 0");
+  // The model's context limit (transformer.cpp): past it a position's
+  // table row, or offset + T itself, would overflow or exhaust memory.
+  constexpr std::int64_t kPositions = std::int64_t{1} << 20;
+  const std::int64_t t = x.shape()[x.shape().size() - 2];
+  if (position_offset < 0 || position_offset > kPositions - t) {
+    throw ValueError(tag(op) + "position_offset " + std::to_string(position_offset) + " with " + std::to_string(t) +
+                     " positions of input " + shape_string(x.shape()) + " is outside [0, 2^20 = " +
+                     std::to_string(kPositions) + "): the positions must be in [0, 2^20)");
+  }
   if (!(base > 1.0F)) throw ValueError(tag(op) + "base must be > 1");
   const Tensor xv = x.value();
   return Variable::from_op(

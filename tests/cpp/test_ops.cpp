@@ -146,6 +146,31 @@ TEST(OpForward, RopeAtPositionZeroIsIdentityAndPreservesNorm) {
   for (int j = 0; j < 4; ++j) EXPECT_EQ(last.at({0, 0, j}), full.at({0, 4, j}));
 }
 
+// Positions past the shared tables (2^16) get rows made for the call, the
+// same bits as the tables': a long sequence's rows equal short windows of it
+// at their offsets, inside and past the tables. Positions at or past 2^20
+// (and offsets whose sum with T overflows) are a ValueError, before any
+// table is grown: such an offset built a table of every position up to it.
+TEST(OpForward, RopeFarPositionsMatchTheTablesAndPastTheLimitIsAValueError) {
+  const std::int64_t t = 70010;
+  const Tensor x = Tensor::normal({1, t, 4}, *std::make_unique<Random>(11));
+  const Tensor full = rope(Variable(x)).value();  // past the tables: made for the call
+  for (const std::int64_t offset : {std::int64_t{100}, std::int64_t{65530}, std::int64_t{70000}}) {
+    std::vector<float> rows(x.values().begin() + offset * 4, x.values().begin() + (offset + 10) * 4);
+    const Tensor window = rope(Variable(Tensor::from_data({1, 10, 4}, rows)), offset).value();
+    for (std::int64_t i = 0; i < 40; ++i) {
+      EXPECT_EQ(window.values()[static_cast<std::size_t>(i)], full.values()[static_cast<std::size_t>(offset * 4 + i)])
+          << offset << " " << i;
+    }
+  }
+  const Variable small(randn({1, 3, 4}, 12));
+  EXPECT_EQ(rope(small, (std::int64_t{1} << 20) - 3).shape(), small.shape());  // the last positions
+  for (const std::int64_t offset : {(std::int64_t{1} << 20) - 2, std::int64_t{10000000},
+                                    std::numeric_limits<std::int64_t>::max() - 1, std::int64_t{-1}}) {
+    expect_error_mentions([&] { rope(small, offset); }, "[rope] position_offset " + std::to_string(offset));
+  }
+}
+
 TEST(OpForward, CrossEntropyOfUniformLogitsIsLogV) {
   const Tensor logits = Tensor::zeros({3, 8});
   const float loss = cross_entropy(Variable(logits), std::vector<std::int32_t>{1, 2, -100}).value().item();

@@ -35,6 +35,31 @@ struct RopeTable {
   std::vector<float> sin2;  // (positions, D)
 };
 
+/// Fills `table` (its `positions` set) with the rows of positions
+/// [first, first + table.positions).
+void fill_rope_rows(RopeTable& table, std::int64_t d, float base, std::int64_t first) {
+  const std::int64_t half = d / 2;
+  table.cos2.resize(static_cast<std::size_t>(table.positions * d));
+  table.sin2.resize(static_cast<std::size_t>(table.positions * d));
+  for (std::int64_t i = 0; i < half; ++i) {
+    const double theta = std::pow(static_cast<double>(base), -2.0 * static_cast<double>(i) / static_cast<double>(d));
+    for (std::int64_t p = 0; p < table.positions; ++p) {
+      const double angle = static_cast<double>(first + p) * theta;
+      const auto c = static_cast<float>(std::cos(angle));
+      const auto s = static_cast<float>(std::sin(angle));
+      const auto at = static_cast<std::size_t>(p * d + 2 * i);
+      table.cos2[at] = c;
+      table.cos2[at + 1] = c;
+      table.sin2[at] = -s;
+      table.sin2[at + 1] = s;
+    }
+  }
+}
+
+/// Positions the shared tables hold at most; rows further out are made for
+/// the call alone (the same bits: each row depends only on its position).
+constexpr std::int64_t kCachedPositions = std::int64_t{1} << 16;
+
 /// Tables per (D, base), grown on demand and shared: a training step asks
 /// for the same one four times per block.
 std::shared_ptr<const RopeTable> rope_table(std::int64_t d, float base, std::int64_t positions) {
@@ -47,23 +72,8 @@ std::shared_ptr<const RopeTable> rope_table(std::int64_t d, float base, std::int
   auto& slot = tables[key];
   if (slot && slot->positions >= positions) return slot;
   auto table = std::make_shared<RopeTable>();
-  const std::int64_t half = d / 2;
-  table->positions = std::max<std::int64_t>(positions, slot ? 2 * slot->positions : 0);
-  table->cos2.resize(static_cast<std::size_t>(table->positions * d));
-  table->sin2.resize(static_cast<std::size_t>(table->positions * d));
-  for (std::int64_t i = 0; i < half; ++i) {
-    const double theta = std::pow(static_cast<double>(base), -2.0 * static_cast<double>(i) / static_cast<double>(d));
-    for (std::int64_t p = 0; p < table->positions; ++p) {
-      const double angle = static_cast<double>(p) * theta;
-      const auto c = static_cast<float>(std::cos(angle));
-      const auto s = static_cast<float>(std::sin(angle));
-      const auto at = static_cast<std::size_t>(p * d + 2 * i);
-      table->cos2[at] = c;
-      table->cos2[at + 1] = c;
-      table->sin2[at] = -s;
-      table->sin2[at + 1] = s;
-    }
-  }
+  table->positions = std::max<std::int64_t>(positions, slot ? std::min(2 * slot->positions, kCachedPositions) : 0);
+  fill_rope_rows(*table, d, base, 0);
   slot = table;
   return slot;
 }
@@ -144,8 +154,16 @@ Tensor rope_apply(const Tensor& x, std::int64_t offset, float base, bool inverse
   const std::int64_t mats = t * d == 0 ? 0 : x.numel() / (t * d);
   Tensor out = Tensor::empty(x.shape());
   if (mats == 0) return out;
-  const auto table = rope_table(d, base, offset + t);
-  const RopeRows job{x.data(), d, out.data(), d, t, offset, 1, d, table.get()};
+  if (offset + t <= kCachedPositions) {
+    const auto table = rope_table(d, base, offset + t);
+    const RopeRows job{x.data(), d, out.data(), d, t, offset, 1, d, table.get()};
+    rotate_all(job, mats * t, inverse);
+    return out;
+  }
+  RopeTable window;  // positions [offset, offset + t) only
+  window.positions = t;
+  fill_rope_rows(window, d, base, offset);
+  const RopeRows job{x.data(), d, out.data(), d, t, 0, 1, d, &window};
   rotate_all(job, mats * t, inverse);
   return out;
 }
@@ -153,8 +171,15 @@ Tensor rope_apply(const Tensor& x, std::int64_t offset, float base, bool inverse
 void rope_packed(const float* src, std::int64_t src_stride, float* dst, std::int64_t dst_stride, std::int64_t batch,
                  std::int64_t t, std::int64_t width, std::int64_t d, float base, bool inverse) {
   if (batch * t * width == 0) return;
-  const auto table = rope_table(d, base, t);
-  const RopeRows job{src, src_stride, dst, dst_stride, t, 0, width / d, d, table.get()};
+  RopeTable window;  // past the shared tables' positions: for this call
+  std::shared_ptr<const RopeTable> table;
+  if (t <= kCachedPositions) {
+    table = rope_table(d, base, t);
+  } else {
+    window.positions = t;
+    fill_rope_rows(window, d, base, 0);
+  }
+  const RopeRows job{src, src_stride, dst, dst_stride, t, 0, width / d, d, table ? table.get() : &window};
   rotate_all(job, batch * t, inverse);
 }
 
