@@ -15,16 +15,20 @@ nb::object to_numpy(const rt::Tensor& tensor) {
   auto* keep = new rt::Tensor(tensor.backend() == rt::Backend::Cpu ? tensor : tensor.to(rt::Backend::Cpu));
   nb::capsule owner(keep, [](void* p) noexcept { delete static_cast<rt::Tensor*>(p); });
   std::vector<std::size_t> shape(keep->shape().begin(), keep->shape().end());
+  // rv_policy::reference: numpy wraps the buffer (move or copy would copy it);
+  // the capsule's Tensor handle keeps the storage alive, and use_count() > 1
+  // keeps backward from donating the buffer.
   nb::object array = nb::cast(
       nb::ndarray<nb::numpy, const float>(std::as_const(*keep).data(), shape.size(), shape.data(), owner),
-      nb::rv_policy::move);
+      nb::rv_policy::reference);
   array.attr("flags").attr("writeable") = false;  // writes must go through set_value (versions)
   return array;
 }
 
 rt::Tensor tensor_from_python(nb::handle values) {
   nb::module_ np = nb::module_::import_("numpy");
-  nb::object array = np.attr("ascontiguousarray")(values, "dtype"_a = np.attr("float32"));
+  // asarray keeps a 0-d value 0-d (ascontiguousarray made it shape (1,)).
+  nb::object array = np.attr("asarray")(values, "dtype"_a = np.attr("float32"), "order"_a = "C");
   auto view = nb::cast<nb::ndarray<const float, nb::c_contig, nb::device::cpu>>(array);
   rt::Shape shape;
   for (std::size_t d = 0; d < view.ndim(); ++d) shape.push_back(static_cast<std::int64_t>(view.shape(d)));

