@@ -94,7 +94,10 @@ rt::RunResult run_stage(nb::object progress, Run run) {
       if (PyErr_CheckSignals() != 0) throw nb::python_error();  // Ctrl-C while the step ran
       if (progress.is_none()) return true;
       nb::object answer = progress(nb::cast(report, nb::rv_policy::copy));
-      return answer.is_none() || PyObject_IsTrue(answer.ptr()) == 1;
+      if (answer.is_none()) return true;
+      const int keep_going = PyObject_IsTrue(answer.ptr());  // -1: no truth value (a numpy array)
+      if (keep_going < 0) throw nb::python_error();           // the answer's own exception, e.g. ValueError
+      return keep_going == 1;
     } catch (nb::python_error& e) {
       failure.emplace(std::move(e));
       return false;

@@ -4,6 +4,7 @@ a progress callback without a truth value, generate() without a tokenizer,
 config assignments, a reused no_grad(), token-id and str conversions, and
 riftco.plot.read_metrics on bad rows."""
 import gc
+import os
 
 import numpy as np
 import pytest
@@ -65,6 +66,15 @@ def test_a_grad_view_keeps_its_pass_and_accumulator_views_show_later_adds():
     np.testing.assert_array_equal(sums, np.full(3, 6.0))
 
 
+# --- error messages ----------------------------------------------------------
+
+def test_an_error_message_with_non_utf8_bytes_keeps_its_text(tmp_path):
+    bad = os.fsdecode(os.fsencode(str(tmp_path)) + b"/no-such-\xff/model.safetensors")
+    with pytest.raises(riftco.Error) as e:
+        riftco.load_model(bad)
+    assert "[load]" in str(e.value) and "\\xff" in str(e.value), e.value.args
+
+
 # --- 0-d values --------------------------------------------------------------
 
 def test_scalars_stay_0d_and_seed_a_scalar_loss():
@@ -77,3 +87,15 @@ def test_scalars_stay_0d_and_seed_a_scalar_loss():
     w = riftco.Variable(np.ones(3), requires_grad=True)
     (w * 2.0 + 1.0).backward(np.ones(3))
     np.testing.assert_array_equal(w.grad, np.full(3, 2.0))
+
+
+# --- progress callbacks ------------------------------------------------------
+
+def test_a_progress_answer_without_truth_value_raises_its_own_error(tmp_path):
+    (tmp_path / "data.txt").write_text(("the quick brown fox jumps over the lazy dog. " * 20 + "\n") * 50)
+    config = riftco.PretrainingConfig(model=riftco.TransformerConfig(**TINY), steps=3, batch=2,
+                                      sequence_length=16, data=tmp_path / "data.txt", output_dir=tmp_path / "run",
+                                      eval_interval=0, eval_batches=1, warmup_steps=1)
+    with pytest.raises(ValueError, match="truth value") as e:
+        riftco.pretrain(config, progress=lambda report: np.array([True, False]))
+    assert not isinstance(e.value, SystemError)
