@@ -4,6 +4,7 @@
 #include <charconv>
 #include <cstdlib>
 #include <limits>
+#include <utility>
 
 #include "riftco_transformer/errors.hpp"
 #include "riftco_transformer/memory.hpp"
@@ -35,35 +36,58 @@ rt::Tensor tensor_from_python(nb::handle values) {
   return rt::Tensor::from_data(shape, {view.data(), view.size()});
 }
 
+namespace {
+
+// Checks every id against int32 in the array's own type (a uint64 id above
+// 2**63 would wrap to a negative int64 first).
+template <class Id>
+void copy_ids(nb::handle array, const char* op, std::vector<std::int32_t>& out) {
+  auto view = nb::cast<nb::ndarray<const Id, nb::c_contig, nb::device::cpu>>(array);
+  out.reserve(view.size());
+  for (std::size_t i = 0; i < view.size(); ++i) {
+    const Id id = view.data()[i];
+    if (!std::in_range<std::int32_t>(id)) {
+      throw rt::ValueError(std::string("[") + op + "] token id " + std::to_string(id) + " at index " +
+                           std::to_string(i) + " does not fit int32");
+    }
+    out.push_back(static_cast<std::int32_t>(id));
+  }
+}
+
+}  // namespace
+
 TokenArray tokens_from_python(nb::handle values, const char* op) {
   nb::module_ np = nb::module_::import_("numpy");
   nb::object array = np.attr("asarray")(values);
+  const auto ndim = nb::cast<std::size_t>(array.attr("ndim"));
+  if (ndim == 0) {  // 5, "hello": nb::len() would say only "len() of unsized object"
+    throw nb::type_error((std::string("[") + op + "] token ids must be a (B, T) or (T,) array or list of integers, got " +
+                          nb::cast<std::string>(nb::str(values.type().attr("__name__"))))
+                             .c_str());
+  }
   nb::object dtype = array.attr("dtype");
   const std::string kind = nb::cast<std::string>(nb::str(dtype.attr("kind")));
-  const bool empty = nb::len(array) == 0;
+  const bool empty = nb::cast<std::size_t>(array.attr("size")) == 0;
   if (kind != "i" && kind != "u" && !empty) {
     throw rt::ValueError(std::string("[") + op + "] token ids must be integers, got dtype " +
                          nb::cast<std::string>(nb::str(dtype)));
   }
-  array = np.attr("ascontiguousarray")(array, "dtype"_a = np.attr("int64"));
-  auto view = nb::cast<nb::ndarray<const std::int64_t, nb::c_contig, nb::device::cpu>>(array);
   TokenArray out;
-  if (view.ndim() == 1) {
-    out.shape = {1, static_cast<std::int64_t>(view.shape(0))};
-  } else if (view.ndim() == 2) {
-    out.shape = {static_cast<std::int64_t>(view.shape(0)), static_cast<std::int64_t>(view.shape(1))};
+  out.ndim = ndim;
+  if (ndim == 1) {
+    out.shape = {1, nb::cast<std::int64_t>(array.attr("shape")[0])};
+  } else if (ndim == 2) {
+    out.shape = {nb::cast<std::int64_t>(array.attr("shape")[0]), nb::cast<std::int64_t>(array.attr("shape")[1])};
   } else {
     throw rt::ShapeError(std::string("[") + op + "] token ids must have shape (B, T) or (T,), got " +
-                         std::to_string(view.ndim()) + " dimensions");
+                         std::to_string(ndim) + " dimensions");
   }
-  out.ids.reserve(view.size());
-  for (std::size_t i = 0; i < view.size(); ++i) {
-    const std::int64_t id = view.data()[i];
-    if (id < std::numeric_limits<std::int32_t>::min() || id > std::numeric_limits<std::int32_t>::max()) {
-      throw rt::ValueError(std::string("[") + op + "] token id " + std::to_string(id) + " at index " +
-                           std::to_string(i) + " does not fit int32");
-    }
-    out.ids.push_back(static_cast<std::int32_t>(id));
+  const bool is_unsigned = kind == "u";
+  array = np.attr("ascontiguousarray")(array, "dtype"_a = np.attr(is_unsigned ? "uint64" : "int64"));
+  if (is_unsigned) {
+    copy_ids<std::uint64_t>(array, op, out.ids);
+  } else {
+    copy_ids<std::int64_t>(array, op, out.ids);
   }
   return out;
 }

@@ -37,10 +37,12 @@ rt::Tensor tensor_from_python(nb::handle values);
 
 /// Token ids from a (B, T) or (T,) integer array-like (numpy array or
 /// nested lists): copied to int32. (T,) is one row. ValueError for ids that
-/// do not fit int32, ShapeError for other ranks.
+/// do not fit int32 (naming the id as given), ShapeError for other ranks,
+/// TypeError for a scalar or a str.
 struct TokenArray {
   std::vector<std::int32_t> ids;
-  rt::Shape shape;  // (B, T)
+  rt::Shape shape;       // (B, T)
+  std::size_t ndim = 0;  // of the input: 1 for (T,), 2 for (B, T)
   std::int64_t batch() const { return shape[0]; }
 };
 TokenArray tokens_from_python(nb::handle values, const char* op);

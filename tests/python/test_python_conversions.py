@@ -99,3 +99,32 @@ def test_a_progress_answer_without_truth_value_raises_its_own_error(tmp_path):
     with pytest.raises(ValueError, match="truth value") as e:
         riftco.pretrain(config, progress=lambda report: np.array([True, False]))
     assert not isinstance(e.value, SystemError)
+
+
+# --- generate() --------------------------------------------------------------
+
+def test_generate_without_tokenizer_refuses_a_non_byte_vocabulary_before_sampling():
+    model = tiny_model(vocab_size=1000)
+    for seed in range(3):
+        with pytest.raises(riftco.ValueError, match="vocabulary is 256"):
+            model.generate("ab", max_new_tokens=60, seed=seed)
+        with pytest.raises(riftco.ValueError, match="vocabulary is 256"):
+            model.generate_samples([1, 2], num_samples=2, max_new_tokens=4, seed=seed)
+
+
+def test_generate_refuses_a_2d_prompt():
+    with pytest.raises(riftco.ValueError, match="prompt"):
+        tiny_model().generate([[1, 2], [3, 4]], max_new_tokens=1, temperature=0)
+    assert len(tiny_model().generate(np.array([1, 2]), max_new_tokens=1, temperature=0).tokens) == 1
+
+
+# --- token ids and str arguments ---------------------------------------------
+
+def test_token_id_conversions_name_the_problem():
+    model = tiny_model()
+    with pytest.raises(riftco.ValueError, match=str(2**64 - 1)):
+        model(np.array([2**64 - 1], dtype=np.uint64))
+    assert model(np.array([1, 2], dtype=np.uint64)).shape == (1, 2, 256)
+    for bad in (5, "hello"):
+        with pytest.raises(TypeError, match=r"token ids must be .*got (int|str)"):
+            model(bad)
