@@ -115,6 +115,12 @@ std::string utf8_of(nb::handle text, const std::string& what) {
   return std::string(data, static_cast<std::size_t>(size));
 }
 
+std::string choice_of(nb::handle text, const std::string& what) {
+  std::string out;
+  for (const char c : utf8_of(text, what)) out += c == '\0' ? std::string("\\0") : std::string(1, c);
+  return out;
+}
+
 double short_double(float value) {
   char buffer[64];
   const auto r = std::to_chars(buffer, buffer + sizeof buffer - 1, value);

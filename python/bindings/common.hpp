@@ -55,6 +55,11 @@ std::vector<rt::Variable> variables_from_python(nb::iterable values, const char*
 /// a lone surrogate; was RuntimeError std::bad_cast).
 std::string utf8_of(nb::handle text, const std::string& what);
 
+/// An enum string ("flash", "block", ...) for a parse_* function: utf8_of,
+/// with each NUL written as the two characters \0, so the parser's ValueError (which lists the
+/// accepted values) is not cut short at it.
+std::string choice_of(nb::handle text, const std::string& what);
+
 /// The float32 as the shortest decimal that rounds back to it (0.003, not
 /// 0.003000000026077032): what config getters return.
 double short_double(float value);

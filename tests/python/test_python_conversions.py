@@ -75,6 +75,11 @@ def test_an_error_message_with_non_utf8_bytes_keeps_its_text(tmp_path):
     assert "[load]" in str(e.value) and "\\xff" in str(e.value), e.value.args
 
 
+def test_a_nul_in_an_enum_string_keeps_the_accepted_values():
+    with pytest.raises(riftco.ValueError, match="materialized"):
+        tiny_model().set_attention("flash\0x")
+
+
 # --- 0-d values --------------------------------------------------------------
 
 def test_scalars_stay_0d_and_seed_a_scalar_loss():
@@ -118,6 +123,51 @@ def test_generate_refuses_a_2d_prompt():
     assert len(tiny_model().generate(np.array([1, 2]), max_new_tokens=1, temperature=0).tokens) == 1
 
 
+# --- config assignment -------------------------------------------------------
+
+CONFIG_CASES = [(riftco.PretrainingConfig, "attention", None), (riftco.PretrainingConfig, "device", 3),
+                (riftco.PretrainingConfig, "data", 5), (riftco.PretrainingConfig, "model", None),
+                (riftco.PretrainingConfig, "activation_memory_budget", None),
+                (riftco.PretrainingConfig, "resume", "yes"), (riftco.PretrainingConfig, "steps", "3"),
+                (riftco.PretrainingConfig, "learning_rate", "x"), (riftco.PostTrainingConfig, "lora", 3),
+                (riftco.PostTrainingConfig, "fine_tuning_method", 1), (riftco.PostTrainingConfig, "base_model", 1.5),
+                (riftco.TransformerConfig, "tie_embeddings", "yes"), (riftco.LoraConfig, "targets", 5),
+                (riftco.LoraConfig, "targets", [1]), (riftco.LoraConfig, "alpha", True)]
+
+
+@pytest.mark.parametrize("cls,field,value", CONFIG_CASES)
+def test_a_wrong_type_names_the_field_as_keyword_and_assignment(cls, field, value):
+    with pytest.raises(TypeError, match=f"{cls.__name__}.{field} expects"):
+        cls(**{field: value})
+    config = cls()
+    before = config.to_dict()
+    with pytest.raises(TypeError, match=f"{cls.__name__}.{field} expects"):
+        setattr(config, field, value)
+    assert repr(config.to_dict()) == repr(before)
+
+
+def test_every_config_field_assignment_names_the_field():
+    for cls in (riftco.TransformerConfig, riftco.LoraConfig, riftco.PretrainingConfig, riftco.PostTrainingConfig):
+        for field in cls.fields:
+            with pytest.raises(TypeError, match=f"{cls.__name__}.{field} expects"):
+                setattr(cls(), field, object())
+
+
+def test_config_assignments_still_work():
+    config = riftco.PretrainingConfig()
+    config.model.layers = 3  # nested configs are references
+    config.attention, config.data, config.resume = "flash", "x.txt", True
+    config.activation_memory_budget = "1MiB"
+    assert (config.model.layers, config.attention, str(config.data), config.resume) == (3, "flash", "x.txt", True)
+    config.data = None
+    assert config.data is None and config.activation_memory_budget == 2**20
+    lora = riftco.LoraConfig(targets=("query", "value"))
+    lora.targets = "mlp"
+    assert lora.targets == ["gate", "up", "down"]
+    with pytest.raises(riftco.ValueError):
+        lora.targets = "\udcff"
+
+
 # --- token ids and str arguments ---------------------------------------------
 
 def test_token_id_conversions_name_the_problem():
@@ -128,3 +178,15 @@ def test_token_id_conversions_name_the_problem():
     for bad in (5, "hello"):
         with pytest.raises(TypeError, match=r"token ids must be .*got (int|str)"):
             model(bad)
+
+
+def test_lone_surrogates_are_value_errors(tmp_path):
+    model = tiny_model()
+    calls = [lambda: riftco.Tokenizer().encode("\udcff"), lambda: riftco.evaluate(model, "ab\udcff" * 10),
+             lambda: riftco.train_tokenizer("\udcff", tmp_path / "t.model"),
+             lambda: model.set_attention("\udcff"), lambda: setattr(model, "activation_checkpointing", "\udcff"),
+             lambda: riftco.PretrainingConfig(attention="\udcff")]
+    for call in calls:
+        with pytest.raises(riftco.ValueError, match="not valid Unicode"):
+            call()
+    assert model.attention == "materialized"
