@@ -5,6 +5,7 @@ config assignments, a reused no_grad(), token-id and str conversions, and
 riftco.plot.read_metrics on bad rows."""
 import gc
 import os
+import threading
 
 import numpy as np
 import pytest
@@ -166,6 +167,36 @@ def test_config_assignments_still_work():
     assert lora.targets == ["gate", "up", "down"]
     with pytest.raises(riftco.ValueError):
         lora.targets = "\udcff"
+
+
+# --- no_grad -----------------------------------------------------------------
+
+def test_one_no_grad_object_nests_and_refuses_another_threads_exit():
+    no_grad = riftco.no_grad()
+    w = riftco.Variable(np.ones(3), requires_grad=True)
+    with no_grad:
+        with no_grad:
+            pass
+        assert not riftco.is_grad_enabled() and not (w * 2.0).requires_grad
+    assert riftco.is_grad_enabled()
+    no_grad.__enter__()
+    errors, modes = [], []
+
+    def exit_elsewhere():
+        try:
+            no_grad.__exit__(None, None, None)
+        except riftco.Error as e:
+            errors.append(e)
+        modes.append(riftco.is_grad_enabled())
+
+    t = threading.Thread(target=exit_elsewhere)
+    t.start()
+    t.join()
+    assert len(errors) == 1 and modes == [True] and not riftco.is_grad_enabled()
+    no_grad.__exit__(None, None, None)
+    assert riftco.is_grad_enabled()
+    with pytest.raises(riftco.Error, match="without __enter__"):
+        no_grad.__exit__(None, None, None)
 
 
 # --- token ids and str arguments ---------------------------------------------
