@@ -4,6 +4,7 @@ a progress callback without a truth value, generate() without a tokenizer,
 config assignments, a reused no_grad(), token-id and str conversions, and
 riftco.plot.read_metrics on bad rows."""
 import gc
+import json
 import os
 import threading
 
@@ -221,3 +222,14 @@ def test_lone_surrogates_are_value_errors(tmp_path):
         with pytest.raises(riftco.ValueError, match="not valid Unicode"):
             call()
     assert model.attention == "materialized"
+
+
+# --- riftco.plot -------------------------------------------------------------
+
+@pytest.mark.parametrize("row", ['{"step": 1, "loss": "abc"}', '{"step": 1e999}', '{"step": 1, "loss": [1]}',
+                                 '{"step": 1, "validation_loss": "x"}', '[1]', '{"loss": 1}', 'not json'])
+def test_read_metrics_names_file_and_line_for_a_bad_row(tmp_path, row):
+    from riftco import plot
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 0, "loss": 1.0}) + "\n" + row + "\n")
+    with pytest.raises(ValueError, match=r"metrics.jsonl: line 2: not a metrics row"):
+        plot.read_metrics(tmp_path)
