@@ -233,3 +233,27 @@ def test_read_metrics_names_file_and_line_for_a_bad_row(tmp_path, row):
     (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 0, "loss": 1.0}) + "\n" + row + "\n")
     with pytest.raises(ValueError, match=r"metrics.jsonl: line 2: not a metrics row"):
         plot.read_metrics(tmp_path)
+
+
+# --- checkpoint lifetime -----------------------------------------------------
+
+def test_a_checkpoint_function_that_captures_only_its_weight_is_freed():
+    # docs/python.md "Lifetime": a function holding the output (a bound method of
+    # the object storing it) forms a cycle the GC cannot see; this pattern does not.
+    class Block:
+        def __init__(self):
+            self.w = riftco.Variable(np.ones((64, 64)), requires_grad=True)
+
+        def __call__(self, x):
+            w = self.w
+            self.last = riftco.checkpoint(x, [w], lambda h: riftco.silu(riftco.linear(h, w)))
+            return self.last
+
+    gc.collect()
+    base = riftco.memory_stats().live_bytes
+    for _ in range(3):
+        block = Block()
+        riftco.sum(block(riftco.Variable(np.ones((8, 64)), requires_grad=True))).backward()
+        del block
+        gc.collect()
+    assert riftco.memory_stats().live_bytes == base
