@@ -61,9 +61,9 @@ TokenArray tokens_from_python(nb::handle values, const char* op) {
   nb::object array = np.attr("asarray")(values);
   const auto ndim = nb::cast<std::size_t>(array.attr("ndim"));
   if (ndim == 0) {  // 5, "hello": nb::len() would say only "len() of unsized object"
-    throw nb::type_error((std::string("[") + op + "] token ids must be a (B, T) or (T,) array or list of integers, got " +
-                          nb::cast<std::string>(nb::str(values.type().attr("__name__"))))
-                             .c_str());
+    const std::string type = nb::cast<std::string>(nb::str(values.type().attr("__name__")));
+    throw nb::type_error(
+        (std::string("[") + op + "] token ids must be a (B, T) or (T,) array or list of integers, got " + type).c_str());
   }
   nb::object dtype = array.attr("dtype");
   const std::string kind = nb::cast<std::string>(nb::str(dtype.attr("kind")));

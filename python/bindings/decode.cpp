@@ -73,9 +73,9 @@ rt::GenerationOptions options_of(std::int64_t max_new_tokens, float temperature,
 void check_tokenizer(const rt::DecoderOnlyTransformer& model, const OptionalTokenizer& tokenizer) {
   const std::int64_t vocab = tokenizer ? tokenizer->vocab_size() : rt::ByteTokenizer{}.vocab_size();
   if (vocab != model.dimensions().vocab_size) {
-    throw rt::ValueError("[generate] the tokenizer's vocabulary is " + std::to_string(vocab) +
-                         (tokenizer ? std::string() : std::string(" (tokenizer=None: bytes)")) + " but the model's is " +
-                         std::to_string(model.dimensions().vocab_size) +
+    const std::string which = tokenizer ? "" : " (tokenizer=None: bytes)";
+    throw rt::ValueError("[generate] the tokenizer's vocabulary is " + std::to_string(vocab) + which +
+                         " but the model's is " + std::to_string(model.dimensions().vocab_size) +
                          " (give the tokenizer the model was trained with: Tokenizer.for_model)");
   }
 }

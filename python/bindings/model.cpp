@@ -104,8 +104,8 @@ void init_model(nb::module_& m) {
           [](DecoderOnlyTransformer* self, const Dims& config, nb::str attention, nb::str activation_checkpointing,
              std::uint64_t seed, float norm_epsilon, bool activation_offload) {
             const auto kind = rt::parse_attention_kind(choice_of(attention, "[attention] kind"));
-            const auto checkpointing =
-                rt::parse_activation_checkpointing(choice_of(activation_checkpointing, "[activation_checkpointing] kind"));
+            const std::string checkpointing_name = choice_of(activation_checkpointing, "[activation_checkpointing] kind");
+            const auto checkpointing = rt::parse_activation_checkpointing(checkpointing_name);
             rt::Random random(seed);
             new (self) DecoderOnlyTransformer(config, random, norm_epsilon, kind, checkpointing);
             self->set_activation_offload(activation_offload);
@@ -159,9 +159,10 @@ void init_model(nb::module_& m) {
           "plan_activation_memory",
           [](DecoderOnlyTransformer& model, nb::handle budget, std::int64_t batch, std::int64_t sequence_length,
              bool apply) {
-            const std::int64_t bytes = nb::isinstance<nb::str>(budget)
-                                           ? rt::parse_byte_size(nb::cast<std::string>(budget), "plan_activation_memory")
-                                           : nb::cast<std::int64_t>(budget);
+            const std::int64_t bytes =
+                nb::isinstance<nb::str>(budget)
+                    ? rt::parse_byte_size(choice_of(budget, "[plan_activation_memory] budget"), "plan_activation_memory")
+                    : nb::cast<std::int64_t>(budget);
             rt::ActivationMemoryProfile profile;
             {
               nb::gil_scoped_release release;

@@ -217,7 +217,8 @@ def test_lone_surrogates_are_value_errors(tmp_path):
     calls = [lambda: riftco.Tokenizer().encode("\udcff"), lambda: riftco.evaluate(model, "ab\udcff" * 10),
              lambda: riftco.train_tokenizer("\udcff", tmp_path / "t.model"),
              lambda: model.set_attention("\udcff"), lambda: setattr(model, "activation_checkpointing", "\udcff"),
-             lambda: riftco.PretrainingConfig(attention="\udcff")]
+             lambda: riftco.PretrainingConfig(attention="\udcff"),
+             lambda: model.plan_activation_memory("1\udcffMiB", 1, 8)]
     for call in calls:
         with pytest.raises(riftco.ValueError, match="not valid Unicode"):
             call()
