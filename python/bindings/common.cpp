@@ -4,6 +4,7 @@
 #include <charconv>
 #include <cstdlib>
 #include <limits>
+#include <utility>
 
 #include "riftco_transformer/errors.hpp"
 #include "riftco_transformer/memory.hpp"
@@ -15,51 +16,78 @@ nb::object to_numpy(const rt::Tensor& tensor) {
   auto* keep = new rt::Tensor(tensor.backend() == rt::Backend::Cpu ? tensor : tensor.to(rt::Backend::Cpu));
   nb::capsule owner(keep, [](void* p) noexcept { delete static_cast<rt::Tensor*>(p); });
   std::vector<std::size_t> shape(keep->shape().begin(), keep->shape().end());
+  // rv_policy::reference: numpy wraps the buffer (move or copy would copy it);
+  // the capsule's Tensor handle keeps the storage alive, and use_count() > 1
+  // keeps backward from donating the buffer.
   nb::object array = nb::cast(
       nb::ndarray<nb::numpy, const float>(std::as_const(*keep).data(), shape.size(), shape.data(), owner),
-      nb::rv_policy::move);
+      nb::rv_policy::reference);
   array.attr("flags").attr("writeable") = false;  // writes must go through set_value (versions)
   return array;
 }
 
 rt::Tensor tensor_from_python(nb::handle values) {
   nb::module_ np = nb::module_::import_("numpy");
-  nb::object array = np.attr("ascontiguousarray")(values, "dtype"_a = np.attr("float32"));
+  // asarray keeps a 0-d value 0-d (ascontiguousarray made it shape (1,)).
+  nb::object array = np.attr("asarray")(values, "dtype"_a = np.attr("float32"), "order"_a = "C");
   auto view = nb::cast<nb::ndarray<const float, nb::c_contig, nb::device::cpu>>(array);
   rt::Shape shape;
   for (std::size_t d = 0; d < view.ndim(); ++d) shape.push_back(static_cast<std::int64_t>(view.shape(d)));
   return rt::Tensor::from_data(shape, {view.data(), view.size()});
 }
 
+namespace {
+
+// Checks every id against int32 in the array's own type (a uint64 id above
+// 2**63 would wrap to a negative int64 first).
+template <class Id>
+void copy_ids(nb::handle array, const char* op, std::vector<std::int32_t>& out) {
+  auto view = nb::cast<nb::ndarray<const Id, nb::c_contig, nb::device::cpu>>(array);
+  out.reserve(view.size());
+  for (std::size_t i = 0; i < view.size(); ++i) {
+    const Id id = view.data()[i];
+    if (!std::in_range<std::int32_t>(id)) {
+      throw rt::ValueError(std::string("[") + op + "] token id " + std::to_string(id) + " at index " +
+                           std::to_string(i) + " does not fit int32");
+    }
+    out.push_back(static_cast<std::int32_t>(id));
+  }
+}
+
+}  // namespace
+
 TokenArray tokens_from_python(nb::handle values, const char* op) {
   nb::module_ np = nb::module_::import_("numpy");
   nb::object array = np.attr("asarray")(values);
+  const auto ndim = nb::cast<std::size_t>(array.attr("ndim"));
+  if (ndim == 0) {  // 5, "hello": nb::len() would say only "len() of unsized object"
+    const std::string type = nb::cast<std::string>(nb::str(values.type().attr("__name__")));
+    throw nb::type_error(
+        (std::string("[") + op + "] token ids must be a (B, T) or (T,) array or list of integers, got " + type).c_str());
+  }
   nb::object dtype = array.attr("dtype");
   const std::string kind = nb::cast<std::string>(nb::str(dtype.attr("kind")));
-  const bool empty = nb::len(array) == 0;
+  const bool empty = nb::cast<std::size_t>(array.attr("size")) == 0;
   if (kind != "i" && kind != "u" && !empty) {
     throw rt::ValueError(std::string("[") + op + "] token ids must be integers, got dtype " +
                          nb::cast<std::string>(nb::str(dtype)));
   }
-  array = np.attr("ascontiguousarray")(array, "dtype"_a = np.attr("int64"));
-  auto view = nb::cast<nb::ndarray<const std::int64_t, nb::c_contig, nb::device::cpu>>(array);
   TokenArray out;
-  if (view.ndim() == 1) {
-    out.shape = {1, static_cast<std::int64_t>(view.shape(0))};
-  } else if (view.ndim() == 2) {
-    out.shape = {static_cast<std::int64_t>(view.shape(0)), static_cast<std::int64_t>(view.shape(1))};
+  out.ndim = ndim;
+  if (ndim == 1) {
+    out.shape = {1, nb::cast<std::int64_t>(array.attr("shape")[0])};
+  } else if (ndim == 2) {
+    out.shape = {nb::cast<std::int64_t>(array.attr("shape")[0]), nb::cast<std::int64_t>(array.attr("shape")[1])};
   } else {
     throw rt::ShapeError(std::string("[") + op + "] token ids must have shape (B, T) or (T,), got " +
-                         std::to_string(view.ndim()) + " dimensions");
+                         std::to_string(ndim) + " dimensions");
   }
-  out.ids.reserve(view.size());
-  for (std::size_t i = 0; i < view.size(); ++i) {
-    const std::int64_t id = view.data()[i];
-    if (id < std::numeric_limits<std::int32_t>::min() || id > std::numeric_limits<std::int32_t>::max()) {
-      throw rt::ValueError(std::string("[") + op + "] token id " + std::to_string(id) + " at index " +
-                           std::to_string(i) + " does not fit int32");
-    }
-    out.ids.push_back(static_cast<std::int32_t>(id));
+  const bool is_unsigned = kind == "u";
+  array = np.attr("ascontiguousarray")(array, "dtype"_a = np.attr(is_unsigned ? "uint64" : "int64"));
+  if (is_unsigned) {
+    copy_ids<std::uint64_t>(array, op, out.ids);
+  } else {
+    copy_ids<std::int64_t>(array, op, out.ids);
   }
   return out;
 }
@@ -85,6 +113,12 @@ std::string utf8_of(nb::handle text, const std::string& what) {
     throw rt::ValueError(what + " is not valid Unicode text (it cannot be encoded as UTF-8: a lone surrogate?)");
   }
   return std::string(data, static_cast<std::size_t>(size));
+}
+
+std::string choice_of(nb::handle text, const std::string& what) {
+  std::string out;
+  for (const char c : utf8_of(text, what)) out += c == '\0' ? std::string("\\0") : std::string(1, c);
+  return out;
 }
 
 double short_double(float value) {

@@ -37,10 +37,12 @@ rt::Tensor tensor_from_python(nb::handle values);
 
 /// Token ids from a (B, T) or (T,) integer array-like (numpy array or
 /// nested lists): copied to int32. (T,) is one row. ValueError for ids that
-/// do not fit int32, ShapeError for other ranks.
+/// do not fit int32 (naming the id as given), ShapeError for other ranks,
+/// TypeError for a scalar or a str.
 struct TokenArray {
   std::vector<std::int32_t> ids;
-  rt::Shape shape;  // (B, T)
+  rt::Shape shape;       // (B, T)
+  std::size_t ndim = 0;  // of the input: 1 for (T,), 2 for (B, T)
   std::int64_t batch() const { return shape[0]; }
 };
 TokenArray tokens_from_python(nb::handle values, const char* op);
@@ -52,6 +54,11 @@ std::vector<rt::Variable> variables_from_python(nb::iterable values, const char*
 /// A str as UTF-8 (a ValueError naming `what` for a str that has none, e.g.
 /// a lone surrogate; was RuntimeError std::bad_cast).
 std::string utf8_of(nb::handle text, const std::string& what);
+
+/// An enum string ("flash", "block", ...) for a parse_* function: utf8_of,
+/// with each NUL written as the two characters \0, so the parser's ValueError (which lists the
+/// accepted values) is not cut short at it.
+std::string choice_of(nb::handle text, const std::string& what);
 
 /// The float32 as the shortest decimal that rounds back to it (0.003, not
 /// 0.003000000026077032): what config getters return.

@@ -20,26 +20,15 @@ class ConfigClass {
   /// int, bool, double, path or nested config fields.
   template <class T, class Base>
   ConfigClass& field(const char* name, T Base::*member, const char* type, const char* doc = "") {
-    const std::string label = name_ + "." + name + " expects " + type;
-    auto set = [member, label](C& c, nb::handle v) {
+    auto set = [member](C& c, nb::handle v) {
       // Python's bool is an int subclass: zero_stage=True or steps=False would
       // silently be 1 or 0, so an int field refuses it (a bool field takes it).
-      const bool bool_for_number = std::is_arithmetic_v<T> && !std::is_same_v<T, bool> && nb::isinstance<nb::bool_>(v);
-      try {
-        if (bool_for_number) throw nb::cast_error();
-        c.*member = nb::cast<T>(v);
-      } catch (const nb::cast_error&) {  // a TypeError naming the field, for keywords and attributes alike
-        throw nb::type_error((label + ", got " + nb::cast<std::string>(nb::str(v.type().attr("__name__")))).c_str());
-      }
+      if (std::is_arithmetic_v<T> && !std::is_same_v<T, bool> && nb::isinstance<nb::bool_>(v)) throw nb::cast_error();
+      c.*member = nb::cast<T>(v);
     };
-    if constexpr (std::is_arithmetic_v<T> && !std::is_same_v<T, bool>) {
-      cls_.def_prop_rw(
-          name, [member](const C& c) { return c.*member; }, [set](C& c, nb::handle v) { set(c, v); },
-          nb::for_setter(nb::arg("value").none()), doc);  // None reaches `set`: its TypeError names the field
-    } else {
-      cls_.def_rw(name, static_cast<T C::*>(member), doc);
-    }
-    add(name, type, set, [member](const C& c) { return nb::cast(c.*member, nb::rv_policy::copy); });
+    // A reference (reference_internal): config.model.layers = 2 changes config.
+    auto property = [member](const C& c) -> const T& { return c.*member; };
+    add(name, type, property, set, [member](const C& c) { return nb::cast(c.*member, nb::rv_policy::copy); }, doc);
     return *this;
   }
   /// Path fields: None (or "") for an empty path, which means "the default"
@@ -50,28 +39,19 @@ class ConfigClass {
       if ((c.*member).empty()) return nb::none();
       return nb::cast(c.*member);
     };
-    auto set = [member](C& c, std::optional<std::filesystem::path> v) { c.*member = v.value_or(""); };
-    cls_.def_prop_rw(name, get, set, doc);
-    add(name, "str | os.PathLike[str] | None", [set](C& c, nb::handle v) {
-      set(c, v.is_none() ? std::nullopt : std::optional(nb::cast<std::filesystem::path>(v)));
-    }, get);
+    auto set = [member](C& c, nb::handle v) { c.*member = v.is_none() ? "" : nb::cast<std::filesystem::path>(v); };
+    add(name, "str | os.PathLike[str] | None", get, set, get, doc);
     return *this;
   }
   /// float32 fields: read back as the shortest decimal (0.003).
   template <class Base>
   ConfigClass& real(const char* name, float Base::*member, const char* doc = "") {
     auto get = [member](const C& c) { return short_double(c.*member); };
-    const std::string label = name_ + "." + name + " expects float";
-    auto set = [member, label](C& c, nb::handle v) {
-      if (nb::isinstance<nb::bool_>(v)) throw nb::type_error((label + ", got bool").c_str());  // not a number here
-      try {
-        c.*member = static_cast<float>(nb::cast<double>(v));
-      } catch (const nb::cast_error&) {
-        throw nb::type_error((label + ", got " + nb::cast<std::string>(nb::str(v.type().attr("__name__")))).c_str());
-      }
+    auto set = [member](C& c, nb::handle v) {
+      if (nb::isinstance<nb::bool_>(v)) throw nb::cast_error();  // not a number here
+      c.*member = static_cast<float>(nb::cast<double>(v));
     };
-    cls_.def_prop_rw(name, get, [set](C& c, nb::handle v) { set(c, v); }, nb::for_setter(nb::arg("value").none()), doc);
-    add(name, "float", set, [get](const C& c) { return nb::cast(get(c)); });
+    add(name, "float", get, set, [get](const C& c) { return nb::cast(get(c)); }, doc);
     return *this;
   }
   /// Enum fields as strings ("flash", "block", ...); ValueError lists the accepted values.
@@ -79,17 +59,20 @@ class ConfigClass {
   ConfigClass& choice(const char* name, E Base::*member, E (*parse)(const std::string&, const char*),
                       const char* (*to_name)(E), const char* doc = "") {
     auto get = [member, to_name](const C& c) { return std::string(to_name(c.*member)); };
-    auto set = [member, parse, name](C& c, const std::string& v) { c.*member = parse(v, name); };
-    cls_.def_prop_rw(name, get, set, doc);
-    add(name, "str", [set](C& c, nb::handle v) { set(c, nb::cast<std::string>(v)); },
-        [get](const C& c) { return nb::cast(get(c)); });
+    const std::string what = "[" + name_ + "." + name + "]";
+    auto set = [member, parse, name, what](C& c, nb::handle v) {
+      if (!nb::isinstance<nb::str>(v)) throw nb::cast_error();
+      c.*member = parse(choice_of(v, what), name);
+    };
+    add(name, "str", get, set, [get](const C& c) { return nb::cast(get(c)); }, doc);
     return *this;
   }
-  /// A field with its own conversion (getter returns a Python object).
+  /// A field with its own conversion (getter returns a Python object). `set`
+  /// throws nb::cast_error for a value of the wrong type (a TypeError naming
+  /// the field, as every field's).
   ConfigClass& custom(const char* name, const char* type, std::function<nb::object(const C&)> get,
                       std::function<void(C&, nb::handle)> set, const char* doc = "") {
-    cls_.def_prop_rw(name, [get](const C& c) { return get(c); }, [set](C& c, nb::handle v) { set(c, v); }, doc);
-    add(name, type, set, get);
+    add(name, type, [get](const C& c) { return get(c); }, std::move(set), get, doc);
     return *this;
   }
 
@@ -156,18 +139,23 @@ class ConfigClass {
     std::string type;
     std::function<nb::object(const C&)> get;
   };
-  void add(const char* name, const char* type, std::function<void(C&, nb::handle)> set,
-           std::function<nb::object(const C&)> get) {
-    // Every keyword argument: a value of the wrong type is a TypeError naming
-    // the field (float, path and choice fields too; was RuntimeError std::bad_cast).
+  /// One conversion for a keyword and an assignment alike: a value of the
+  /// wrong type (nb::cast_error) is a TypeError naming the field (was
+  /// nanobind's anonymous "incompatible function arguments" for assignments).
+  template <class Property>
+  void add(const char* name, const char* type, Property property, std::function<void(C&, nb::handle)> set,
+           std::function<nb::object(const C&)> get, const char* doc) {
     const std::string label = name_ + "." + name + " expects " + type;
-    (*setters_)[name] = [set = std::move(set), label](C& c, nb::handle v) {
+    auto checked = [set = std::move(set), label](C& c, nb::handle v) {
       try {
         set(c, v);
       } catch (const nb::cast_error&) {
         throw nb::type_error((label + ", got " + nb::cast<std::string>(nb::str(v.type().attr("__name__")))).c_str());
       }
     };
+    (*setters_)[name] = checked;
+    cls_.def_prop_rw(name, property, [checked](C& c, nb::handle v) { checked(c, v); },
+                     nb::for_setter(nb::arg("value").none()), doc);  // None reaches `checked` too
     fields_.push_back({name, type, std::move(get)});
   }
   std::vector<std::string> field_names() const {

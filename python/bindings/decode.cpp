@@ -66,19 +66,29 @@ rt::GenerationOptions options_of(std::int64_t max_new_tokens, float temperature,
   return o;
 }
 
-/// Before any work: a tokenizer must have the model's vocabulary (as
-/// tokenizer_for_model requires), or the model would sample ids it cannot
-/// decode (or be given ids it has no embedding for) partway through.
+/// Before any work: the tokenizer (None: bytes, vocabulary 256) must have
+/// the model's vocabulary, as evaluate() and tokenizer_for_model require, or
+/// the model would sample ids it cannot decode (or be given ids it has no
+/// embedding for) partway through.
 void check_tokenizer(const rt::DecoderOnlyTransformer& model, const OptionalTokenizer& tokenizer) {
-  if (tokenizer && tokenizer->vocab_size() != model.dimensions().vocab_size) {
-    throw rt::ValueError("[generate] the tokenizer's vocabulary is " + std::to_string(tokenizer->vocab_size()) +
+  const std::int64_t vocab = tokenizer ? tokenizer->vocab_size() : rt::ByteTokenizer{}.vocab_size();
+  if (vocab != model.dimensions().vocab_size) {
+    const std::string which = tokenizer ? "" : " (tokenizer=None: bytes)";
+    throw rt::ValueError("[generate] the tokenizer's vocabulary is " + std::to_string(vocab) + which +
                          " but the model's is " + std::to_string(model.dimensions().vocab_size) +
                          " (give the tokenizer the model was trained with: Tokenizer.for_model)");
   }
 }
 
 std::vector<std::int32_t> prompt_ids(nb::handle prompt, const OptionalTokenizer& tokenizer) {
-  if (!nb::isinstance<nb::str>(prompt)) return tokens_from_python(prompt, "generate").ids;
+  if (!nb::isinstance<nb::str>(prompt)) {
+    TokenArray tokens = tokens_from_python(prompt, "generate");
+    if (tokens.ndim != 1) {  // (B, T) would be read as one flattened sequence
+      throw rt::ValueError("[generate] prompt must be a str or a 1-D sequence of token ids, got " +
+                           std::to_string(tokens.ndim) + " dimensions (generate_samples for several continuations)");
+    }
+    return std::move(tokens.ids);
+  }
   const std::string text = utf8_of(prompt, "[generate] the prompt");
   return tokenizer ? tokenizer->encode(text) : rt::ByteTokenizer{}.encode(text);
 }

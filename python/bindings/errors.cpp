@@ -9,6 +9,8 @@
 //   ├─ ModelStateError                   ModelStateError
 //   ├─ DataError                         DataError
 //   └─ PartialStepError                  PartialStepError (a fused optimizer step failed part-way)
+#include <cstring>
+
 #include "common.hpp"
 #include "riftco_transformer/checkpoint.hpp"
 #include "riftco_transformer/data.hpp"
@@ -40,7 +42,19 @@ PyObject* make(nb::module_& m, const char* name, const char* doc, std::initializ
   return type;  // the module keeps a reference; the type lives as long as the process
 }
 
-void raise(PyObject* type, const char* message) { PyErr_SetString(type, message); }
+// The message as a str: bytes that are not UTF-8 (a path from os.fsdecode,
+// text echoed from a file) become \xNN escapes. PyErr_SetString would fail
+// to decode them and leave an exception with no message at all.
+nb::object message_of(const char* what) {
+  PyObject* text = PyUnicode_DecodeUTF8(what, static_cast<Py_ssize_t>(std::strlen(what)), "backslashreplace");
+  if (text == nullptr) {  // out of memory: still an exception of the right type
+    PyErr_Clear();
+    text = PyUnicode_FromString("(the error message could not be decoded)");
+  }
+  return nb::steal(text);
+}
+
+void raise(PyObject* type, const char* what) { PyErr_SetObject(type, message_of(what).ptr()); }
 
 }  // namespace
 
@@ -84,7 +98,7 @@ void init_errors(nb::module_& m) {
     try {
       std::rethrow_exception(p);
     } catch (const rt::CheckpointContractError& e) {
-      nb::object error = nb::handle(g_contract)(e.what());
+      nb::object error = nb::handle(g_contract)(message_of(e.what()));
       error.attr("violation") = nb::cast(e.violation());
       PyErr_SetObject(g_contract, error.ptr());
     } catch (const rt::ShapeError& e) {

@@ -81,9 +81,13 @@ void init_model(nb::module_& m) {
           [](Lora& c, nb::handle v) {
             std::string list;
             if (nb::isinstance<nb::str>(v)) {
-              list = nb::cast<std::string>(v);
+              list = choice_of(v, "[LoraConfig.targets]");
             } else {
-              for (nb::handle t : v) list += (list.empty() ? "" : ",") + nb::cast<std::string>(t);
+              if (!nb::isinstance<nb::iterable>(v)) throw nb::cast_error();
+              for (nb::handle t : v) {
+                if (!nb::isinstance<nb::str>(t)) throw nb::cast_error();
+                list += (list.empty() ? "" : ",") + choice_of(t, "[LoraConfig.targets]");
+              }
             }
             c.targets = rt::parse_lora_targets(list, "LoraConfig.targets");
           },
@@ -97,12 +101,13 @@ void init_model(nb::module_& m) {
                                      "A decoder-only transformer (RMSNorm, RoPE attention, SwiGLU MLP, untied head).")
       .def(
           "__init__",
-          [](DecoderOnlyTransformer* self, const Dims& config, const std::string& attention,
-             const std::string& activation_checkpointing, std::uint64_t seed, float norm_epsilon,
-             bool activation_offload) {
+          [](DecoderOnlyTransformer* self, const Dims& config, nb::str attention, nb::str activation_checkpointing,
+             std::uint64_t seed, float norm_epsilon, bool activation_offload) {
+            const auto kind = rt::parse_attention_kind(choice_of(attention, "[attention] kind"));
+            const std::string checkpointing_name = choice_of(activation_checkpointing, "[activation_checkpointing] kind");
+            const auto checkpointing = rt::parse_activation_checkpointing(checkpointing_name);
             rt::Random random(seed);
-            new (self) DecoderOnlyTransformer(config, random, norm_epsilon, rt::parse_attention_kind(attention),
-                                              rt::parse_activation_checkpointing(activation_checkpointing));
+            new (self) DecoderOnlyTransformer(config, random, norm_epsilon, kind, checkpointing);
             self->set_activation_offload(activation_offload);
           },
           "config"_a = Dims{}, nb::kw_only(), "attention"_a = "materialized", "activation_checkpointing"_a = "disabled",
@@ -114,19 +119,20 @@ void init_model(nb::module_& m) {
       .def_prop_ro("norm_epsilon", [](const DecoderOnlyTransformer& model) { return short_double(model.norm_epsilon()); })
       .def_prop_rw(
           "attention", [](const DecoderOnlyTransformer& model) { return rt::attention_kind_name(model.attention_kind()); },
-          [](DecoderOnlyTransformer& model, const std::string& kind) {
-            model.set_attention_kind(rt::parse_attention_kind(kind));
+          [](DecoderOnlyTransformer& model, nb::str kind) {
+            model.set_attention_kind(rt::parse_attention_kind(choice_of(kind, "[attention] kind")));
           })
-      .def("set_attention", [](DecoderOnlyTransformer& model, const std::string& kind) {
-        model.set_attention_kind(rt::parse_attention_kind(kind));
+      .def("set_attention", [](DecoderOnlyTransformer& model, nb::str kind) {
+        model.set_attention_kind(rt::parse_attention_kind(choice_of(kind, "[attention] kind")));
       }, "kind"_a)
       .def_prop_rw(
           "activation_checkpointing",
           [](const DecoderOnlyTransformer& model) {
             return rt::activation_checkpointing_name(model.activation_checkpointing_kind());
           },
-          [](DecoderOnlyTransformer& model, const std::string& kind) {
-            model.set_activation_checkpointing_kind(rt::parse_activation_checkpointing(kind));
+          [](DecoderOnlyTransformer& model, nb::str kind) {
+            model.set_activation_checkpointing_kind(
+                rt::parse_activation_checkpointing(choice_of(kind, "[activation_checkpointing] kind")));
           },
           "'disabled' | 'block' | 'segments' | 'attention' | 'mlp' ('planned' while a plan is set: read only). "
           "Safe to change at any time; affects later forwards only.")
@@ -153,9 +159,10 @@ void init_model(nb::module_& m) {
           "plan_activation_memory",
           [](DecoderOnlyTransformer& model, nb::handle budget, std::int64_t batch, std::int64_t sequence_length,
              bool apply) {
-            const std::int64_t bytes = nb::isinstance<nb::str>(budget)
-                                           ? rt::parse_byte_size(nb::cast<std::string>(budget), "plan_activation_memory")
-                                           : nb::cast<std::int64_t>(budget);
+            const std::int64_t bytes =
+                nb::isinstance<nb::str>(budget)
+                    ? rt::parse_byte_size(choice_of(budget, "[plan_activation_memory] budget"), "plan_activation_memory")
+                    : nb::cast<std::int64_t>(budget);
             rt::ActivationMemoryProfile profile;
             {
               nb::gil_scoped_release release;
@@ -183,8 +190,9 @@ void init_model(nb::module_& m) {
           "Profiles 1- to 3-layer copies of this model at (batch, sequence_length), backward freeing the graph as the trainer does, and returns the least-recompute "
           "plan whose predicted activation peak fits `budget` (bytes or '256MiB'); apply=True sets it. ValueError "
           "naming the smallest feasible budget when none fits (docs/checkpointing.md).")
-      .def("set_activation_checkpointing", [](DecoderOnlyTransformer& model, const std::string& kind) {
-        model.set_activation_checkpointing_kind(rt::parse_activation_checkpointing(kind));
+      .def("set_activation_checkpointing", [](DecoderOnlyTransformer& model, nb::str kind) {
+        model.set_activation_checkpointing_kind(
+            rt::parse_activation_checkpointing(choice_of(kind, "[activation_checkpointing] kind")));
       }, "kind"_a)
       .def_prop_rw("checkpoint_segment_blocks", &DecoderOnlyTransformer::checkpoint_segment_blocks,
                    &DecoderOnlyTransformer::set_checkpoint_segment_blocks,

@@ -30,14 +30,14 @@ ConfigClass<C>& stage_fields(ConfigClass<C>& c) {
           [](const C& c) { return nb::cast(c.activation_memory_budget); },
           [](C& c, nb::handle v) {
             if (nb::isinstance<nb::str>(v)) {
-              const std::string text = nb::cast<std::string>(v);
+              const std::string text = choice_of(v, "[activation_memory_budget]");
               c.activation_memory_budget = text == "0" ? 0 : rt::parse_byte_size(text, "activation_memory_budget");
             } else if (nb::isinstance<nb::int_>(v) && !nb::isinstance<nb::bool_>(v)) {
               const std::int64_t bytes = nb::cast<std::int64_t>(v);
               if (bytes < 0) throw rt::ValueError("[activation_memory_budget] must be >= 0 bytes, got " + std::to_string(bytes));
               c.activation_memory_budget = bytes;
             } else {
-              throw nb::type_error("activation_memory_budget must be an int (bytes) or a size like '256MiB'");
+              throw nb::cast_error();  // "...activation_memory_budget expects int | str, got ..."
             }
           },
           "bytes (or '256MiB', '1.5GiB') every step's activation peak must fit; the run chooses what each block "
@@ -94,7 +94,10 @@ rt::RunResult run_stage(nb::object progress, Run run) {
       if (PyErr_CheckSignals() != 0) throw nb::python_error();  // Ctrl-C while the step ran
       if (progress.is_none()) return true;
       nb::object answer = progress(nb::cast(report, nb::rv_policy::copy));
-      return answer.is_none() || PyObject_IsTrue(answer.ptr()) == 1;
+      if (answer.is_none()) return true;
+      const int keep_going = PyObject_IsTrue(answer.ptr());  // -1: no truth value (a numpy array)
+      if (keep_going < 0) throw nb::python_error();           // the answer's own exception, e.g. ValueError
+      return keep_going == 1;
     } catch (nb::python_error& e) {
       failure.emplace(std::move(e));
       return false;

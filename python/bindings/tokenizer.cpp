@@ -30,7 +30,8 @@ void init_tokenizer(nb::module_& m) {
           },
           "model"_a, "tokenizer"_a = nb::none(), "use_recorded"_a = true,
                   "The tokenizer a model-state file records (ValueError naming both checksums for another one).")
-      .def("encode", [](const rt::Tokenizer& t, const std::string& text) { return t.encode(text); }, "text"_a)
+      .def("encode", [](const rt::Tokenizer& t, nb::str text) { return t.encode(utf8_of(text, "[encode] text")); },
+           "text"_a)
       .def("decode", [](const rt::Tokenizer& t, nb::handle ids) {
         return text_of(t.decode(tokens_from_python(ids, "decode").ids));
       }, "ids"_a, "Text of the ids (invalid UTF-8 becomes U+FFFD).")
@@ -48,11 +49,12 @@ void init_tokenizer(nb::module_& m) {
 
   m.def(
       "train_tokenizer",
-      [](const std::string& text, const std::filesystem::path& output, std::int64_t vocab_size,
-         const std::string& model_type) {
+      [](nb::str text_object, const std::filesystem::path& output, std::int64_t vocab_size, nb::str model_type) {
+        const std::string text = utf8_of(text_object, "[train_tokenizer] text");
         rt::TokenizerTrainingOptions o;
         o.vocab_size = vocab_size;
-        o.model_type = rt::parse_tokenizer_model_type(model_type, "train_tokenizer");
+        o.model_type = rt::parse_tokenizer_model_type(choice_of(model_type, "[train_tokenizer] model_type"),
+                                                      "train_tokenizer");
         nb::gil_scoped_release release;
         return rt::train_tokenizer(text, o, output);
       },
@@ -74,8 +76,9 @@ void init_tokenizer(nb::module_& m) {
 
   m.def(
       "evaluate",
-      [](rt::DecoderOnlyTransformer& model, const std::string& text, std::optional<rt::Tokenizer> tokenizer,
+      [](rt::DecoderOnlyTransformer& model, nb::str text_object, std::optional<rt::Tokenizer> tokenizer,
          std::int64_t batch, std::int64_t sequence_length) {
+        const std::string text = utf8_of(text_object, "[evaluate] text");
         rt::EvaluationOptions o;
         o.batch = batch;
         o.sequence_length = sequence_length;

@@ -1,6 +1,9 @@
 // Variable (autograd handle), its diagnostics, and no_grad.
-#include <optional>
+#include <algorithm>
+#include <memory>
 #include <sstream>
+#include <thread>
+#include <vector>
 
 #include "common.hpp"
 #include "riftco_transformer/ops.hpp"
@@ -30,9 +33,35 @@ rt::Variable operand(nb::handle other) {
   return rt::Variable(tensor_from_python(other));
 }
 
-/// `with riftco.no_grad():` — ops on this thread build no graph.
+/// `with riftco.no_grad():` — ops on this thread build no graph. One object
+/// may be entered again while entered (a module-level NO_GRAD, nested
+/// blocks, other threads): each __enter__ pushes a guard that saves its
+/// thread's mode, and __exit__ pops the calling thread's latest one, which
+/// must exist (riftco.Error otherwise, no thread's mode changed). The GIL
+/// serializes the calls.
 struct NoGrad {
-  std::optional<rt::NoGradGuard> guard;
+  struct Entry {
+    std::thread::id thread;
+    std::unique_ptr<rt::NoGradGuard> guard;  // restores `thread`'s mode: destroy it on that thread only
+  };
+  std::vector<Entry> entries;
+
+  NoGrad() = default;
+  NoGrad(const NoGrad&) = delete;
+  NoGrad& operator=(const NoGrad&) = delete;
+  ~NoGrad() {  // collected while entered: leave every thread's mode as it is
+    for (Entry& e : entries) static_cast<void>(e.guard.release());
+  }
+  void enter() { entries.push_back({std::this_thread::get_id(), std::make_unique<rt::NoGradGuard>()}); }
+  void exit() {
+    const auto mine = std::find_if(entries.rbegin(), entries.rend(),
+                                   [](const Entry& e) { return e.thread == std::this_thread::get_id(); });
+    if (mine == entries.rend()) {
+      throw rt::Error(entries.empty() ? "[no_grad] __exit__ without __enter__"
+                                      : "[no_grad] __exit__ on a thread that did not enter this no_grad");
+    }
+    entries.erase(std::next(mine).base());  // the guard restores this thread's mode
+  }
 };
 
 }  // namespace
@@ -147,8 +176,8 @@ void init_variable(nb::module_& m) {
 
   nb::class_<NoGrad>(m, "no_grad", "`with riftco.no_grad():` ops on this thread build no graph (evaluation).")
       .def(nb::init<>())
-      .def("__enter__", [](NoGrad& g) { g.guard.emplace(); })
-      .def("__exit__", [](NoGrad& g, nb::handle, nb::handle, nb::handle) { g.guard.reset(); }, "exc_type"_a.none(),
+      .def("__enter__", [](NoGrad& g) { g.enter(); })
+      .def("__exit__", [](NoGrad& g, nb::handle, nb::handle, nb::handle) { g.exit(); }, "exc_type"_a.none(),
            "exc_value"_a.none(), "traceback"_a.none());
   m.def("is_grad_enabled", [] { return !rt::NoGradGuard::active(); });
 }

@@ -28,19 +28,23 @@ def read_metrics(run_dir) -> Dict[str, Series]:
     for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         if not line.strip():
             continue
-        try:
+        try:  # every conversion of the row, so a bad value names the file and line too
             row = json.loads(line)
             step = int(row["step"])
-        except (ValueError, KeyError, TypeError) as e:
-            raise ValueError(f"{path}: line {number}: not a metrics row ({e})") from None
-        value = row.get("loss")
+            loss = _loss(row.get("loss"))
+            validation = _loss(row["validation_loss"]) if "validation_loss" in row else None
+        except (ValueError, KeyError, TypeError, OverflowError) as e:
+            raise ValueError(f"{path}: line {number}: not a metrics row ({type(e).__name__}: {e})") from None
         out["train"][0].append(step)
-        out["train"][1].append(math.nan if value is None else float(value))
-        if "validation_loss" in row:
-            value = row["validation_loss"]
+        out["train"][1].append(loss)
+        if validation is not None:
             out["validation"][0].append(step)
-            out["validation"][1].append(math.nan if value is None else float(value))
+            out["validation"][1].append(validation)
     return out
+
+
+def _loss(value) -> float:
+    return math.nan if value is None else float(value)
 
 
 def write_loss_curve(run_dir, output: Optional[pathlib.Path] = None, title: Optional[str] = None) -> pathlib.Path:

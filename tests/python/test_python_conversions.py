@@ -1,0 +1,260 @@
+"""Argument and result conversion at the Python boundary, from an adversarial
+review: zero-copy numpy views, error messages that are not UTF-8, 0-d values,
+a progress callback without a truth value, generate() without a tokenizer,
+config assignments, a reused no_grad(), token-id and str conversions, and
+riftco.plot.read_metrics on bad rows."""
+import gc
+import json
+import os
+import threading
+
+import numpy as np
+import pytest
+
+from riftco_import import import_riftco
+
+riftco = import_riftco()
+TINY = dict(vocab_size=256, context_length=16, model_width=16, heads=2, layers=2, feed_forward_width=32)
+
+
+def tiny_model(**config):
+    return riftco.DecoderOnlyTransformer(riftco.TransformerConfig(**{**TINY, **config}), seed=1)
+
+
+# --- numpy views -------------------------------------------------------------
+
+def test_numpy_is_a_read_only_view_that_shows_an_adam_step():
+    model = tiny_model()
+    p = model.parameters()[-1]
+    view = p.numpy()
+    assert not view.flags.owndata and not view.flags.writeable
+    with pytest.raises(ValueError):
+        view.flags.writeable = True  # the buffer itself is read-only
+    assert view.ctypes.data == p.numpy().ctypes.data  # the same buffer, not a copy
+    before = view.copy()
+    opt = riftco.Adam(model.trainable_parameters(), learning_rate=0.1)
+    model.loss([1, 2, 3], [2, 3, 4]).backward()
+    opt.step()
+    assert not np.array_equal(view, before)
+    assert np.array_equal(view, p.numpy())
+
+
+def test_a_view_outlives_its_variable_and_model():
+    v = riftco.Variable(np.arange(6.0).reshape(2, 3), requires_grad=True)
+    view = v.numpy()
+    (riftco.sum(v * 2.0)).backward()
+    grad = v.grad
+    assert not grad.flags.writeable and not grad.flags.owndata
+    del v
+    gc.collect()
+    for _ in range(3):  # new buffers must not reuse the viewed ones
+        riftco.Variable(np.full((2, 3), 7.0)).numpy()
+    np.testing.assert_array_equal(view, np.arange(6.0).reshape(2, 3))
+    np.testing.assert_array_equal(grad, np.full((2, 3), 2.0))
+
+
+def test_a_grad_view_keeps_its_pass_and_accumulator_views_show_later_adds():
+    w = riftco.Variable(np.ones(3), requires_grad=True)
+    riftco.sum(w * 2.0).backward()
+    first = w.grad
+    riftco.sum(w * 3.0).backward()  # each pass commits a new gradient buffer
+    np.testing.assert_array_equal(first, np.full(3, 2.0))
+    np.testing.assert_array_equal(w.grad, np.full(3, 3.0))
+    acc = riftco.GradientAccumulator([w])
+    acc.add()
+    sums = acc.gradients[0]
+    assert not sums.flags.writeable
+    acc.add()  # adds into the same buffer
+    np.testing.assert_array_equal(sums, np.full(3, 6.0))
+
+
+# --- error messages ----------------------------------------------------------
+
+def test_an_error_message_with_non_utf8_bytes_keeps_its_text(tmp_path):
+    bad = os.fsdecode(os.fsencode(str(tmp_path)) + b"/no-such-\xff/model.safetensors")
+    with pytest.raises(riftco.Error) as e:
+        riftco.load_model(bad)
+    assert "[load]" in str(e.value) and "\\xff" in str(e.value), e.value.args
+
+
+def test_a_nul_in_an_enum_string_keeps_the_accepted_values():
+    with pytest.raises(riftco.ValueError, match="materialized"):
+        tiny_model().set_attention("flash\0x")
+
+
+# --- 0-d values --------------------------------------------------------------
+
+def test_scalars_stay_0d_and_seed_a_scalar_loss():
+    assert riftco.Variable(np.zeros(())).shape == ()
+    assert riftco.Variable(3.0).shape == ()
+    model = tiny_model()
+    loss = model.loss([1, 2, 3], [2, 3, 4])
+    for seed in (1.0, np.float32(2.0), np.array(1.0)):
+        loss.backward(seed)
+    w = riftco.Variable(np.ones(3), requires_grad=True)
+    (w * 2.0 + 1.0).backward(np.ones(3))
+    np.testing.assert_array_equal(w.grad, np.full(3, 2.0))
+
+
+# --- progress callbacks ------------------------------------------------------
+
+def test_a_progress_answer_without_truth_value_raises_its_own_error(tmp_path):
+    (tmp_path / "data.txt").write_text(("the quick brown fox jumps over the lazy dog. " * 20 + "\n") * 50)
+    config = riftco.PretrainingConfig(model=riftco.TransformerConfig(**TINY), steps=3, batch=2,
+                                      sequence_length=16, data=tmp_path / "data.txt", output_dir=tmp_path / "run",
+                                      eval_interval=0, eval_batches=1, warmup_steps=1)
+    with pytest.raises(ValueError, match="truth value") as e:
+        riftco.pretrain(config, progress=lambda report: np.array([True, False]))
+    assert not isinstance(e.value, SystemError)
+
+
+# --- generate() --------------------------------------------------------------
+
+def test_generate_without_tokenizer_refuses_a_non_byte_vocabulary_before_sampling():
+    model = tiny_model(vocab_size=1000)
+    for seed in range(3):
+        with pytest.raises(riftco.ValueError, match="vocabulary is 256"):
+            model.generate("ab", max_new_tokens=60, seed=seed)
+        with pytest.raises(riftco.ValueError, match="vocabulary is 256"):
+            model.generate_samples([1, 2], num_samples=2, max_new_tokens=4, seed=seed)
+
+
+def test_generate_refuses_a_2d_prompt():
+    with pytest.raises(riftco.ValueError, match="prompt"):
+        tiny_model().generate([[1, 2], [3, 4]], max_new_tokens=1, temperature=0)
+    assert len(tiny_model().generate(np.array([1, 2]), max_new_tokens=1, temperature=0).tokens) == 1
+
+
+# --- config assignment -------------------------------------------------------
+
+CONFIG_CASES = [(riftco.PretrainingConfig, "attention", None), (riftco.PretrainingConfig, "device", 3),
+                (riftco.PretrainingConfig, "data", 5), (riftco.PretrainingConfig, "model", None),
+                (riftco.PretrainingConfig, "activation_memory_budget", None),
+                (riftco.PretrainingConfig, "resume", "yes"), (riftco.PretrainingConfig, "steps", "3"),
+                (riftco.PretrainingConfig, "learning_rate", "x"), (riftco.PostTrainingConfig, "lora", 3),
+                (riftco.PostTrainingConfig, "fine_tuning_method", 1), (riftco.PostTrainingConfig, "base_model", 1.5),
+                (riftco.TransformerConfig, "tie_embeddings", "yes"), (riftco.LoraConfig, "targets", 5),
+                (riftco.LoraConfig, "targets", [1]), (riftco.LoraConfig, "alpha", True)]
+
+
+@pytest.mark.parametrize("cls,field,value", CONFIG_CASES)
+def test_a_wrong_type_names_the_field_as_keyword_and_assignment(cls, field, value):
+    with pytest.raises(TypeError, match=f"{cls.__name__}.{field} expects"):
+        cls(**{field: value})
+    config = cls()
+    before = config.to_dict()
+    with pytest.raises(TypeError, match=f"{cls.__name__}.{field} expects"):
+        setattr(config, field, value)
+    assert repr(config.to_dict()) == repr(before)
+
+
+def test_every_config_field_assignment_names_the_field():
+    for cls in (riftco.TransformerConfig, riftco.LoraConfig, riftco.PretrainingConfig, riftco.PostTrainingConfig):
+        for field in cls.fields:
+            with pytest.raises(TypeError, match=f"{cls.__name__}.{field} expects"):
+                setattr(cls(), field, object())
+
+
+def test_config_assignments_still_work():
+    config = riftco.PretrainingConfig()
+    config.model.layers = 3  # nested configs are references
+    config.attention, config.data, config.resume = "flash", "x.txt", True
+    config.activation_memory_budget = "1MiB"
+    assert (config.model.layers, config.attention, str(config.data), config.resume) == (3, "flash", "x.txt", True)
+    config.data = None
+    assert config.data is None and config.activation_memory_budget == 2**20
+    lora = riftco.LoraConfig(targets=("query", "value"))
+    lora.targets = "mlp"
+    assert lora.targets == ["gate", "up", "down"]
+    with pytest.raises(riftco.ValueError):
+        lora.targets = "\udcff"
+
+
+# --- no_grad -----------------------------------------------------------------
+
+def test_one_no_grad_object_nests_and_refuses_another_threads_exit():
+    no_grad = riftco.no_grad()
+    w = riftco.Variable(np.ones(3), requires_grad=True)
+    with no_grad:
+        with no_grad:
+            pass
+        assert not riftco.is_grad_enabled() and not (w * 2.0).requires_grad
+    assert riftco.is_grad_enabled()
+    no_grad.__enter__()
+    errors, modes = [], []
+
+    def exit_elsewhere():
+        try:
+            no_grad.__exit__(None, None, None)
+        except riftco.Error as e:
+            errors.append(e)
+        modes.append(riftco.is_grad_enabled())
+
+    t = threading.Thread(target=exit_elsewhere)
+    t.start()
+    t.join()
+    assert len(errors) == 1 and modes == [True] and not riftco.is_grad_enabled()
+    no_grad.__exit__(None, None, None)
+    assert riftco.is_grad_enabled()
+    with pytest.raises(riftco.Error, match="without __enter__"):
+        no_grad.__exit__(None, None, None)
+
+
+# --- token ids and str arguments ---------------------------------------------
+
+def test_token_id_conversions_name_the_problem():
+    model = tiny_model()
+    with pytest.raises(riftco.ValueError, match=str(2**64 - 1)):
+        model(np.array([2**64 - 1], dtype=np.uint64))
+    assert model(np.array([1, 2], dtype=np.uint64)).shape == (1, 2, 256)
+    for bad in (5, "hello"):
+        with pytest.raises(TypeError, match=r"token ids must be .*got (int|str)"):
+            model(bad)
+
+
+def test_lone_surrogates_are_value_errors(tmp_path):
+    model = tiny_model()
+    calls = [lambda: riftco.Tokenizer().encode("\udcff"), lambda: riftco.evaluate(model, "ab\udcff" * 10),
+             lambda: riftco.train_tokenizer("\udcff", tmp_path / "t.model"),
+             lambda: model.set_attention("\udcff"), lambda: setattr(model, "activation_checkpointing", "\udcff"),
+             lambda: riftco.PretrainingConfig(attention="\udcff"),
+             lambda: model.plan_activation_memory("1\udcffMiB", 1, 8)]
+    for call in calls:
+        with pytest.raises(riftco.ValueError, match="not valid Unicode"):
+            call()
+    assert model.attention == "materialized"
+
+
+# --- riftco.plot -------------------------------------------------------------
+
+@pytest.mark.parametrize("row", ['{"step": 1, "loss": "abc"}', '{"step": 1e999}', '{"step": 1, "loss": [1]}',
+                                 '{"step": 1, "validation_loss": "x"}', '[1]', '{"loss": 1}', 'not json'])
+def test_read_metrics_names_file_and_line_for_a_bad_row(tmp_path, row):
+    from riftco import plot
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 0, "loss": 1.0}) + "\n" + row + "\n")
+    with pytest.raises(ValueError, match=r"metrics.jsonl: line 2: not a metrics row"):
+        plot.read_metrics(tmp_path)
+
+
+# --- checkpoint lifetime -----------------------------------------------------
+
+def test_a_checkpoint_function_that_captures_only_its_weight_is_freed():
+    # docs/python.md "Lifetime": a function holding the output (a bound method of
+    # the object storing it) forms a cycle the GC cannot see; this pattern does not.
+    class Block:
+        def __init__(self):
+            self.w = riftco.Variable(np.ones((64, 64)), requires_grad=True)
+
+        def __call__(self, x):
+            w = self.w
+            self.last = riftco.checkpoint(x, [w], lambda h: riftco.silu(riftco.linear(h, w)))
+            return self.last
+
+    gc.collect()
+    base = riftco.memory_stats().live_bytes
+    for _ in range(3):
+        block = Block()
+        riftco.sum(block(riftco.Variable(np.ones((8, 64)), requires_grad=True))).backward()
+        del block
+        gc.collect()
+    assert riftco.memory_stats().live_bytes == base
