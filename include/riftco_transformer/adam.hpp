@@ -121,7 +121,10 @@ class Adam {
     std::vector<Tensor> second_moment;  // one per parameter, same shape
   };
   State state() const;
-  /// Validates shapes against the parameters before changing anything.
+  /// Validates before changing anything: the moments' count and shapes
+  /// (ValueError / ShapeError), then values no step could have made
+  /// (ValueError naming the parameter and element): a step count outside
+  /// [0, 2^63 - 1), a first moment not finite, a second moment NaN or < 0.
   void set_state(const State& state);
 
  private:

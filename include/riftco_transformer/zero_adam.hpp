@@ -90,7 +90,7 @@ class ShardedAdam {
   /// Every rank passes the full state (as saved, on the parameters'
   /// backend); each keeps its shard. Validates shapes and backends first
   /// (ValueError / ShapeError / BackendError for a state on another
-  /// backend; nothing changes).
+  /// backend; nothing changes), then its values as Adam::set_state does.
   /// Also clears a failed step (below): restoring a saved state together
   /// with its parameters is how a caller recovers.
   void set_state(const Adam::State& state);

@@ -424,11 +424,10 @@ Adam::State ShardedAdam::state() const {
 }
 
 void ShardedAdam::set_state(const Adam::State& state) {
-  if (state.steps < 0 || state.first_moment.size() != params_.size() ||
-      state.second_moment.size() != params_.size()) {
+  if (state.first_moment.size() != params_.size() || state.second_moment.size() != params_.size()) {
     throw ValueError("[ShardedAdam] state has " + std::to_string(state.first_moment.size()) + " and " +
                      std::to_string(state.second_moment.size()) + " moments for " + std::to_string(params_.size()) +
-                     " parameters (steps " + std::to_string(state.steps) + ")");
+                     " parameters");
   }
   for (std::size_t i = 0; i < params_.size(); ++i) {
     const Shape& shape = params_[i].value().shape();
@@ -444,6 +443,7 @@ void ShardedAdam::set_state(const Adam::State& state) {
       }
     }
   }
+  detail::check_adam_state_values("ShardedAdam", state, params_);
   const std::int64_t begin = shard_begin();
   const backend::Kernels& kernels = backend::kernels(backend_, "ShardedAdam");
   Tensor m = Tensor::zeros(m_.shape(), backend_);

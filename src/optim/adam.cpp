@@ -1,6 +1,7 @@
 #include "riftco_transformer/adam.hpp"
 
 #include <cmath>
+#include <limits>
 #include <span>
 #include <unordered_set>
 #include <utility>
@@ -202,18 +203,22 @@ Adam::State Adam::state() const {
 }
 
 void Adam::set_state(const State& state) {
-  if (state.steps < 0 || state.first_moment.size() != params_.size() ||
-      state.second_moment.size() != params_.size()) {
-    throw ValueError("[Adam] state has " + std::to_string(state.first_moment.size()) + " moments for " +
+  if (state.first_moment.size() != params_.size() || state.second_moment.size() != params_.size()) {
+    throw ValueError("[Adam] state has " + std::to_string(state.first_moment.size()) + " first and " +
+                     std::to_string(state.second_moment.size()) + " second moments for " +
                      std::to_string(params_.size()) + " parameters");
   }
   for (std::size_t i = 0; i < params_.size(); ++i) {
     const Shape& shape = params_[i].value().shape();
-    if (state.first_moment[i].shape() != shape || state.second_moment[i].shape() != shape) {
-      throw ShapeError("[Adam] state for '" + params_[i].name() + "' has shape " +
-                       shape_string(state.first_moment[i].shape()) + ", parameter is " + shape_string(shape));
+    for (const auto& [which, t] : {std::pair{"first", &state.first_moment[i]}, {"second", &state.second_moment[i]}}) {
+      if (!t->defined() || t->shape() != shape) {
+        throw ShapeError("[Adam] state for '" + params_[i].name() + "': its " + which + " moment has shape " +
+                         (t->defined() ? shape_string(t->shape()) : std::string("(undefined)")) +
+                         ", the parameter " + shape_string(shape));
+      }
     }
   }
+  detail::check_adam_state_values("Adam", state, params_);
   std::vector<Tensor> m;
   std::vector<Tensor> v;
   for (std::size_t i = 0; i < params_.size(); ++i) {
@@ -226,6 +231,26 @@ void Adam::set_state(const State& state) {
 }
 
 namespace detail {
+
+void check_adam_state_values(std::string_view op, const Adam::State& state, const std::vector<Variable>& parameters) {
+  const std::string tag = "[" + std::string(op) + "] ";
+  if (state.steps < 0 || state.steps == std::numeric_limits<std::int64_t>::max()) {
+    throw ValueError(tag + "state's step count " + std::to_string(state.steps) + " is outside [0, 2^63 - 1)");
+  }
+  for (std::size_t i = 0; i < parameters.size(); ++i) {
+    for (const bool second : {false, true}) {
+      const std::vector<float> values = (second ? state.second_moment : state.first_moment)[i].to_vector();
+      for (std::size_t k = 0; k < values.size(); ++k) {
+        // A step keeps m a mix of finite gradients; v can reach +inf (a
+        // finite gradient whose square overflows), never NaN or below 0.
+        if (second ? values[k] >= 0.0F : std::isfinite(values[k])) continue;
+        throw ValueError(tag + "state for '" + parameters[i].name() + "': its " + (second ? "second" : "first") +
+                         " moment holds " + std::to_string(values[k]) + " at element " + std::to_string(k) +
+                         (second ? " (a second moment is >= 0)" : " (a first moment is finite)"));
+      }
+    }
+  }
+}
 
 float adam_clip_factor(const AdamOptions& options, float norm) {
   if (options.max_grad_norm > 0.0F && norm > options.max_grad_norm) return options.max_grad_norm / (norm + 1e-6F);

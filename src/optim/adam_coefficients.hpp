@@ -35,4 +35,12 @@ backend::AdamUpdate adam_update_of(Variable& parameter, Tensor& m, Tensor& v, co
 /// or "(it overflowed)" when `culprit` is empty.
 [[noreturn]] void throw_non_finite_gradient_norm(std::string_view op, const std::string& culprit);
 
+/// The values of a restored state that no step could have made, a
+/// ValueError tagged `op` naming the first: a step count outside
+/// [0, INT64_MAX) (the next step adds one), a first moment that is not
+/// finite, a second moment that is NaN or below zero (+inf is reachable: a
+/// finite gradient whose square overflows). The moments'
+/// count and shapes are the caller's to check first.
+void check_adam_state_values(std::string_view op, const Adam::State& state, const std::vector<Variable>& parameters);
+
 }  // namespace riftco_transformer::detail

@@ -3,7 +3,10 @@
 // checks are in tests/mpi/test_zero.cpp.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
+#include <functional>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -107,7 +110,8 @@ TEST(ShardedAdamSingle, StepsWithAnAccumulatorOfItsOwnParametersOnly) {
 namespace {
 
 // Rank 0 of a pretend 2-rank world whose collectives succeed (sums are the
-// identity, a reduce-scatter keeps block 0, a gather moves nothing) except
+// identity, a reduce-scatter keeps block 0, a gather gives every rank's
+// block this rank's values, as if rank 1 held the same) except
 // all-gather number `fail_at` (counted from 1), which fails as a broken
 // link would. A step gathers twice: the norm's partials, then the parameters.
 class GatherFailsCommunicator final : public Communicator {
@@ -119,8 +123,11 @@ class GatherFailsCommunicator final : public Communicator {
   void reduce_scatter_sum(std::span<const float> input, std::span<float> output) override {
     std::copy(input.begin(), input.begin() + static_cast<std::ptrdiff_t>(output.size()), output.begin());
   }
-  void all_gather(std::span<const float>, std::span<float>) override {
+  void all_gather(std::span<const float> input, std::span<float> output) override {
     if (++gathers == fail_at) throw CommunicationError("[all_gather] the link to rank 1 is down (test)");
+    for (std::size_t at = 0; !input.empty() && at + input.size() <= output.size(); at += input.size()) {
+      std::copy(input.begin(), input.end(), output.begin() + static_cast<std::ptrdiff_t>(at));
+    }
   }
   void broadcast(std::span<float>, int) override {}
   void barrier() override {}
@@ -192,4 +199,60 @@ TEST(ShardedAdamSingle, AStepWithoutAnyGradientChangesNothingOnEitherAdam) {
     EXPECT_TRUE(same_bits(a[k].value().values(), fresh[k].value().values())) << k;
     EXPECT_TRUE(same_bits(b[k].value().values(), fresh[k].value().values())) << k;
   }
+}
+
+// A restored state no step could have made is refused by both Adams, each
+// check with its own message, and nothing changes: a step count the next
+// step would overflow (it wrapped to INT64_MIN), a first moment not finite,
+// a second moment NaN or negative (NaN weights followed). A second moment of
+// +inf is what a finite gradient whose square overflows leaves: accepted.
+TEST(ShardedAdamSingle, HostileStatesAreRefusedByBothAdamsNamingTheCheck) {
+  const auto comm = make_single_process_communicator();
+  const auto a = params_from(4);
+  const auto b = params_from(4);
+  ShardedAdam zero(*comm, a, clipped());
+  Adam plain(b, clipped());
+  const std::vector<Tensor> g{randn({40000}, 40), randn({3, 5}, 41), randn({9}, 42)};
+  zero.step(g);
+  plain.step(g);
+  const Adam::State good = plain.state();
+  const auto refused = [&](const Adam::State& s) -> std::string {
+    std::string both;
+    for (const bool sharded : {false, true}) {
+      try {
+        sharded ? zero.set_state(s) : plain.set_state(s);
+        both += "(accepted)";
+      } catch (const Error& e) {
+        both += e.what();
+      }
+      both += " | ";
+    }
+    return both;
+  };
+  const auto edited = [&](const std::function<void(Adam::State&)>& edit) {
+    Adam::State s = good;
+    s.first_moment = {good.first_moment[0].clone(), good.first_moment[1].clone(), good.first_moment[2].clone()};
+    s.second_moment = {good.second_moment[0].clone(), good.second_moment[1].clone(), good.second_moment[2].clone()};
+    edit(s);
+    return s;
+  };
+  const std::vector<std::pair<std::function<void(Adam::State&)>, std::string>> cases{
+      {[](Adam::State& s) { s.steps = std::numeric_limits<std::int64_t>::max(); }, "step count 9223372036854775807"},
+      {[](Adam::State& s) { s.steps = -1; }, "step count -1"},
+      {[](Adam::State& s) { s.first_moment[1].data()[2] = std::numeric_limits<float>::infinity(); },
+       "'small': its first moment holds inf at element 2"},
+      {[](Adam::State& s) { s.second_moment[0].data()[7] = -1.0F; }, "'big': its second moment holds -1"},
+      {[](Adam::State& s) { s.second_moment[2].data()[0] = std::nanf(""); }, "its second moment holds nan"},
+      {[](Adam::State& s) { s.second_moment[1] = randn({5, 3}, 1); }, "its second moment has shape (5, 3)"},
+  };
+  for (const auto& [edit, message] : cases) {
+    const std::string both = refused(edited(edit));
+    EXPECT_EQ(both.find("(accepted)"), std::string::npos) << both;
+    EXPECT_NE(both.find(message), std::string::npos) << both;
+  }
+  EXPECT_EQ(plain.step_count(), 1);
+  EXPECT_EQ(zero.step_count(), 1);
+  EXPECT_NO_THROW(plain.set_state(edited([](Adam::State& s) {
+    s.second_moment[0].data()[0] = std::numeric_limits<float>::infinity();
+  })));
 }
