@@ -107,7 +107,8 @@ struct SamplingCandidates {
 SamplingCandidates sampling_candidates(std::span<const float> logits, std::span<const std::int32_t> history,
                                        const GenerationOptions& options);
 /// The repetition penalty in place (each token of `history` once; ids
-/// outside `logits` are a ValueError).
+/// outside `logits` are a ValueError); a result past the float range is
+/// the largest finite float of its sign.
 void apply_repetition_penalty(std::span<float> logits, std::span<const std::int32_t> history, float penalty);
 
 }  // namespace riftco_transformer

@@ -1,6 +1,7 @@
 // Text generation over a DecodeSession: repetition penalty, temperature,
 // top-k, top-p (Hugging Face's processor order), stop strings, samples.
 #include <algorithm>
+#include <limits>
 #include <cmath>
 #include <numeric>
 #include <utility>
@@ -196,7 +197,11 @@ void apply_repetition_penalty(std::span<float> logits, std::span<const std::int3
     const auto i = static_cast<std::size_t>(t);
     if (done[i] != 0) continue;
     done[i] = 1;
-    logits[i] = logits[i] < 0.0F ? logits[i] * penalty : logits[i] / penalty;
+    // Saturated at the largest float: a penalty near 0 (1e-45) made a
+    // repeated token's logit +inf, then the sampler's exp(inf - inf) NaN
+    // and the least likely token came out.
+    constexpr float kMax = std::numeric_limits<float>::max();
+    logits[i] = std::clamp(logits[i] < 0.0F ? logits[i] * penalty : logits[i] / penalty, -kMax, kMax);
   }
 }
 

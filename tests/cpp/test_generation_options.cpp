@@ -2,6 +2,8 @@
 // samples; the defaults keep the earlier results bit for bit.
 #include <gtest/gtest.h>
 
+#include <limits>
+
 #include <cmath>
 #include <string>
 #include <vector>
@@ -106,6 +108,31 @@ TEST(GenerationOptions, RepetitionPenaltyDividesPositiveAndMultipliesNegativeLog
   // follows itself, and the 23 4 loop of plain greedy is broken.
   for (std::size_t i = 1; i < tokens.size(); ++i) EXPECT_NE(tokens[i], tokens[i - 1]);
   EXPECT_NE(tokens, (std::vector<std::int32_t>{23, 4, 23, 4, 23, 4, 23, 4, 23, 4, 23, 26}));
+}
+
+// A penalty near 0 divides a repeated positive logit past the float range:
+// saturated at the largest float, so the sampler keeps a distribution (it
+// became +inf, exp(inf - inf) NaN, and the least likely token came out).
+// Likewise a huge penalty on a negative logit.
+TEST(GenerationOptions, ARepetitionPenaltyPastTheFloatRangeSaturatesAndStillSamples) {
+  constexpr float kMax = std::numeric_limits<float>::max();
+  std::vector<float> logits{2.0F, -1.0F, 0.5F, 3.0F};
+  apply_repetition_penalty(logits, std::vector<std::int32_t>{0, 2}, 1e-45F);
+  EXPECT_EQ(logits, (std::vector<float>{kMax, -1.0F, kMax, 3.0F}));
+  std::vector<float> negative{-2.0F, 1.0F};
+  apply_repetition_penalty(negative, std::vector<std::int32_t>{0}, 3e38F);
+  EXPECT_EQ(negative[0], -kMax);
+  GenerationOptions o;
+  o.repetition_penalty = 1e-45F;
+  o.temperature = 0.7F;
+  const SamplingCandidates c =
+      sampling_candidates(std::vector<float>{2.0F, -1.0F, 0.5F, 3.0F}, std::vector<std::int32_t>{0, 2}, o);
+  ASSERT_EQ(c.tokens.size(), 4U);
+  EXPECT_EQ(c.tokens[0], 0);  // the saturated ones lead, ties by id
+  EXPECT_EQ(c.tokens[1], 2);
+  EXPECT_EQ(c.probabilities[0], 0.5);
+  EXPECT_EQ(c.probabilities[1], 0.5);
+  EXPECT_EQ(c.probabilities[3], 0.0);
 }
 
 TEST(GenerationOptions, StopStringsCutTheTextIncludingOneSpanningTwoTokens) {
