@@ -129,8 +129,8 @@ HfLlamaConfig parse_hf_llama_config(const std::filesystem::path& path, const std
 std::string hf_llama_config_json(const TransformerDimensions& d, float norm_epsilon) {
   // Shortest decimal text of the float values ("1e-05", not 9.99999974e-06).
   auto shortest = [](float value) { return std::stod(detail::float_string(value)); };
-  Json config = Json::object();
-  config["architectures"] = Json::array({"LlamaForCausalLM"});
+  nlohmann::ordered_json config = nlohmann::ordered_json::object();  // in this order
+  config["architectures"] = nlohmann::ordered_json::array({"LlamaForCausalLM"});
   config["model_type"] = "llama";
   config["vocab_size"] = d.vocab_size;
   config["max_position_embeddings"] = d.context_length;

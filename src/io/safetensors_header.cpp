@@ -21,9 +21,9 @@ std::string range_string(std::uint64_t begin, std::uint64_t end) {
 
 /// Parses the untrusted header (json_read.hpp: bounded depth, no NUL bytes,
 /// no duplicate keys).
-Json parse_json(const std::filesystem::path& path, std::string_view text) {
+Json parse_json(const std::filesystem::path& path, std::string_view text, std::vector<std::string>& keys) {
   try {
-    return parse_untrusted_json(text);
+    return parse_untrusted_json(text, &keys);
   } catch (const JsonReadError& e) {
     load_error(path, std::string("header ") + e.what());
   }
@@ -147,35 +147,42 @@ void save_error(const std::filesystem::path& path, const std::string& what) {
 std::string encode_safetensors_header(const std::filesystem::path& path,
                                       const std::vector<std::pair<std::string, Tensor>>& tensors,
                                       const std::map<std::string, std::string>& metadata) {
-  Json header = Json::object();
-  if (!metadata.empty()) header["__metadata__"] = metadata;
+  // Written entry by entry in the tensors' order, each as
+  // "name":{"dtype":"F32","shape":[...],"data_offsets":[b,e]} (an object
+  // built key by key searched its keys on every insert: quadratic).
+  std::string text = "{";
   std::set<std::string> seen;
   std::uint64_t offset = 0;
-  for (const auto& [name, tensor] : tensors) {
-    if (name.empty()) save_error(path, "a tensor name is empty");
-    if (name == "__metadata__") save_error(path, "'__metadata__' is reserved and cannot name a tensor");
-    if (!seen.insert(name).second) save_error(path, "tensor name '" + name + "' appears twice");
-    if (!tensor.defined()) save_error(path, "tensor '" + name + "' is undefined");
-    const auto bytes = static_cast<std::uint64_t>(tensor.nbytes());
-    header[name] = {{"dtype", "F32"}, {"shape", tensor.shape()}, {"data_offsets", {offset, offset + bytes}}};
-    offset += bytes;
-  }
-  std::string text;
   try {
-    text = header.dump();
+    if (!metadata.empty()) text += "\"__metadata__\":" + Json(metadata).dump();
+    for (const auto& [name, tensor] : tensors) {
+      if (name.empty()) save_error(path, "a tensor name is empty");
+      if (name == "__metadata__") save_error(path, "'__metadata__' is reserved and cannot name a tensor");
+      if (!seen.insert(name).second) save_error(path, "tensor name '" + name + "' appears twice");
+      if (!tensor.defined()) save_error(path, "tensor '" + name + "' is undefined");
+      const auto bytes = static_cast<std::uint64_t>(tensor.nbytes());
+      if (text.size() > 1) text += ',';
+      text += Json(name).dump() + ":{\"dtype\":\"F32\",\"shape\":" + Json(tensor.shape()).dump() +
+              ",\"data_offsets\":[" + std::to_string(offset) + "," + std::to_string(offset + bytes) + "]}";
+      offset += bytes;
+    }
   } catch (const nlohmann::json::exception&) {
     save_error(path, "a tensor name or metadata string is not valid UTF-8");
   }
+  text += '}';
   text.append((8 - text.size() % 8) % 8, ' ');
   return text;
 }
 
 SafetensorsHeader parse_safetensors_header(const std::filesystem::path& path, std::string_view text,
                                            std::uint64_t data_size, bool accept_half) {
-  const Json root = parse_json(path, text);
+  std::vector<std::string> keys;  // in the file's order (messages, and ties below)
+  const Json root = parse_json(path, text, keys);
   if (!root.is_object()) load_error(path, "header is not a JSON object");
   SafetensorsHeader header;
-  for (const auto& [key, value] : root.items()) {
+  header.entries.reserve(keys.size());
+  for (const std::string& key : keys) {
+    const Json& value = root.at(key);
     if (key == "__metadata__") {
       header.metadata = parse_metadata(path, value);
     } else {
