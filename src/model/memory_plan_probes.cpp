@@ -103,10 +103,13 @@ std::int64_t measure_activation_peak(const DecoderOnlyTransformer& model, std::s
 ActivationMemoryProfile profile_activation_memory(const DecoderOnlyTransformer& model, std::int64_t batch,
                                                   std::int64_t sequence_length) {
   const TransformerDimensions& d = model.dimensions();
-  if (batch <= 0 || sequence_length <= 0 || sequence_length > d.context_length) {
+  // batch at most 2^20, as the pipelines' (stage_settings.cpp): with the
+  // context's 2^20 the token count cannot overflow (2^62 wrapped to 0).
+  constexpr std::int64_t kMaxBatch = std::int64_t{1} << 20;
+  if (batch <= 0 || batch > kMaxBatch || sequence_length <= 0 || sequence_length > d.context_length) {
     throw ValueError("[profile_activation_memory] batch " + std::to_string(batch) + " and sequence length " +
-                     std::to_string(sequence_length) + " must be positive (sequence length <= context length " +
-                     std::to_string(d.context_length) + ")");
+                     std::to_string(sequence_length) + " must be positive (batch <= " + std::to_string(kMaxBatch) +
+                     ", sequence length <= context length " + std::to_string(d.context_length) + ")");
   }
   const std::vector<NamedParameter> trained = trainable(model);
   if (std::none_of(trained.begin(), trained.end(), [](const NamedParameter& q) { return q.name.rfind("blocks.", 0) == 0; })) {

@@ -147,3 +147,19 @@ TEST(MemoryPlanTrainability, AModelNoneOfWhoseBlocksTrainsIsRefusedByName) {
     freeze(*m, "blocks.");
   }
 }
+
+// A batch past the pipelines' 2^20 is refused before anything is allocated:
+// 2^62 × the sequence length wrapped to 0 tokens, 2^58 asked std::vector
+// for more than it can hold.
+TEST(MemoryPlanTrainability, ABatchPastTwoToTheTwentyIsAValueErrorBeforeProfiling) {
+  const auto m = model(false);
+  for (const std::int64_t batch : {(std::int64_t{1} << 20) + 1, std::int64_t{1} << 58, std::int64_t{1} << 62}) {
+    try {
+      (void)profile_activation_memory(*m, batch, kSeq);
+      ADD_FAILURE() << "batch " << batch << " was profiled";
+    } catch (const ValueError& e) {
+      EXPECT_NE(std::string(e.what()).find("batch " + std::to_string(batch)), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("batch <= 1048576"), std::string::npos) << e.what();
+    }
+  }
+}
