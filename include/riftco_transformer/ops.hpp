@@ -15,7 +15,8 @@ namespace riftco_transformer {
 /// a (..., M, K) @ b (..., K, N). b may be 2-D (shared by every batch) or have
 /// exactly a's batch dims. transpose_a/b transpose the last two dims.
 Variable matmul(const Variable& a, const Variable& b, bool transpose_a = false, bool transpose_b = false);
-/// x (..., in) @ weightᵀ with weight (out, in) → (..., out).
+/// x (..., in) @ weightᵀ with weight (out, in) → (..., out); x may be 1-D
+/// (in,) → (out,). ShapeError "[linear] x ... and weight ..." otherwise.
 Variable linear(const Variable& x, const Variable& weight);
 
 // ---- elementwise (numpy broadcasting) -------------------------------------

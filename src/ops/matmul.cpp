@@ -92,6 +92,19 @@ Variable matmul(const Variable& a, const Variable& b, bool ta, bool tb) {
                            {av, bv});
 }
 
-Variable linear(const Variable& x, const Variable& weight) { return matmul(x, weight, false, true); }
+Variable linear(const Variable& x, const Variable& weight) {
+  // Checked here so that errors name this op, x and weight (not matmul's
+  // lhs and rhs).
+  const char* op = "linear";
+  check_pair(op, "x", x, "weight", weight);
+  const Shape& xs = x.shape();
+  const Shape& ws = weight.shape();
+  if (ws.size() != 2 || xs.empty() || xs.back() != ws[1]) {
+    throw ShapeError(tag(op) + "x " + shape_string(xs) + " and weight " + shape_string(ws) +
+                     ": expected x (..., in) and weight (out, in) with the same in");
+  }
+  if (xs.size() == 1) return reshape(matmul(reshape(x, {1, xs[0]}), weight, false, true), {ws[0]});  // (in,) → (out,)
+  return matmul(x, weight, false, true);
+}
 
 }  // namespace riftco_transformer

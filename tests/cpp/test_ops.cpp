@@ -192,6 +192,30 @@ TEST(OpForward, GeluAndSiluKnownValues) {
   EXPECT_NEAR(g.at({2}), 1.9545977, 1e-5);  // GPT-2 tanh GELU(2)
 }
 
+// linear names itself, x and weight in its errors (they said matmul, lhs
+// and rhs), and takes the documented 1-D x (in,) → (out,) (it was refused:
+// matmul needs 2 dimensions), with the 2-D row's values and gradients.
+TEST(OpForward, LinearNamesItsOperandsAndTakesAOneDimensionalX) {
+  expect_error_mentions([] { linear(Variable(Tensor::zeros({2, 3})), Variable(Tensor::zeros({4, 5}))); },
+                        "[linear] x (2, 3) and weight (4, 5)", "weight (out, in)");
+  expect_error_mentions([] { linear(Variable(Tensor::zeros({2, 3})), Variable(Tensor::zeros({3}))); },
+                        "[linear] x (2, 3) and weight (3,)");
+  expect_error_mentions([] { linear(Variable(Tensor::scalar(1.0F)), Variable(Tensor::zeros({1, 1}))); },
+                        "[linear] x () and weight (1, 1)");
+  Variable w(randn({4, 3}, 51), true, "w");
+  Variable x1(randn({3}, 52), true, "x");
+  const Variable y1 = linear(x1, w);
+  EXPECT_EQ(y1.shape(), (Shape{4}));
+  sum(y1).backward();
+  const Tensor gw = w.grad().clone(), gx = x1.grad().clone();
+  Variable x2(Tensor::from_data({1, 3}, x1.value().to_vector()), true, "x2");
+  const Variable y2 = linear(x2, w);
+  EXPECT_EQ(y2.value().to_vector(), y1.value().to_vector());
+  sum(y2).backward();
+  EXPECT_EQ(w.grad().to_vector(), gw.to_vector());
+  EXPECT_EQ(x2.grad().to_vector(), gx.to_vector());
+}
+
 TEST(OpForward, EmbeddingGradientScatterAddsRepeatedIds) {
   Variable w(Tensor::zeros({5, 2}), true, "wte");
   sum(embedding(w, kIds, {6})).backward();
