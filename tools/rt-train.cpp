@@ -422,6 +422,9 @@ int train_tokenizer_command(const CLI::App& sub, TokenizerCommand& c, bool& runn
     throw rt_cli::UsageError("option '--data' must name a file (leave it out for the default corpus)");
   }
   if (c.output.empty()) throw rt_cli::UsageError("option '--output' must name a file");
+  if (!c.data.empty() && same_file(c.output, c.data)) {
+    throw rt_cli::UsageError("option '--output' is the --data file " + c.data + ": it would replace the corpus");
+  }
   if (Communicator::world().world_size() > 1) {
     throw rt_cli::UsageError("tokenizer training runs in one process: start it without mpirun");
   }

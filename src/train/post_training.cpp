@@ -1,5 +1,6 @@
 // run_post_training: LoRA or full fine-tuning of a saved model on chat data.
 #include "riftco_transformer/adapter_state.hpp"
+#include "riftco_transformer/atomic_file.hpp"
 #include "riftco_transformer/model_state.hpp"
 #include "memory_budget.hpp"
 #include "rank_shards.hpp"
@@ -25,6 +26,14 @@ void PostTrainingConfig::validate() const {
                      std::to_string(static_cast<int>(fine_tuning_method)));
   }
   if (fine_tuning_method == FineTuningMethod::Lora) lora.validate();
+  // The run writes model.safetensors (or adapter.safetensors), metadata.json
+  // and its logs into output_dir: never over the base model or its run.
+  const std::filesystem::path base_dir = base_model.has_parent_path() ? base_model.parent_path() : ".";
+  if (same_file(output_dir, base_dir) || same_file(output_dir, base_model) ||
+      same_file(output_dir / "model.safetensors", base_model)) {
+    throw ValueError("[PostTrainingConfig] output_dir " + output_dir.string() + " holds the base model " +
+                     base_model.string() + ": the run would replace it and its metadata; choose another output_dir");
+  }
 }
 
 void PostTrainingConfig::validate_for(const TransformerDimensions& base) const {

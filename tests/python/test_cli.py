@@ -481,3 +481,52 @@ def test_activation_memory_budget_prints_the_plan_and_stays_under_it(tools, corp
                 ["--activation-memory-budget", "1MiB", "--activation-checkpointing", "block"]):
         r = run(tools[0], "pretrain", "--data", corpus, "--steps", 1, "--output", tmp_path / "bad", *bad, *shape)
         assert r.returncode == 2 and "--activation-memory-budget" in r.stderr, r.stderr
+
+
+def test_an_output_that_is_an_input_is_refused_and_the_input_kept(tools, build_dir, pretrained, corpus, tmp_path):
+    # Before: each of these exited 0 (or 1 after the harm) and replaced the input.
+    convert = build_dir / "rt-convert"
+    hf = tmp_path / "hf"
+    assert run(convert, "--to-hf", pretrained / "model.safetensors", "--output", hf).returncode == 0
+    weights = (hf / "model.safetensors").read_bytes()
+    r = run(convert, "--from-hf", hf, "--output", hf / "model.safetensors")
+    assert r.returncode == 2 and "inside the checkpoint directory" in r.stderr, r.stderr
+    assert (hf / "model.safetensors").read_bytes() == weights
+    d = tmp_path / "d"
+    d.mkdir()
+    (d / "model.safetensors").write_bytes((pretrained / "model.safetensors").read_bytes())
+    r = run(convert, "--to-hf", d / "model.safetensors", "--output", d)
+    assert r.returncode == 2 and "would replace the model-state file" in r.stderr, r.stderr
+    assert (d / "model.safetensors").read_bytes() == (pretrained / "model.safetensors").read_bytes()
+    text = tmp_path / "c.txt"
+    text.write_bytes(corpus.read_bytes())
+    r = run(tools[0], "tokenizer", "--data", text, "--vocab-size", 300, "--output", tmp_path / "." / "c.txt")
+    assert r.returncode == 2 and "'--output' is the --data file" in r.stderr, r.stderr
+    assert text.read_bytes() == corpus.read_bytes()
+    before = {p.name: p.read_bytes() for p in pretrained.iterdir() if p.is_file()}
+    for method in ("full", "lora"):
+        r = run(tools[0], "post-train", "--base-model", pretrained / "model.safetensors", "--data", CHAT,
+                "--method", method, "--steps", 1, "--batch", 2, "--sequence-length", 32, "--eval-batches", 1,
+                "--output", pretrained, "--quiet")
+        assert r.returncode == 2 and "holds the base model" in r.stderr, r.stderr
+    assert {p.name: p.read_bytes() for p in pretrained.iterdir() if p.is_file()} == before
+
+
+def test_an_hf_import_of_a_subword_model_takes_its_tokenizer(tools, build_dir, corpus, tmp_path):
+    # Before: a model recording no tokenizer with a vocabulary other than 256
+    # (every rt-convert --from-hf import) refused every tokenizer.
+    tok = tmp_path / "tok.model"
+    assert run(tools[0], "tokenizer", "--data", corpus, "--vocab-size", 300, "--output", tok).returncode == 0
+    out = tmp_path / "sub"
+    r = run(tools[0], "pretrain", "--data", corpus, "--steps", 2, "--output", out, "--tokenizer", tok, *TINY)
+    assert r.returncode == 0, r.stderr
+    convert = build_dir / "rt-convert"
+    assert run(convert, "--to-hf", out / "model.safetensors", "--output", tmp_path / "hf").returncode == 0
+    assert run(convert, "--from-hf", tmp_path / "hf", "--output", tmp_path / "back.st").returncode == 0
+    r = run(tools[1], "--model", tmp_path / "back.st", "--max-new-tokens", 2)
+    assert r.returncode == 2 and "records no tokenizer" in r.stderr, r.stderr
+    r = run(tools[1], "--model", tmp_path / "back.st", "--tokenizer", tok, "--max-new-tokens", 2, "--prompt", "a")
+    assert r.returncode == 0, r.stderr
+    r = run(build_dir / "rt-eval", "--model", tmp_path / "back.st", "--tokenizer", tok, "--data", corpus,
+            "--sequence-length", 32)
+    assert r.returncode == 0, r.stderr
