@@ -38,7 +38,8 @@ CLI::Option* add_number(CLI::App& app, const std::string& name, T& value, const 
   if constexpr (std::is_floating_point_v<T>) {
     o->check(rt_cli::kFiniteFloat)->type_name("FLOAT");
   } else if constexpr (std::is_unsigned_v<T>) {
-    o->check(rt_cli::integer_at_least(0))->type_name("INT");
+    static_assert(sizeof(T) == 8, "an unsigned option is a 64-bit seed");
+    o->check(rt_cli::kUnsigned64)->type_name("INT");
   } else {
     o->type_name("INT");
   }

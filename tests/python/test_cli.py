@@ -530,3 +530,41 @@ def test_an_hf_import_of_a_subword_model_takes_its_tokenizer(tools, build_dir, c
     r = run(build_dir / "rt-eval", "--model", tmp_path / "back.st", "--tokenizer", tok, "--data", corpus,
             "--sequence-length", 32)
     assert r.returncode == 0, r.stderr
+
+
+def test_seeds_fill_the_whole_uint64_range(tools, pretrained, corpus, tmp_path):
+    # Before: the validator parsed with stoll, so seeds from 2^63 up were
+    # refused with "expects an integer >= 0".
+    for seed in ("9223372036854775808", "18446744073709551615"):
+        r = run(tools[1], "--model", pretrained / "model.safetensors", "--max-new-tokens", 2, "--seed", seed)
+        assert r.returncode == 0, r.stderr
+    for bad in ("-1", "18446744073709551616", " 5", "+5", "5x"):
+        r = run(tools[1], "--model", pretrained / "model.safetensors", "--seed", bad)
+        assert r.returncode == 2 and "expects an integer in [0, 18446744073709551615]" in r.stderr, (bad, r.stderr)
+    out = tmp_path / "big_seed"
+    r = run(tools[0], "pretrain", "--data", corpus, "--steps", 1, "--seed", "18446744073709551615", "--output", out,
+            *TINY)
+    assert r.returncode == 0, r.stderr
+    assert json.loads((out / "metadata.json").read_text())["config"]["seed"] == 2**64 - 1
+    r = run(tools[0], "pretrain", "--config", out / "metadata.json", "--output", tmp_path / "again", "--quiet")
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "again" / "model.safetensors").read_bytes() == (out / "model.safetensors").read_bytes()
+
+
+def test_memory_plan_bounds_its_sizes_and_checks_the_output_first(build_dir, tmp_path):
+    # Before: --budgets and --batch had no upper bound (an endless loop or an
+    # overflow), and an unusable --output failed only after the profiling.
+    plan = build_dir / "rt-memory-plan"
+    shape = ["--model-width", 16, "--heads", 2, "--layers", 2, "--feed-forward-width", 32, "--sequence-length", 16]
+    for args, needle in ((["--budgets", "9223372036854775807"], "--budgets: expects an integer in [2, 1000]"),
+                         (["--batch", "4611686018427387904"], "--batch: expects an integer in [1, 1048576]"),
+                         (["--batch", "1048577"], "--batch: expects an integer in [1, 1048576]")):
+        r = run(plan, *shape, *args, "--output", tmp_path / "mp")
+        assert r.returncode == 2 and needle in r.stderr, r.stderr
+    (tmp_path / "file").write_text("x")
+    r = run(plan, *shape, "--output", tmp_path / "file" / "sub")
+    assert r.returncode == 2 and "option '--output'" in r.stderr and "profiling" not in r.stderr, r.stderr
+    r = run(plan, *shape, "--budgets", 3, "--output", tmp_path / "mp")
+    assert r.returncode == 0, r.stderr
+    assert sorted(p.name for p in (tmp_path / "mp").iterdir()) == ["memory_plan.json", "memory_plan.md",
+                                                                   "memory_plan_peak.svg"]
