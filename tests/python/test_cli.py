@@ -355,6 +355,15 @@ feed_forward_width = 16
     ('{"steps": 2, "lora": {"rank": [1, 2]}}', "'lora.rank' is not an option of pretrain"),
     ('{"steps": {"a": [[1]]}}', "must be a string, number or boolean"),
     ('{"stage": "post_training", "config": {"steps": 2}}', "cannot configure pretrain"),
+    # Before: these three were resolved silently (the last duplicate won, a
+    # JSON array was read as a TOML section header and ignored).
+    ('{"steps": 3, "steps": 5}', "the key 'steps' appears twice in one object"),
+    ('{"dimensions": {"layers": 1, "layers": 2}}', "the key 'layers' appears twice"),
+    ('{"steps": 3, "layers": 1, "dimensions": {"layers": 2}}', "'dimensions.layers' and 'layers' both set --layers"),
+    ('{"output": "a", "output_dir": "b"}', "'output' and 'output_dir' both set --output"),
+    ('[{"steps": 3, "layers": 1}]', "expected a JSON object"),
+    ("  []\n", "expected a JSON object"),
+    ("layers = 1\n[dimensions]\nlayers = 2\n", "'layers' and 'dimensions.layers' both set --layers"),
 ])
 def test_bad_config_files_exit_2_naming_the_setting(tools, tmp_path, text, needle):
     config = tmp_path / "bad.cfg"
