@@ -68,6 +68,45 @@ inline CLI::Validator integer_at_least(long long minimum) {
       "", "integer >= " + std::to_string(minimum));
 }
 
+/// An integer option in [minimum, maximum] ("expects an integer in [2, 1000], got '5000'").
+inline CLI::Validator integer_in(long long minimum, long long maximum) {
+  const std::string range = "[" + std::to_string(minimum) + ", " + std::to_string(maximum) + "]";
+  return CLI::Validator(
+      [minimum, maximum, range](std::string& text) -> std::string {
+        long long value = 0;
+        std::size_t used = 0;
+        try {
+          value = std::stoll(text, &used);
+        } catch (const std::exception&) {
+          used = 0;
+        }
+        if (text.empty() || used != text.size() || value < minimum || value > maximum) {
+          return "expects an integer in " + range + ", got '" + text + "'";
+        }
+        return "";
+      },
+      "", "integer in " + range);
+}
+
+/// A 64-bit unsigned option (a seed): every value in [0, 2^64 - 1] (stoll
+/// refused the upper half with "expects an integer >= 0"); a sign, a
+/// leading blank or anything after the digits is refused.
+inline const CLI::Validator kUnsigned64(
+    [](std::string& text) -> std::string {
+      std::size_t used = 0;
+      try {
+        if (!text.empty() && text[0] >= '0' && text[0] <= '9') (void)std::stoull(text, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      if (text.empty() || used != text.size()) {
+        return "expects an integer in [0, " + std::to_string(std::numeric_limits<std::uint64_t>::max()) + "], got '" +
+               text + "'";
+      }
+      return "";
+    },
+    "", "integer in [0, 2^64)");
+
 /// Runs `body` with the tools' exit-code convention. `parse` parses argv
 /// (CLI11 errors → exit 2 with a hint naming the subcommand's --help);
 /// `body` does the work: a ValueError before `running` is set is still a

@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <iterator>
+#include <map>
 #include <set>
 #include <sstream>
 #include <string>
@@ -41,7 +42,9 @@ class RunConfigFile : public CLI::ConfigTOML {
     const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     const auto first = text.find_first_not_of(" \t\r\n");
     std::vector<CLI::ConfigItem> raw;
-    if (first != std::string::npos && text[first] == '{') {
+    // A TOML file may open with a [table]; a JSON array (even an empty one) is JSON.
+    if (first != std::string::npos &&
+        (text[first] == '{' || (text[first] == '[' && nlohmann::json::accept(text)))) {
       raw = from_json(text, app_->get_name());
     } else {
       check_toml_depth(text);
@@ -49,10 +52,18 @@ class RunConfigFile : public CLI::ConfigTOML {
       raw = CLI::ConfigTOML::from_config(toml);
     }
     std::vector<CLI::ConfigItem> out;
+    std::map<std::string, std::string> set_by;  // option -> the key that set it
     for (CLI::ConfigItem& item : raw) {
       if (item.name == "++" || item.name == "--") continue;  // CLI11's section markers
       check_no_nul(item);
       if (const std::string option = resolve(item); !option.empty()) {
+        // Two keys for one option ("layers" and "dimensions.layers", "output"
+        // and "output_dir"): which one wins would be a guess.
+        const auto [it, fresh] = set_by.emplace(option, item.fullname());
+        if (!fresh) {
+          throw CLI::ConfigError("config file: '" + it->second + "' and '" + item.fullname() + "' both set --" +
+                                 option + "; keep one");
+        }
         item.parents.clear();
         item.name = option;
         out.push_back(std::move(item));
@@ -129,16 +140,26 @@ class RunConfigFile : public CLI::ConfigTOML {
   static std::vector<CLI::ConfigItem> from_json(const std::string& text, const std::string& command) {
     nlohmann::json root;
     // Refused while parsing: a deeply nested object would overflow the
-    // stack in flatten() (and its parents' copies are quadratic).
-    const auto depth_limit = [](int depth, nlohmann::json::parse_event_t, nlohmann::json&) {
+    // stack in flatten() (and its parents' copies are quadratic), and a key
+    // given twice in one object (nlohmann keeps the last one silently).
+    std::vector<std::set<std::string>> keys;  // of each open object
+    const auto check = [&keys](int depth, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
+      using Event = nlohmann::json::parse_event_t;
       if (depth > kMaxConfigDepth) {
         throw CLI::ConfigError("config file: objects or arrays nest deeper than " + std::to_string(kMaxConfigDepth) +
                                " levels");
       }
+      if (event == Event::object_start) keys.emplace_back();
+      if (event == Event::object_end && !keys.empty()) keys.pop_back();
+      if (event == Event::key && !keys.empty() && !keys.back().insert(parsed.get<std::string>()).second) {
+        std::string key = parsed.get<std::string>();
+        std::replace(key.begin(), key.end(), '\0', '?');
+        throw CLI::ConfigError("config file: the key '" + key + "' appears twice in one object");
+      }
       return true;
     };
     try {
-      root = nlohmann::json::parse(text, depth_limit);
+      root = nlohmann::json::parse(text, check);
     } catch (const nlohmann::json::exception& e) {
       throw CLI::ConfigError(std::string("config file: not valid JSON: ") + e.what());
     }

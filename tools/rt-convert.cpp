@@ -32,7 +32,10 @@ int main(int argc, char** argv) {
   return rt_cli::run_tool("rt-convert", app, argc, argv, [&](bool& running) {
     if (from_hf.empty() && to_hf.empty()) throw rt_cli::UsageError("give --from-hf DIR or --to-hf PATH");
     if (output.empty()) throw rt_cli::UsageError("--output must not be empty");
-    running = true;
+    // `running` stays false: the conversions' ValueErrors are about their
+    // arguments (an --output that would replace the input), so usage errors;
+    // a failed read or write is a ModelStateError (exit 1).
+    (void)running;
     if (!from_hf.empty()) {
       convert_from_hf(from_hf, output, load);
       std::cout << "rt-convert: wrote " << output << " from " << from_hf << "\n";

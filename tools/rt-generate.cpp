@@ -57,7 +57,7 @@ int main(int argc, char** argv) {
       ->check(rt_cli::integer_at_least(0));
   app.add_option("--seed", o.seed, "sampling seed (sample i of --num-samples uses seed + i*0x9E3779B97F4A7C15)")
       ->type_name("S")
-      ->check(rt_cli::integer_at_least(0));
+      ->check(rt_cli::kUnsigned64);
   app.add_option("--top-p", o.top_p, "nucleus sampling: the smallest set of tokens with mass >= P (1 = off)")
       ->type_name("P")
       ->check(rt_cli::kFiniteFloat);

@@ -152,13 +152,13 @@ int main(int argc, char** argv) {
   app.add_option("--key-value-heads", o.dims.key_value_heads, "0: --heads")->check(rt_cli::integer_at_least(0));
   app.add_option("--layers", o.dims.layers)->check(rt_cli::integer_at_least(1));
   app.add_option("--feed-forward-width", o.dims.feed_forward_width)->check(rt_cli::integer_at_least(1));
-  app.add_option("--batch", o.batch)->check(rt_cli::integer_at_least(1));
+  app.add_option("--batch", o.batch)->check(rt_cli::integer_in(1, 1048576));  // PretrainingConfig's bound
   app.add_option("--sequence-length", o.sequence_length)->check(rt_cli::integer_at_least(1));
   app.add_option("--attention", o.attention)->check(CLI::IsMember({"flash", "materialized"}));
   app.add_option("--lora-rank", o.lora_rank, "add LoRA adapters of this rank and freeze the base (0: none)")
       ->check(rt_cli::integer_at_least(0));
   app.add_option("--budgets", o.budgets, "budgets in the sweep, smallest feasible to keeping everything")
-      ->check(rt_cli::integer_at_least(2));
+      ->check(rt_cli::integer_in(2, 1000));
   app.add_flag("--measure", o.measure, "also run training steps: measured peak and step time");
   app.add_option("--steps", o.steps, "measured steps per row after one warm-up (with --measure)")
       ->check(rt_cli::integer_at_least(1));
@@ -175,6 +175,29 @@ int main(int argc, char** argv) {
     }
     o.dims.context_length = std::max(o.dims.context_length, o.sequence_length);
     o.dims.validate();
+    // The widest activation (batch x sequence x the widest of vocabulary,
+    // model and feed-forward width) in bytes must be a number: refused here,
+    // not overflowed in the profile. A shape that is merely too big for
+    // this machine is "out of memory" (exit 1).
+    const std::int64_t widest = std::max({o.dims.vocab_size, o.dims.model_width, o.dims.feed_forward_width});
+    std::int64_t tokens = 0, bytes = 0;
+    if (__builtin_mul_overflow(o.batch, o.sequence_length, &tokens) ||
+        __builtin_mul_overflow(tokens, widest * std::int64_t{4}, &bytes)) {
+      throw rt_cli::UsageError("--batch " + std::to_string(o.batch) + " x --sequence-length " +
+                               std::to_string(o.sequence_length) + " is too large: an activation of this shape "
+                               "would hold more than 2^63 bytes");
+    }
+    // The output folder is usable before minutes of profiling, not after.
+    const std::filesystem::path dir = o.output;
+    try {
+      std::error_code ec;
+      std::filesystem::create_directories(dir, ec);
+      if (ec) throw std::runtime_error("cannot create it: " + ec.message());
+      write_file_atomically(dir / ".write_probe", "");
+      std::filesystem::remove(dir / ".write_probe", ec);
+    } catch (const std::exception& e) {
+      throw rt_cli::UsageError("option '--output' " + o.output + ": " + e.what());
+    }
     running = true;
     Bench bench(o);
     std::cerr << "[rt-memory-plan] profiling " << o.dims.layers << " layers, width " << o.dims.model_width
@@ -255,8 +278,6 @@ int main(int argc, char** argv) {
       json_rows.push_back(j);
     }
     std::cout << md;
-    const std::filesystem::path dir = o.output;
-    std::filesystem::create_directories(dir);
     nlohmann::json doc = {{"dimensions",
                            {{"vocab_size", o.dims.vocab_size}, {"model_width", o.dims.model_width}, {"heads", o.dims.heads},
                             {"layers", o.dims.layers}, {"feed_forward_width", o.dims.feed_forward_width}}},

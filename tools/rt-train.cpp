@@ -38,7 +38,8 @@ CLI::Option* add_number(CLI::App& app, const std::string& name, T& value, const 
   if constexpr (std::is_floating_point_v<T>) {
     o->check(rt_cli::kFiniteFloat)->type_name("FLOAT");
   } else if constexpr (std::is_unsigned_v<T>) {
-    o->check(rt_cli::integer_at_least(0))->type_name("INT");
+    static_assert(sizeof(T) == 8, "an unsigned option is a 64-bit seed");
+    o->check(rt_cli::kUnsigned64)->type_name("INT");
   } else {
     o->type_name("INT");
   }
@@ -422,6 +423,9 @@ int train_tokenizer_command(const CLI::App& sub, TokenizerCommand& c, bool& runn
     throw rt_cli::UsageError("option '--data' must name a file (leave it out for the default corpus)");
   }
   if (c.output.empty()) throw rt_cli::UsageError("option '--output' must name a file");
+  if (!c.data.empty() && same_file(c.output, c.data)) {
+    throw rt_cli::UsageError("option '--output' is the --data file " + c.data + ": it would replace the corpus");
+  }
   if (Communicator::world().world_size() > 1) {
     throw rt_cli::UsageError("tokenizer training runs in one process: start it without mpirun");
   }

@@ -22,6 +22,11 @@ void write_file_atomically(const std::filesystem::path& path, std::string_view b
 std::optional<std::string> read_regular_file(const std::filesystem::path& path, std::string& out,
                                              std::uint64_t max_bytes = std::uint64_t{1} << 40);
 
+/// Whether `a` and `b` name the same file or directory: equivalent() when
+/// both exist (hard links and symlinks included), else the same
+/// weakly_canonical path. Never throws. For refusing an output that is an input.
+bool same_file(const std::filesystem::path& a, const std::filesystem::path& b);
+
 /// Removes the temporary files that write_file_atomically() leaves behind
 /// when a process is killed inside a save (".<name>.tmp.<pid>.<n>") in
 /// `directory`, for processes that no longer run. Returns how many it

@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "riftco_transformer/atomic_file.hpp"
 #include "riftco_transformer/model_state.hpp"
@@ -20,16 +21,25 @@ namespace {
   throw ModelStateError(message);
 }
 
+/// ".<name>.tmp.<pid>.<n>" beside `target`, n never repeating in a process.
+std::filesystem::path temporary_name(const std::filesystem::path& target, const std::filesystem::path& directory) {
+  static std::atomic<unsigned> counter{0};
+  std::string name = target.filename().string();
+  name.insert(0, 1, '.');
+  name += ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter.fetch_add(1));
+  return directory / name;
+}
+
+std::filesystem::path directory_of(const std::filesystem::path& path) {
+  return path.has_parent_path() ? path.parent_path() : std::filesystem::path(".");
+}
+
 /// Owns the temporary file until it has been renamed over the target.
 class TemporaryFile {
  public:
   TemporaryFile(const std::filesystem::path& target, const std::filesystem::path& directory) {
-    static std::atomic<unsigned> counter{0};
     for (int attempt = 0; attempt < 100; ++attempt) {
-      std::string name = target.filename().string();
-      name.insert(0, 1, '.');
-      name += ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter.fetch_add(1));
-      path_ = directory / name;
+      path_ = temporary_name(target, directory);
       fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
       if (fd_ >= 0 || errno != EEXIST) break;
     }
@@ -136,9 +146,81 @@ void write_file_atomically(const std::filesystem::path& path, std::span<const st
   }
 }
 
+std::filesystem::path staging_path(const std::filesystem::path& target) {
+  return temporary_name(target, directory_of(target));
+}
+
+void rename_staged_files(std::span<const StagedFile> files) {
+  struct Replaced {
+    std::filesystem::path target, backup;  // backup empty: the target did not exist
+  };
+  std::vector<Replaced> replaced;
+  const auto fail = [&](const std::filesystem::path& target, const std::string& what, int error) {
+    for (auto it = replaced.rbegin(); it != replaced.rend(); ++it) {
+      if (it->backup.empty()) {
+        ::unlink(it->target.c_str());
+      } else {
+        ::rename(it->backup.c_str(), it->target.c_str());
+      }
+    }
+    for (const StagedFile& f : files) ::unlink(f.staged.c_str());  // renamed ones are gone already
+    save_error(target, what + (replaced.empty() ? "" : "; the files replaced before it were put back"), error);
+  };
+  if (files.empty()) return;
+  const std::filesystem::path directory = directory_of(files.front().target);
+  DirectoryHandle dir{::open(directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)};
+  if (dir.fd < 0) {
+    const int error = errno;
+    fail(files.front().target, "cannot open directory '" + directory.string() + "'", error);
+  }
+  for (std::size_t i = 0; i < files.size(); ++i) {
+    const StagedFile& f = files[i];
+    std::filesystem::path backup;
+    std::error_code ec;
+    if (i + 1 < files.size() && std::filesystem::exists(std::filesystem::symlink_status(f.target, ec))) {
+      backup = staging_path(f.target);
+      if (::link(f.target.c_str(), backup.c_str()) != 0) {
+        const int error = errno;
+        fail(f.target, "cannot keep the old file as '" + backup.string() + "'", error);
+      }
+    }
+    if (::rename(f.staged.c_str(), f.target.c_str()) != 0) {
+      const int error = errno;
+      if (!backup.empty()) ::unlink(backup.c_str());
+      fail(f.target, "cannot rename '" + f.staged.string() + "' over the target", error);
+    }
+    replaced.push_back({f.target, backup});
+  }
+  for (const Replaced& r : replaced) {
+    if (!r.backup.empty()) ::unlink(r.backup.c_str());
+  }
+  if (::fsync(dir.fd) != 0) {
+    const int error = errno;
+    save_error(files.back().target, "the files were replaced but syncing their directory failed", error);
+  }
+}
+
 }  // namespace riftco_transformer::detail
 
 namespace riftco_transformer {
+
+bool same_file(const std::filesystem::path& a, const std::filesystem::path& b) {
+  std::error_code ec;
+  if (a.empty() || b.empty()) return false;
+  if (std::filesystem::exists(a, ec) && std::filesystem::exists(b, ec)) {
+    const bool same = std::filesystem::equivalent(a, b, ec);
+    if (!ec) return same;
+  }
+  const auto canonical = [&ec](const std::filesystem::path& p) {
+    std::filesystem::path c = std::filesystem::weakly_canonical(std::filesystem::absolute(p, ec), ec);
+    if (!c.has_filename()) c = c.parent_path();  // "dir/" is "dir"
+    return c;
+  };
+  const std::filesystem::path ca = canonical(a);
+  if (ec) return false;
+  const std::filesystem::path cb = canonical(b);
+  return !ec && ca == cb;
+}
 
 void write_file_atomically(const std::filesystem::path& path, std::string_view bytes) {
   const std::span<const std::byte> piece(reinterpret_cast<const std::byte*>(bytes.data()), bytes.size());

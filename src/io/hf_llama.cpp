@@ -2,7 +2,10 @@
 // reading single-file and sharded directories, writing one back.
 #include "riftco_transformer/hf_llama.hpp"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -240,17 +243,34 @@ void save_hf_llama(const DecoderOnlyTransformer& model, const std::filesystem::p
     tensors.emplace_back(name.hf, name.rotary_heads > 0 ? interleaved_rotary_rows_to_hf(value, name.rotary_heads)
                                                         : value.to(Backend::Cpu));
   }
-  // Both targets checked before either is replaced: a config.json that is
-  // a directory must not leave a new model.safetensors beside the old config.
+  // Both targets checked, and both files written beside them, before either
+  // is replaced; a failed second rename puts the old weights back: never new
+  // weights beside the old config.json.
   const std::string config = hf_llama_config_json(d, model.norm_epsilon());
-  detail::check_replaceable(directory / "model.safetensors");
-  detail::check_replaceable(directory / "config.json");
-  write_safetensors(directory / "model.safetensors", tensors, {{"format", "pt"}});
-  write_file_atomically(directory / "config.json", config);
+  const std::array<detail::StagedFile, 2> files{
+      detail::StagedFile{detail::staging_path(directory / "model.safetensors"), directory / "model.safetensors"},
+      detail::StagedFile{detail::staging_path(directory / "config.json"), directory / "config.json"}};
+  for (const detail::StagedFile& f : files) detail::check_replaceable(f.target);
+  struct RemoveStaged {  // on a failed write; after the renames there is nothing left to remove
+    const std::array<detail::StagedFile, 2>& files;
+    ~RemoveStaged() {
+      for (const detail::StagedFile& f : files) ::unlink(f.staged.c_str());
+    }
+  } remove_staged{files};
+  write_safetensors(files[0].staged, tensors, {{"format", "pt"}});
+  write_file_atomically(files[1].staged, config);
+  detail::rename_staged_files(files);
 }
 
 void convert_from_hf(const std::filesystem::path& directory, const std::filesystem::path& output,
                      const LoadOptions& options) {
+  // Every file of the checkpoint (config.json, the weights, shards) lies in
+  // `directory`: an output there or the directory itself would replace one.
+  const std::filesystem::path parent = output.has_parent_path() ? output.parent_path() : ".";
+  if (same_file(output, directory) || same_file(parent, directory)) {
+    throw ValueError("[convert_from_hf] output " + output.string() + " is inside the checkpoint directory " +
+                     directory.string() + " it reads: write it elsewhere");
+  }
   const auto model = load_hf_llama(directory, FullSequenceAttentionKind::Materialized,
                                    ActivationCheckpointingKind::Disabled, options);
   save_model_state(*model, output);
@@ -258,6 +278,12 @@ void convert_from_hf(const std::filesystem::path& directory, const std::filesyst
 
 void convert_to_hf(const std::filesystem::path& model_state, const std::filesystem::path& directory,
                    const LoadOptions& options) {
+  for (const char* name : {"model.safetensors", "config.json"}) {
+    if (same_file(directory / name, model_state)) {
+      throw ValueError("[convert_to_hf] output directory " + directory.string() + " would replace the model-state "
+                       "file " + model_state.string() + " it reads (as " + name + "): write it elsewhere");
+    }
+  }
   const auto model = load_model(model_state, FullSequenceAttentionKind::Materialized,
                                 ActivationCheckpointingKind::Disabled, options);
   save_hf_llama(*model, directory);

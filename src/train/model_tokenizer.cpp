@@ -22,18 +22,29 @@ Tokenizer check_vocab(Tokenizer tokenizer, const std::filesystem::path& model) {
 Tokenizer tokenizer_for_model(const std::filesystem::path& model, const std::filesystem::path& given,
                               bool use_recorded) {
   const TokenizerRecord recorded = read_model_tokenizer(model);
+  const std::int64_t vocab = read_model_dimensions(model).vocab_size;
+  // A model that records no tokenizer and is not byte-level (an HF import)
+  // takes any tokenizer of its vocabulary size (check_vocab).
+  const bool unrecorded_subword = recorded.empty() && vocab != Tokenizer{}.vocab_size();
   const std::string recorded_text =
       recorded.empty() ? std::string("the byte tokenizer")
                        : "tokenizer " + recorded.path + " (checksum " + recorded.checksum + ")";
   if (!given.empty()) {
     Tokenizer tokenizer = Tokenizer::load(given);
-    if (tokenizer.checksum() != recorded.checksum) {
+    if (tokenizer.checksum() != recorded.checksum && !unrecorded_subword) {
       throw ValueError("[tokenizer] " + model.string() + " was trained with " + recorded_text + ", not with " +
                        given.string() + " (checksum " + tokenizer.checksum() + ")");
     }
     return check_vocab(std::move(tokenizer), model);
   }
-  if (recorded.empty()) return check_vocab(Tokenizer{}, model);
+  if (recorded.empty()) {
+    if (unrecorded_subword) {
+      throw ValueError("[tokenizer] " + model.string() + " has a vocabulary of " + std::to_string(vocab) +
+                       " and records no tokenizer (an HF import?): name one of that vocabulary size (tokenizer / "
+                       "--tokenizer); the byte tokenizer has 256");
+    }
+    return check_vocab(Tokenizer{}, model);
+  }
   if (!use_recorded) {
     throw ValueError("[tokenizer] " + model.string() + " was trained with " + recorded_text +
                      "; name it (tokenizer / --tokenizer): the byte tokenizer does not fit this model");

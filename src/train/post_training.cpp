@@ -1,11 +1,40 @@
 // run_post_training: LoRA or full fine-tuning of a saved model on chat data.
+#include <algorithm>
+#include <limits>
+
 #include "riftco_transformer/adapter_state.hpp"
+#include "riftco_transformer/atomic_file.hpp"
 #include "riftco_transformer/model_state.hpp"
 #include "memory_budget.hpp"
 #include "rank_shards.hpp"
 #include "stage_loop.hpp"
 
 namespace riftco_transformer {
+
+namespace {
+
+/// A split where no example has a response token within sequence_length
+/// would train (or validate) on nothing: loss 0, reported as a success.
+void check_some_loss(const ChatDataset& dataset, Split split, std::int64_t sequence_length,
+                     const std::filesystem::path& data) {
+  const std::vector<ChatExample>& examples = dataset.examples(split);
+  if (examples.empty()) return;
+  std::int64_t shortest = std::numeric_limits<std::int64_t>::max();
+  for (const ChatExample& ex : examples) {
+    const std::size_t n = std::min(ex.targets.size(), static_cast<std::size_t>(sequence_length));
+    if (std::any_of(ex.targets.begin(), ex.targets.begin() + static_cast<std::ptrdiff_t>(n),
+                    [](std::int32_t t) { return t != kIgnoreTarget; })) {
+      return;
+    }
+    shortest = std::min(shortest, ex.prompt_tokens);
+  }
+  throw DataError("[data] " + data.string() + ": no " + (split == Split::Train ? "train" : "validation") +
+                  " example has a response token within sequence_length " + std::to_string(sequence_length) +
+                  " (the shortest prompt is " + std::to_string(shortest) +
+                  " tokens): the loss would be 0; raise sequence_length or shorten the prompts");
+}
+
+}  // namespace
 
 const char* fine_tuning_method_name(FineTuningMethod method) {
   return method == FineTuningMethod::Full ? "full" : "lora";
@@ -25,6 +54,14 @@ void PostTrainingConfig::validate() const {
                      std::to_string(static_cast<int>(fine_tuning_method)));
   }
   if (fine_tuning_method == FineTuningMethod::Lora) lora.validate();
+  // The run writes model.safetensors (or adapter.safetensors), metadata.json
+  // and its logs into output_dir: never over the base model or its run.
+  const std::filesystem::path base_dir = base_model.has_parent_path() ? base_model.parent_path() : ".";
+  if (same_file(output_dir, base_dir) || same_file(output_dir, base_model) ||
+      same_file(output_dir / "model.safetensors", base_model)) {
+    throw ValueError("[PostTrainingConfig] output_dir " + output_dir.string() + " holds the base model " +
+                     base_model.string() + ": the run would replace it and its metadata; choose another output_dir");
+  }
 }
 
 void PostTrainingConfig::validate_for(const TransformerDimensions& base) const {
@@ -60,6 +97,8 @@ RunResult run_post_training(const PostTrainingConfig& config, Communicator& comm
   // its dimensions, and whether the run fits this machine.
   const TransformerDimensions dims = read_model_dimensions(config.base_model);
   config.validate_for(dims);
+  check_some_loss(dataset, Split::Train, config.sequence_length, config.data);
+  check_some_loss(dataset, Split::Validation, config.sequence_length, config.data);
   const bool lora = config.fine_tuning_method == FineTuningMethod::Lora;
   const std::int64_t adapter_parameters = lora ? config.lora.parameter_count(dims) : 0;
   stage::check_memory_budget(

@@ -3,6 +3,10 @@
 // calls these under data parallelism).
 #include "run_directory.hpp"
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
 #include <cerrno>
 #include <cstring>
 #include <limits>
@@ -47,6 +51,29 @@ bool file_exists(const std::filesystem::path& path) {
   return std::filesystem::exists(path, ec);
 }
 
+RunLock::RunLock(const std::filesystem::path& dir) {
+  const std::filesystem::path path = dir / ".lock";
+  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+  if (fd_ < 0) {
+    const int error = errno;
+    throw ModelStateError("[save] " + path.string() + ": cannot open the run's lock file: " + std::strerror(error));
+  }
+  int result = 0;
+  do {
+    result = ::flock(fd_, LOCK_EX | LOCK_NB);
+  } while (result != 0 && errno == EINTR);
+  if (result != 0 && errno == EWOULDBLOCK) {
+    ::close(fd_);
+    fd_ = -1;
+    throw Error("[pipeline] another run is using " + dir.string() +
+                " (it holds " + path.string() + "): wait for it to end, or choose another output directory");
+  }
+}
+
+RunLock::~RunLock() {
+  if (fd_ >= 0) ::close(fd_);  // releases the lock
+}
+
 /// Rows of a metrics file with step <= `keep` (a resumed run continues the
 /// log). Our own file, but read as untrusted: a damaged line is an error
 /// naming the file, the line and the field, never a raw JSON exception.
@@ -72,6 +99,11 @@ std::vector<nlohmann::json> read_metrics(const std::filesystem::path& path, std:
       detail::json_number(row, "loss", true);  // NaN is written as null
       if (row.contains("validation_loss")) detail::json_number(row, "validation_loss", true);
       if (step > keep) continue;
+      // The rows a resume keeps are steps 1..keep, each once, in order.
+      if (step != static_cast<std::int64_t>(rows.size()) + 1) {
+        throw detail::JsonReadError("\"step\" is " + std::to_string(step) + " where step " +
+                                    std::to_string(rows.size() + 1) + " was expected (a duplicate or missing step)");
+      }
       // Only the fields a run writes go on into the final log (an edited
       // line's extra keys do not).
       nlohmann::json plain = nlohmann::json::object();
@@ -95,6 +127,11 @@ std::vector<nlohmann::json> read_metrics(const std::filesystem::path& path, std:
       throw Error("[resume] " + path.string() + ": line " + std::to_string(line_number) + ": " + detail::line_error(e) +
                   " (the metrics log is damaged: remove the line, or start the run over)");
     }
+  }
+  if (static_cast<std::int64_t>(rows.size()) != keep) {
+    throw Error("[resume] " + path.string() + ": the log's " + std::to_string(line_number) + " lines end at step " +
+                std::to_string(rows.size()) + " but the training checkpoint is at step " + std::to_string(keep) +
+                " (the metrics log is damaged: start the run over)");
   }
   return rows;
 }

@@ -17,6 +17,22 @@ void make_directory(const std::filesystem::path& dir);
 void remove_file(const std::filesystem::path& path);
 bool file_exists(const std::filesystem::path& path);
 
+/// An exclusive, non-blocking flock(2) on DIR/.lock for a run's lifetime:
+/// a second run into the same directory is refused ("another run is using
+/// DIR") before it changes anything. The file stays (removing it would let
+/// two runs lock two different files); the lock goes with the process.
+/// A file system without locks (flock: ENOLCK, EOPNOTSUPP) runs unlocked.
+class RunLock {
+ public:
+  explicit RunLock(const std::filesystem::path& dir);
+  ~RunLock();
+  RunLock(const RunLock&) = delete;
+  RunLock& operator=(const RunLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
+
 /// Rows of a metrics file with step <= `keep` (a resumed run continues the
 /// log). Our own file, but read as untrusted: a damaged line is an Error
 /// naming the file, the line and the field, never a raw JSON exception.

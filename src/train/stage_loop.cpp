@@ -193,9 +193,11 @@ RunResult run(StageRun& r, const ProgressCallback& progress, const NoticeCallbac
   // Setup: rank 0 prepares the directory; every rank reads the checkpoint.
   // A failure on one rank alone ends every rank (agree), never a wait.
   std::exception_ptr setup_error;
+  std::optional<RunLock> lock;  // held until the final files are written
   try {
     if (writer) {
       make_directory(dir);
+      lock.emplace(dir);  // before anything here changes
       write_file_atomically(dir / ".write_probe", "");  // an unwritable directory fails now, not after training
       remove_file(dir / ".write_probe");
       remove_stale_temporaries(dir);  // left by a process killed inside a save

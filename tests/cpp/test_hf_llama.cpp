@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <array>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -12,7 +13,9 @@
 #include <cmath>
 #include <nlohmann/json.hpp>
 
+#include "../../src/io/atomic_file.hpp"
 #include "model_fixtures.hpp"
+#include "scratch.hpp"
 #include "riftco_transformer/hf_llama.hpp"
 #include "riftco_transformer/ops.hpp"
 
@@ -348,4 +351,75 @@ TEST_F(HfLlama, ARefusedConfigJsonLeavesTheOldCheckpointWhole) {
   }
   EXPECT_EQ(bytes(dir_ / "hf" / "model.safetensors"), before);
   EXPECT_TRUE(fs::is_directory(dir_ / "hf" / "config.json"));
+}
+
+TEST_F(HfLlama, AFailedSecondRenamePutsTheOldWeightsBack) {
+  // save_hf_llama renamed the new model.safetensors into place before
+  // config.json was written: a failure there (ENOSPC, EIO, an immutable
+  // config.json) left new weights beside the old config. Now both are staged
+  // and the second rename's failure restores the first target. The failure
+  // is injected with a target that rename(2) cannot replace (a directory).
+  const auto bytes = [](const fs::path& p) {
+    std::ifstream in(p, std::ios::binary);
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  };
+  const fs::path d = dir_ / "hf";
+  fs::create_directories(d / "config.json");
+  write_text(d / "config.json" / "x", "x");
+  for (const bool had_weights : {true, false}) {
+    if (had_weights) write_text(d / "model.safetensors", "old weights");
+    const std::array<detail::StagedFile, 2> files{
+        detail::StagedFile{detail::staging_path(d / "model.safetensors"), d / "model.safetensors"},
+        detail::StagedFile{detail::staging_path(d / "config.json"), d / "config.json"}};
+    write_text(files[0].staged, "new weights");
+    write_text(files[1].staged, "new config");
+    try {
+      detail::rename_staged_files(files);
+      ADD_FAILURE() << "renamed a file over a directory";
+    } catch (const ModelStateError& e) {
+      EXPECT_NE(std::string(e.what()).find("config.json"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("put back"), std::string::npos) << e.what();
+    }
+    if (had_weights) {
+      EXPECT_EQ(bytes(d / "model.safetensors"), "old weights");
+    } else {
+      EXPECT_FALSE(fs::exists(d / "model.safetensors"));
+    }
+    std::set<std::string> left;
+    for (const auto& entry : fs::directory_iterator(d)) left.insert(entry.path().filename().string());
+    EXPECT_EQ(left, (had_weights ? std::set<std::string>{"config.json", "model.safetensors"}
+                                 : std::set<std::string>{"config.json"}));  // no staged file, no backup
+    fs::remove(d / "model.safetensors");
+  }
+  // save_hf_llama over an existing checkpoint leaves exactly its two files.
+  fs::remove_all(d);
+  saved(d);
+  saved(d, true);
+  std::set<std::string> left;
+  for (const auto& entry : fs::directory_iterator(d)) left.insert(entry.path().filename().string());
+  EXPECT_EQ(left, (std::set<std::string>{"config.json", "model.safetensors"}));
+  EXPECT_TRUE(load_hf_llama(d)->dimensions().tie_embeddings);
+}
+
+TEST_F(HfLlama, AConversionOutputThatWouldReplaceItsInputIsAValueError) {
+  // Before: --from-hf hf --output hf/model.safetensors replaced the HF
+  // weights with a model-state file, and --to-hf d/model.safetensors
+  // --output d replaced the model-state file; both inputs were lost.
+  saved(dir_ / "hf");
+  const std::string weights = rt_test::read_file(dir_ / "hf" / "model.safetensors");
+  for (const fs::path& out : {dir_ / "hf" / "model.safetensors", dir_ / "hf" / "new.safetensors", dir_ / "hf",
+                              dir_ / "hf" / ".." / "hf" / "config.json"}) {
+    EXPECT_THROW(convert_from_hf(dir_ / "hf", out), ValueError) << out;
+  }
+  EXPECT_EQ(rt_test::read_file(dir_ / "hf" / "model.safetensors"), weights);
+  fs::create_directories(dir_ / "m");
+  convert_from_hf(dir_ / "hf", dir_ / "m" / "model.safetensors");
+  const std::string state = rt_test::read_file(dir_ / "m" / "model.safetensors");
+  fs::create_hard_link(dir_ / "m" / "model.safetensors", dir_ / "link.safetensors");
+  for (const fs::path& out : {dir_ / "m", dir_ / "m/", dir_ / "." / "m"}) {
+    EXPECT_THROW(convert_to_hf(dir_ / "m" / "model.safetensors", out), ValueError) << out;
+    EXPECT_THROW(convert_to_hf(dir_ / "link.safetensors", out), ValueError) << out;
+  }
+  EXPECT_EQ(rt_test::read_file(dir_ / "m" / "model.safetensors"), state);
+  EXPECT_NO_THROW(convert_to_hf(dir_ / "m" / "model.safetensors", dir_ / "hf2"));
 }

@@ -218,7 +218,9 @@ TEST(Pipelines, BadInputFailsBeforeTouchingExistingOutputs) {
   PostTrainingConfig post;
   post.base_model = c.output_dir / "model.safetensors";
   post.data = dir / "missing.jsonl";
-  post.output_dir = c.output_dir;
+  post.output_dir = c.output_dir;  // the base's own run directory
+  EXPECT_THROW(run_post_training(post), ValueError);
+  post.output_dir = dir / "post";
   EXPECT_THROW(run_post_training(post), DataError);
   post.data = fs::path(RIFTCO_SOURCE_DIR) / "data" / "chat_example.jsonl";
   post.base_model = dir / "bad.txt";

@@ -323,6 +323,30 @@ TEST(Pipelines, PretrainingWithATokenizerRecordsItAndRefusesAnother) {
   fs::remove_all(dir);
 }
 
+TEST(ModelStateTokenizer, ASubwordModelThatRecordsNoTokenizerTakesOneOfItsVocabularySize) {
+  // Before: an HF import (vocab 300, nothing recorded) refused every
+  // tokenizer ("was trained with the byte tokenizer"), so no rt-* tool could use it.
+  const fs::path dir = fresh_dir("unrecorded");
+  const std::string text = sample_text();
+  TokenizerTrainingOptions options;
+  options.vocab_size = 300;
+  const Tokenizer tok = train_tokenizer(text, options, dir / "t.model");
+  options.vocab_size = 310;
+  train_tokenizer(text, options, dir / "other.model");
+  Random random(3);
+  const DecoderOnlyTransformer model(TransformerDimensions{300, 16, 16, 2, 1, 32}, random);
+  save_model_state(model, dir / "m.safetensors");
+  EXPECT_EQ(tokenizer_for_model(dir / "m.safetensors", dir / "t.model").checksum(), tok.checksum());
+  const std::string msg = message_of<ValueError>([&] { tokenizer_for_model(dir / "m.safetensors", dir / "other.model"); });
+  EXPECT_NE(msg.find("has a vocabulary of 300"), std::string::npos) << msg;
+  EXPECT_THROW(tokenizer_for_model(dir / "m.safetensors", ""), ValueError);  // the byte tokenizer: 256
+  // A byte-level model that records nothing still refuses a subword tokenizer.
+  const DecoderOnlyTransformer bytes(TransformerDimensions{256, 16, 16, 2, 1, 32}, random);
+  save_model_state(bytes, dir / "b.safetensors");
+  EXPECT_THROW(tokenizer_for_model(dir / "b.safetensors", dir / "t.model"), ValueError);
+  fs::remove_all(dir);
+}
+
 TEST(TextDataset, SubwordTokenizersHoldOutTheSameTextAsBytes) {
   const fs::path dir = fresh_dir("split");
   const std::string text = sample_text() + "é";

@@ -167,7 +167,7 @@ def test_help_reads_well(tools):
     (["pretrain", "--attention", "sparse"], 2, "sparse not in {materialized,flash}"),
     (["pretrain", "--steps", "many"], 2, "--steps: expects an integer >= 1, got 'many'"),
     (["pretrain", "--steps", "0"], 2, "--steps: expects an integer >= 1, got '0'"),
-    (["pretrain", "--seed", "-1"], 2, "--seed: expects an integer >= 0, got '-1'"),
+    (["pretrain", "--seed", "-1"], 2, "--seed: expects an integer in [0, 18446744073709551615], got '-1'"),
     (["pretrain", "--batch", "4611686018427387904"], 2, "batch must be in"),
     (["pretrain", "--weight-decay", "inf"], 2, "--weight-decay: expects a finite number, got 'inf'"),
     (["pretrain", "--steps"], 2, "--steps: 1 required INT missing"),
@@ -196,8 +196,9 @@ def test_bad_files_fail_cleanly_and_leave_outputs_intact(tools, pretrained, corp
     cases = [
         ("pretrain", "--data", tmp_path / "missing.txt", "--output", pretrained, *TINY),
         ("pretrain", "--data", bad_text, "--output", pretrained, *TINY),
-        ("post-train", "--base-model", pretrained / "model.safetensors", "--data", bad_chat, "--output", pretrained,
-         "--sequence-length", "32"),
+        # (the base's own directory as --output is a usage error: test_an_output_that_is_an_input_...)
+        ("post-train", "--base-model", pretrained / "model.safetensors", "--data", bad_chat, "--output",
+         tmp_path / "post", "--sequence-length", "32"),
         ("post-train", "--base-model", truncated, "--data", CHAT, "--output", pretrained),
     ]
     for args in cases:
@@ -218,7 +219,7 @@ def test_bad_files_fail_cleanly_and_leave_outputs_intact(tools, pretrained, corp
     (["--temperature", "nan"], "--temperature: expects a finite number, got 'nan'"),
     (["--temperature", "-0.5"], "'--temperature' must be >= 0"),
     (["--max-new-tokens", "-1"], "--max-new-tokens: expects an integer >= 0, got '-1'"),
-    (["--seed", "-1"], "--seed: expects an integer >= 0, got '-1'"),
+    (["--seed", "-1"], "--seed: expects an integer in [0, 18446744073709551615], got '-1'"),
 ])
 def test_generate_bad_arguments_exit_2_with_a_hint(tools, pretrained, args, needle):
     r = run(tools[1], "--model", pretrained / "model.safetensors", *args)
@@ -355,6 +356,15 @@ feed_forward_width = 16
     ('{"steps": 2, "lora": {"rank": [1, 2]}}', "'lora.rank' is not an option of pretrain"),
     ('{"steps": {"a": [[1]]}}', "must be a string, number or boolean"),
     ('{"stage": "post_training", "config": {"steps": 2}}', "cannot configure pretrain"),
+    # Before: these three were resolved silently (the last duplicate won, a
+    # JSON array was read as a TOML section header and ignored).
+    ('{"steps": 3, "steps": 5}', "the key 'steps' appears twice in one object"),
+    ('{"dimensions": {"layers": 1, "layers": 2}}', "the key 'layers' appears twice"),
+    ('{"steps": 3, "layers": 1, "dimensions": {"layers": 2}}', "'dimensions.layers' and 'layers' both set --layers"),
+    ('{"output": "a", "output_dir": "b"}', "'output' and 'output_dir' both set --output"),
+    ('[{"steps": 3, "layers": 1}]', "expected a JSON object"),
+    ("  []\n", "expected a JSON object"),
+    ("layers = 1\n[dimensions]\nlayers = 2\n", "'layers' and 'dimensions.layers' both set --layers"),
 ])
 def test_bad_config_files_exit_2_naming_the_setting(tools, tmp_path, text, needle):
     config = tmp_path / "bad.cfg"
@@ -481,3 +491,90 @@ def test_activation_memory_budget_prints_the_plan_and_stays_under_it(tools, corp
                 ["--activation-memory-budget", "1MiB", "--activation-checkpointing", "block"]):
         r = run(tools[0], "pretrain", "--data", corpus, "--steps", 1, "--output", tmp_path / "bad", *bad, *shape)
         assert r.returncode == 2 and "--activation-memory-budget" in r.stderr, r.stderr
+
+
+def test_an_output_that_is_an_input_is_refused_and_the_input_kept(tools, build_dir, pretrained, corpus, tmp_path):
+    # Before: each of these exited 0 (or 1 after the harm) and replaced the input.
+    convert = build_dir / "rt-convert"
+    hf = tmp_path / "hf"
+    assert run(convert, "--to-hf", pretrained / "model.safetensors", "--output", hf).returncode == 0
+    weights = (hf / "model.safetensors").read_bytes()
+    r = run(convert, "--from-hf", hf, "--output", hf / "model.safetensors")
+    assert r.returncode == 2 and "inside the checkpoint directory" in r.stderr, r.stderr
+    assert (hf / "model.safetensors").read_bytes() == weights
+    d = tmp_path / "d"
+    d.mkdir()
+    (d / "model.safetensors").write_bytes((pretrained / "model.safetensors").read_bytes())
+    r = run(convert, "--to-hf", d / "model.safetensors", "--output", d)
+    assert r.returncode == 2 and "would replace the model-state file" in r.stderr, r.stderr
+    assert (d / "model.safetensors").read_bytes() == (pretrained / "model.safetensors").read_bytes()
+    text = tmp_path / "c.txt"
+    text.write_bytes(corpus.read_bytes())
+    r = run(tools[0], "tokenizer", "--data", text, "--vocab-size", 300, "--output", tmp_path / "." / "c.txt")
+    assert r.returncode == 2 and "'--output' is the --data file" in r.stderr, r.stderr
+    assert text.read_bytes() == corpus.read_bytes()
+    before = {p.name: p.read_bytes() for p in pretrained.iterdir() if p.is_file()}
+    for method in ("full", "lora"):
+        r = run(tools[0], "post-train", "--base-model", pretrained / "model.safetensors", "--data", CHAT,
+                "--method", method, "--steps", 1, "--batch", 2, "--sequence-length", 32, "--eval-batches", 1,
+                "--output", pretrained, "--quiet")
+        assert r.returncode == 2 and "holds the base model" in r.stderr, r.stderr
+    assert {p.name: p.read_bytes() for p in pretrained.iterdir() if p.is_file()} == before
+
+
+def test_an_hf_import_of_a_subword_model_takes_its_tokenizer(tools, build_dir, corpus, tmp_path):
+    # Before: a model recording no tokenizer with a vocabulary other than 256
+    # (every rt-convert --from-hf import) refused every tokenizer.
+    tok = tmp_path / "tok.model"
+    assert run(tools[0], "tokenizer", "--data", corpus, "--vocab-size", 300, "--output", tok).returncode == 0
+    out = tmp_path / "sub"
+    r = run(tools[0], "pretrain", "--data", corpus, "--steps", 2, "--output", out, "--tokenizer", tok, *TINY)
+    assert r.returncode == 0, r.stderr
+    convert = build_dir / "rt-convert"
+    assert run(convert, "--to-hf", out / "model.safetensors", "--output", tmp_path / "hf").returncode == 0
+    assert run(convert, "--from-hf", tmp_path / "hf", "--output", tmp_path / "back.st").returncode == 0
+    r = run(tools[1], "--model", tmp_path / "back.st", "--max-new-tokens", 2)
+    assert r.returncode == 2 and "records no tokenizer" in r.stderr, r.stderr
+    r = run(tools[1], "--model", tmp_path / "back.st", "--tokenizer", tok, "--max-new-tokens", 2, "--prompt", "a")
+    assert r.returncode == 0, r.stderr
+    r = run(build_dir / "rt-eval", "--model", tmp_path / "back.st", "--tokenizer", tok, "--data", corpus,
+            "--sequence-length", 32)
+    assert r.returncode == 0, r.stderr
+
+
+def test_seeds_fill_the_whole_uint64_range(tools, pretrained, corpus, tmp_path):
+    # Before: the validator parsed with stoll, so seeds from 2^63 up were
+    # refused with "expects an integer >= 0".
+    for seed in ("9223372036854775808", "18446744073709551615"):
+        r = run(tools[1], "--model", pretrained / "model.safetensors", "--max-new-tokens", 2, "--seed", seed)
+        assert r.returncode == 0, r.stderr
+    for bad in ("-1", "18446744073709551616", " 5", "+5", "5x"):
+        r = run(tools[1], "--model", pretrained / "model.safetensors", "--seed", bad)
+        assert r.returncode == 2 and "expects an integer in [0, 18446744073709551615]" in r.stderr, (bad, r.stderr)
+    out = tmp_path / "big_seed"
+    r = run(tools[0], "pretrain", "--data", corpus, "--steps", 1, "--seed", "18446744073709551615", "--output", out,
+            *TINY)
+    assert r.returncode == 0, r.stderr
+    assert json.loads((out / "metadata.json").read_text())["config"]["seed"] == 2**64 - 1
+    r = run(tools[0], "pretrain", "--config", out / "metadata.json", "--output", tmp_path / "again", "--quiet")
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "again" / "model.safetensors").read_bytes() == (out / "model.safetensors").read_bytes()
+
+
+def test_memory_plan_bounds_its_sizes_and_checks_the_output_first(build_dir, tmp_path):
+    # Before: --budgets and --batch had no upper bound (an endless loop or an
+    # overflow), and an unusable --output failed only after the profiling.
+    plan = build_dir / "rt-memory-plan"
+    shape = ["--model-width", 16, "--heads", 2, "--layers", 2, "--feed-forward-width", 32, "--sequence-length", 16]
+    for args, needle in ((["--budgets", "9223372036854775807"], "--budgets: expects an integer in [2, 1000]"),
+                         (["--batch", "4611686018427387904"], "--batch: expects an integer in [1, 1048576]"),
+                         (["--batch", "1048577"], "--batch: expects an integer in [1, 1048576]")):
+        r = run(plan, *shape, *args, "--output", tmp_path / "mp")
+        assert r.returncode == 2 and needle in r.stderr, r.stderr
+    (tmp_path / "file").write_text("x")
+    r = run(plan, *shape, "--output", tmp_path / "file" / "sub")
+    assert r.returncode == 2 and "option '--output'" in r.stderr and "profiling" not in r.stderr, r.stderr
+    r = run(plan, *shape, "--budgets", 3, "--output", tmp_path / "mp")
+    assert r.returncode == 0, r.stderr
+    assert sorted(p.name for p in (tmp_path / "mp").iterdir()) == ["memory_plan.json", "memory_plan.md",
+                                                                   "memory_plan_peak.svg"]
