@@ -34,6 +34,42 @@ struct MemoryStats {
 };
 
 MemoryStats memory_stats(Backend backend = Backend::Cpu);
+
+class ThreadMemoryMeter;
+namespace detail {
+void meter_note(Backend backend, std::int64_t bytes) noexcept;
+}
+
+/// The bytes the calling thread allocates (minus those it frees) on
+/// `backend` while this meter lives, and the most of them live at once: a
+/// measurement other threads' allocations do not disturb, unlike
+/// memory_stats() and reset_peak_memory(), which count the whole process
+/// (the activation planner's probes and the pipelines' step reports use
+/// one). Meters nest (each counts). Not seen: allocations another thread
+/// makes for this one (riftco's kernels allocate before their parallel
+/// regions), and frees on another thread of blocks allocated here. Created
+/// and destroyed on one thread, innermost first (a scope object).
+class ThreadMemoryMeter {
+ public:
+  explicit ThreadMemoryMeter(Backend backend = Backend::Cpu);
+  ~ThreadMemoryMeter();
+  ThreadMemoryMeter(const ThreadMemoryMeter&) = delete;
+  ThreadMemoryMeter& operator=(const ThreadMemoryMeter&) = delete;
+  /// Allocated minus freed since the meter started (may be negative: frees
+  /// of blocks allocated before it).
+  std::int64_t live_bytes() const { return live_; }
+  /// The most live_bytes() reached since the start or the last reset_peak().
+  std::int64_t peak_bytes() const { return peak_; }
+  /// peak_bytes() = live_bytes(), as reset_peak_memory() for this meter alone.
+  void reset_peak() { peak_ = live_; }
+
+ private:
+  friend void detail::meter_note(Backend backend, std::int64_t bytes) noexcept;
+  Backend backend_;
+  std::int64_t live_ = 0;
+  std::int64_t peak_ = 0;
+  ThreadMemoryMeter* outer_;
+};
 /// Sets peak_bytes to the current live_bytes.
 void reset_peak_memory(Backend backend = Backend::Cpu);
 /// Gives every freed block the allocator keeps for reuse back to the system

@@ -179,7 +179,11 @@ struct StepReport {
   double tokens_per_second = 0.0;  // over this run's steps so far, every micro-batch counted
   double elapsed_seconds = 0.0;
   double eta_seconds = 0.0;
-  std::int64_t peak_bytes = 0;  // allocator peak so far in this run
+  /// Allocator peak so far in this run: the bytes live when the step loop
+  /// started plus the most this run's thread has had allocated above them
+  /// (a ThreadMemoryMeter: other threads' work does not show, and the
+  /// process's peak, memory_stats(), is never reset by a run).
+  std::int64_t peak_bytes = 0;
   /// The largest activation peak of any micro-batch so far (forward +
   /// backward above the bytes live before the forward).
   std::int64_t activation_peak_bytes = 0;

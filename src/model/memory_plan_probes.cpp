@@ -66,17 +66,19 @@ std::unique_ptr<DecoderOnlyTransformer> replica(const DecoderOnlyTransformer& mo
 
 /// One probe's peaks: the forward's; then per block, window i runs from the
 /// previous block's last gradient (from the backward's start for the last
-/// block) to block i's last gradient; the tail after block 0's.
+/// block) to block i's last gradient; the tail after block 0's. Measured by
+/// a meter of this thread's allocations (from the probe's start), so another
+/// thread training meanwhile changes nothing (it did: the process's peak,
+/// reset here, was theirs too).
 struct BlockWindows : BackwardHooks {
-  Backend backend = Backend::Cpu;
-  std::int64_t before = 0;
+  ThreadMemoryMeter* meter = nullptr;  // the probe's, while it runs
   std::vector<std::pair<Variable, std::size_t>> leaves;  // trainable block parameters, their block
   std::vector<std::int64_t> left;                         // per block, its parameters not yet final
   std::vector<std::int64_t> peaks;                        // per block, its window's peak
   std::int64_t forward = 0;                               // the forward's peak (the loss computed)
   std::int64_t read() {
-    const std::int64_t peak = memory_stats(backend).peak_bytes - before;
-    reset_peak_memory(backend);
+    const std::int64_t peak = meter->peak_bytes();
+    meter->reset_peak();
     return peak;
   }
   void gradient_final(const Variable& leaf, const Tensor&) override {
@@ -91,14 +93,12 @@ struct BlockWindows : BackwardHooks {
 
 std::int64_t measure_activation_peak(const DecoderOnlyTransformer& model, std::span<const std::int32_t> tokens,
                                      std::span<const std::int32_t> targets, std::int64_t batch) {
-  const Backend backend = model.backend();  // the activations live with the parameters
-  const std::int64_t before = memory_stats(backend).live_bytes;
-  reset_peak_memory(backend);
+  const ThreadMemoryMeter meter(model.backend());  // the activations live with the parameters
   {
     Variable loss = model.loss(tokens, targets, batch);
     loss.backward(GraphAfterBackward::Release);  // as the training loops step
   }
-  return memory_stats(backend).peak_bytes - before;
+  return meter.peak_bytes();
 }
 ActivationMemoryProfile profile_activation_memory(const DecoderOnlyTransformer& model, std::int64_t batch,
                                                   std::int64_t sequence_length) {
@@ -136,7 +136,6 @@ ActivationMemoryProfile profile_activation_memory(const DecoderOnlyTransformer& 
   const auto measure = [&](DecoderOnlyTransformer& m, const ActivationCheckpointingPlan& plan) {
     m.set_activation_checkpointing_plan(plan);
     BlockWindows w;
-    w.backend = m.backend();
     const std::size_t layers = static_cast<std::size_t>(m.dimensions().layers);
     w.left.assign(layers, 0);
     w.peaks.assign(layers, 0);
@@ -148,14 +147,17 @@ ActivationMemoryProfile profile_activation_memory(const DecoderOnlyTransformer& 
     }
     // Saving the dropout stream keeps every probe's masks alike (memory does not depend on them).
     const Random::State state = m.dropout_random().state();
-    w.before = memory_stats(w.backend).live_bytes;
-    reset_peak_memory(w.backend);
     {
-      Variable loss = m.loss(tokens, targets, batch);
-      w.forward = w.read();
-      loss.backward(w, GraphAfterBackward::Release);
+      ThreadMemoryMeter meter(m.backend());
+      w.meter = &meter;
+      {
+        Variable loss = m.loss(tokens, targets, batch);
+        w.forward = w.read();
+        loss.backward(w, GraphAfterBackward::Release);
+      }
+      w.peaks.push_back(w.read());  // the tail
+      w.meter = nullptr;
     }
-    w.peaks.push_back(w.read());  // the tail
     m.dropout_random().set_state(state);
     for (NamedParameter& q : m.parameters()) q.variable.clear_grad();
     return w;

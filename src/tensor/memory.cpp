@@ -242,6 +242,24 @@ Backend parse_backend(const std::string& name, const char* op) {
 
 bool backend_available(Backend backend) { return backend == Backend::Cpu || detail::cuda_device_present(); }
 
+namespace {
+thread_local ThreadMemoryMeter* t_innermost_meter = nullptr;
+}  // namespace
+
+ThreadMemoryMeter::ThreadMemoryMeter(Backend backend) : backend_(backend), outer_(t_innermost_meter) {
+  t_innermost_meter = this;
+}
+
+ThreadMemoryMeter::~ThreadMemoryMeter() { t_innermost_meter = outer_; }
+
+void detail::meter_note(Backend backend, std::int64_t bytes) noexcept {
+  for (ThreadMemoryMeter* m = t_innermost_meter; m != nullptr; m = m->outer_) {
+    if (m->backend_ != backend) continue;
+    m->live_ += bytes;
+    m->peak_ = std::max(m->peak_, m->live_);
+  }
+}
+
 MemoryStats memory_stats(Backend backend) {
   Counters& c = counters(backend);
   const std::int64_t pages = backend == Backend::Cpu ? detail::host_pages_reserved() : 0;
@@ -287,6 +305,7 @@ void* allocate_bytes(Backend backend, std::size_t bytes) {
   const std::int64_t live = c.live.fetch_add(static_cast<std::int64_t>(bytes)) + static_cast<std::int64_t>(bytes);
   c.allocations.fetch_add(1);
   raise_peak(c, live);
+  meter_note(backend, static_cast<std::int64_t>(bytes));
   return ptr;
 }
 
@@ -295,6 +314,7 @@ void free_bytes(Backend backend, void* ptr, std::size_t bytes) noexcept {
   Counters& c = counters(backend);
   const std::int64_t live_before = c.live.fetch_sub(static_cast<std::int64_t>(bytes));
   c.frees.fetch_add(1);
+  meter_note(backend, -static_cast<std::int64_t>(bytes));
   const std::size_t rounded = block_size(backend, bytes);
   if (host_pages(backend, rounded)) {
     host_pages_free(ptr, rounded);
@@ -317,6 +337,7 @@ void* allocate_pinned_bytes(std::size_t bytes) {
   const std::int64_t live = c.live.fetch_add(static_cast<std::int64_t>(bytes)) + static_cast<std::int64_t>(bytes);
   c.allocations.fetch_add(1);
   raise_peak(c, live);
+  meter_note(Backend::Cpu, static_cast<std::int64_t>(bytes));
   return ptr;
 }
 
@@ -325,6 +346,7 @@ void free_pinned_bytes(void* ptr, std::size_t bytes) noexcept {
   Counters& c = counters(Backend::Cpu);
   c.live.fetch_sub(static_cast<std::int64_t>(bytes));
   c.frees.fetch_add(1);
+  meter_note(Backend::Cpu, -static_cast<std::int64_t>(bytes));
   const std::size_t rounded = std::max(size_class(bytes), kAlign);
   if (keep_cached(pinned_cache(), ptr, rounded, false, 0)) return;  // every freed one is kept
   cuda_host_free(ptr);

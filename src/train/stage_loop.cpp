@@ -249,21 +249,25 @@ RunResult run(StageRun& r, const ProgressCallback& progress, const NoticeCallbac
     check_parameters_identical(comm, adam.parameters(), state.step, r.stage);
   }
 
-  // The memory figures are the training device's allocator's.
-  reset_peak_memory(backend);
+  // The memory figures are the training device's allocator's, counted by
+  // meters of this thread's allocations: another thread's work (another
+  // model training in the same process) neither shows in them nor has its
+  // own peak reset by them (reset_peak_memory is the process's).
+  // run_peak: the bytes live at the start plus the run's own peak above them.
   // Each micro-batch's forward + backward is measured on its own (the
-  // activation peak the budget bounds); run_peak keeps the run's overall peak
-  // across those resets.
-  std::int64_t run_peak = memory_stats(backend).peak_bytes;
+  // activation peak the budget bounds).
+  const std::int64_t live_at_start = memory_stats(backend).live_bytes;
+  const ThreadMemoryMeter run_meter(backend);
+  ThreadMemoryMeter pass_meter(backend);
   std::int64_t activation_peak = 0;
   std::int64_t live_before_pass = 0;
+  const auto run_peak = [&] { return live_at_start + run_meter.peak_bytes(); };
   const std::function<void()> start_pass = [&] {
-    run_peak = std::max(run_peak, memory_stats(backend).peak_bytes);
-    live_before_pass = memory_stats(backend).live_bytes;
-    reset_peak_memory(backend);
+    live_before_pass = pass_meter.live_bytes();
+    pass_meter.reset_peak();
   };
   const std::function<void()> end_pass = [&] {
-    activation_peak = std::max(activation_peak, memory_stats(backend).peak_bytes - live_before_pass);
+    activation_peak = std::max(activation_peak, pass_meter.peak_bytes() - live_before_pass);
   };
   const auto start = std::chrono::steady_clock::now();
   std::int64_t tokens_seen = 0;
@@ -385,7 +389,7 @@ RunResult run(StageRun& r, const ProgressCallback& progress, const NoticeCallbac
       const std::int64_t done_here = step + 1 - result.resumed_from_step;
       report.eta_seconds =
           report.elapsed_seconds / static_cast<double>(done_here) * static_cast<double>(s.steps - step - 1);
-      report.peak_bytes = std::max(run_peak, memory_stats(backend).peak_bytes);
+      report.peak_bytes = run_peak();
       report.activation_peak_bytes = activation_peak;
       const bool last = step + 1 == s.steps;
       if ((s.eval_interval > 0 && (step + 1) % s.eval_interval == 0) || last) {

@@ -507,3 +507,40 @@ TEST(Allocator, AChildForkedWhileAnotherThreadAllocatesCanAllocate) {
   busy.join();
   EXPECT_EQ(hung, 0) << "child " << hung << " did not finish its allocation";
 }
+
+// A ThreadMemoryMeter counts this thread's allocations and frees only: a
+// block another thread allocates meanwhile, or one freed here that was
+// allocated before the meter, moves neither its live bytes past what this
+// thread did nor its peak (the process's counters see everything). Meters
+// nest and each counts; reset_peak is the meter's alone.
+TEST(Allocator, AThreadMeterCountsOnlyItsThreadsAllocations) {
+  Tensor before = Tensor::empty({1000});  // 4000 bytes allocated before the meter
+  ThreadMemoryMeter outer;
+  std::atomic<bool> other_done{false};
+  std::thread other([&] {
+    Tensor big = Tensor::empty({1 << 20});  // another thread's 4 MiB
+    Tensor more = Tensor::empty({1 << 18});
+    other_done.store(true);
+  });
+  other.join();
+  ASSERT_TRUE(other_done.load());
+  EXPECT_EQ(outer.live_bytes(), 0);
+  EXPECT_EQ(outer.peak_bytes(), 0);
+  {
+    Tensor a = Tensor::empty({256});  // 1 KiB
+    ThreadMemoryMeter inner;
+    {
+      Tensor b = Tensor::empty({512});  // 2 KiB
+      EXPECT_EQ(inner.live_bytes(), 2048);
+      EXPECT_EQ(outer.live_bytes(), 1024 + 2048);
+    }
+    EXPECT_EQ(inner.live_bytes(), 0);
+    EXPECT_EQ(inner.peak_bytes(), 2048);
+    inner.reset_peak();
+    EXPECT_EQ(inner.peak_bytes(), 0);
+    EXPECT_EQ(outer.peak_bytes(), 1024 + 2048);
+  }
+  before = Tensor();  // freed under the meter, allocated before it
+  EXPECT_EQ(outer.live_bytes(), -4000);
+  EXPECT_EQ(outer.peak_bytes(), 1024 + 2048);
+}

@@ -6,6 +6,9 @@
 // only a model none of whose blocks trains is refused, by name.
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <thread>
+
 #include "model_fixtures.hpp"
 #include "riftco_transformer/errors.hpp"
 #include "riftco_transformer/memory_plan.hpp"
@@ -162,4 +165,28 @@ TEST(MemoryPlanTrainability, ABatchPastTwoToTheTwentyIsAValueErrorBeforeProfilin
       EXPECT_NE(std::string(e.what()).find("batch <= 1048576"), std::string::npos) << e.what();
     }
   }
+}
+
+// The probes measure this thread's allocations: another thread training its
+// own model meanwhile changes no figure of the profile (with the process's
+// counters, which the probes also reset, the smallest plan changed on every
+// run and budgets that fit alone were refused).
+TEST(MemoryPlanTrainability, AnotherThreadTrainingMeanwhileChangesNoFigure) {
+  const auto m = model(false);
+  const ActivationMemoryProfile alone = profile_activation_memory(*m, kBatch, kSeq);
+  std::atomic<bool> done{false};
+  std::thread other([&] {
+    const auto busy = model(false);
+    const rt_test::Batch b = rt_test::random_batch(4, kSeq, busy->dimensions().vocab_size, 9);
+    while (!done.load()) busy->loss(b.tokens, b.targets, 4).backward(GraphAfterBackward::Release);
+  });
+  const ActivationMemoryProfile busy = profile_activation_memory(*m, kBatch, kSeq);
+  done.store(true);
+  other.join();
+  EXPECT_EQ(busy.per_block, alone.per_block);
+  EXPECT_EQ(busy.base, alone.base);
+  EXPECT_EQ(busy.top, alone.top);
+  EXPECT_EQ(busy.top_kept, alone.top_kept);
+  EXPECT_EQ(busy.top_segment_bytes, alone.top_segment_bytes);
+  EXPECT_EQ(busy.top_segment_extra_per_block, alone.top_segment_extra_per_block);
 }

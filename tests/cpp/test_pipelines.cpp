@@ -3,16 +3,19 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <thread>
 
 #include "scratch.hpp"
 #include "tiny_pretraining.hpp"
 #include "riftco_transformer/adapter_state.hpp"
 #include "riftco_transformer/data.hpp"
+#include "riftco_transformer/memory.hpp"
 #include "riftco_transformer/pipelines.hpp"
 
 using namespace riftco_transformer;
@@ -245,4 +248,39 @@ TEST(Pipelines, LearningRateScheduleWarmsUpThenDecays) {
   EXPECT_FLOAT_EQ(s.learning_rate_at(10), 1.0F);
   EXPECT_NEAR(s.learning_rate_at(99), 0.1F, 1e-6);
   EXPECT_GT(s.learning_rate_at(50), s.learning_rate_at(60));
+}
+
+// A run's memory figures are its own thread's allocations: another thread
+// training meanwhile leaves each step's activation peak as it is alone, and
+// the run no longer resets the process's peak, which other threads read
+// (a 64 MiB buffer freed before the run still shows in memory_stats after).
+TEST(Pipelines, MemoryFiguresAreTheRunsOwnAndTheProcessPeakIsLeftAlone) {
+  const fs::path dir = fresh_dir("memory_figures");
+  { const Tensor big = Tensor::empty({std::int64_t{16} << 20}); }
+  const std::int64_t process_peak = memory_stats().peak_bytes;
+  ASSERT_GE(process_peak, std::int64_t{64} << 20);
+  const auto activation_peaks = [&](const std::string& name) {
+    PretrainingConfig c = tiny_pretraining(dir);
+    c.steps = 3;
+    c.output_dir = dir / name;
+    std::vector<std::int64_t> peaks;
+    run_pretraining(c, [&](const StepReport& s) {
+      peaks.push_back(s.activation_peak_bytes);
+      return true;
+    });
+    return peaks;
+  };
+  const std::vector<std::int64_t> alone = activation_peaks("alone");
+  EXPECT_GE(memory_stats().peak_bytes, process_peak);
+  std::atomic<bool> done{false};
+  std::thread other([&] {
+    while (!done.load()) {
+      const Tensor t = Tensor::empty({std::int64_t{1} << 20});
+    }
+  });
+  const std::vector<std::int64_t> busy = activation_peaks("busy");
+  done.store(true);
+  other.join();
+  EXPECT_EQ(busy, alone);
+  EXPECT_GT(alone.front(), 0);
 }
