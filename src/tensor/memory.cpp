@@ -111,6 +111,15 @@ BlockCache& pinned_cache() {
   return cache;
 }
 
+/// A Backend value that is neither enumerator (a cast from a bad int, an
+/// enum from C) is a ValueError naming it: it indexed past the counters.
+void check_backend(Backend backend, const char* op) {
+  if (backend != Backend::Cpu && backend != Backend::Cuda) {
+    throw ValueError(std::string("[") + op + "] unknown backend " + std::to_string(static_cast<int>(backend)) +
+                     " (expected cpu or cuda)");
+  }
+}
+
 Counters& counters(Backend backend) {
   static Counters per_backend[2];
   // fork() copies only the calling thread: the locks are held across it, so
@@ -240,7 +249,9 @@ Backend parse_backend(const std::string& name, const char* op) {
   throw ValueError(std::string("[") + op + "] unknown backend '" + name + "' (expected 'cpu' or 'cuda')");
 }
 
-bool backend_available(Backend backend) { return backend == Backend::Cpu || detail::cuda_device_present(); }
+bool backend_available(Backend backend) {
+  return backend == Backend::Cpu || (backend == Backend::Cuda && detail::cuda_device_present());
+}
 
 namespace {
 thread_local ThreadMemoryMeter* t_innermost_meter = nullptr;
@@ -261,17 +272,20 @@ void detail::meter_note(Backend backend, std::int64_t bytes) noexcept {
 }
 
 MemoryStats memory_stats(Backend backend) {
+  check_backend(backend, "memory_stats");
   Counters& c = counters(backend);
   const std::int64_t pages = backend == Backend::Cpu ? detail::host_pages_reserved() : 0;
   return MemoryStats{c.live.load(), c.peak.load(), c.allocations.load(), c.frees.load(), c.reserved.load() + pages};
 }
 
 void reset_peak_memory(Backend backend) {
+  check_backend(backend, "reset_peak_memory");
   Counters& c = counters(backend);
   c.peak.store(c.live.load());
 }
 
 std::int64_t release_cached_memory(Backend backend) {
+  check_backend(backend, "release_cached_memory");
   Counters& c = counters(backend);
   if (backend == Backend::Cuda) return release_cache(cuda_cache(), c, detail::cuda_free);
   return detail::host_pages_release() + release_cache(pinned_cache(), c, detail::cuda_host_free);
@@ -280,6 +294,7 @@ std::int64_t release_cached_memory(Backend backend) {
 namespace detail {
 
 void* allocate_bytes(Backend backend, std::size_t bytes) {
+  check_backend(backend, "allocate");
   if (!backend_available(backend)) {
     throw BackendError(std::string("[allocate] ") + detail::cuda_unavailable_reason());
   }

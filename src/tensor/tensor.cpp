@@ -81,6 +81,10 @@ Storage::~Storage() {
 Tensor Tensor::empty(const Shape& shape, Backend backend) {
   Tensor t;
   t.numel_ = shape_numel(shape, "tensor");
+  if (backend != Backend::Cpu && backend != Backend::Cuda) {
+    throw ValueError("[tensor] unknown backend " + std::to_string(static_cast<int>(backend)) +
+                     " (expected cpu or cuda)");
+  }
   if (!backend_available(backend)) throw BackendError("[tensor] " + detail::cuda_unavailable_reason());
   t.storage_ = std::make_shared<Storage>(backend, t.numel_);
   t.shape_ = shape;
@@ -114,6 +118,10 @@ Tensor Tensor::from_data(const Shape& shape, std::initializer_list<float> values
 }
 
 Tensor Tensor::normal(const Shape& shape, Random& random, float mean, float std) {
+  if (!std::isfinite(mean) || !(std >= 0.0F) || !std::isfinite(std)) {
+    throw ValueError("[normal] mean " + std::to_string(mean) + " and std " + std::to_string(std) +
+                     " must be finite, std >= 0");
+  }
   Tensor t = empty(shape);
   announce_random_use(random);
   float* p = t.data();
@@ -122,6 +130,10 @@ Tensor Tensor::normal(const Shape& shape, Random& random, float mean, float std)
 }
 
 Tensor Tensor::uniform(const Shape& shape, Random& random, float low, float high) {
+  if (!std::isfinite(low) || !std::isfinite(high) || !(low <= high)) {
+    throw ValueError("[uniform] low " + std::to_string(low) + " and high " + std::to_string(high) +
+                     " must be finite, low <= high");
+  }
   Tensor t = empty(shape);
   announce_random_use(random);
   float* p = t.data();

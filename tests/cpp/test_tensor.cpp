@@ -1,5 +1,12 @@
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <string>
+#include <vector>
+
+
 #include "riftco_transformer/tensor.hpp"
 
 using namespace riftco_transformer;
@@ -133,4 +140,30 @@ TEST(Tensor, ErrorMessagesCarryShapes) {
   } catch (const ShapeError& e) {
     EXPECT_NE(std::string(e.what()).find("[from_data] shape (2, 3)"), std::string::npos) << e.what();
   }
+}
+
+// A Backend value outside the enum (a cast from a bad int) is a ValueError
+// naming it, not "cuda is not built" (and not an index past the counters);
+// random fills refuse parameters that give no distribution.
+TEST(Tensor, AnUnknownBackendAndImpossibleRandomParametersAreValueErrors) {
+  const auto bad = static_cast<Backend>(9);
+  for (const std::function<void()>& call : std::vector<std::function<void()>>{
+           [&] { (void)Tensor::zeros({2}, bad); }, [&] { (void)memory_stats(bad); },
+           [&] { reset_peak_memory(bad); }, [&] { (void)release_cached_memory(bad); }}) {
+    try {
+      call();
+      ADD_FAILURE() << "backend 9 was accepted";
+    } catch (const ValueError& e) {
+      EXPECT_NE(std::string(e.what()).find("unknown backend 9"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_FALSE(backend_available(bad));
+  Random r(1);
+  EXPECT_THROW((void)Tensor::normal({2}, r, 0.0F, std::nanf("")), ValueError);
+  EXPECT_THROW((void)Tensor::normal({2}, r, 0.0F, -1.0F), ValueError);
+  EXPECT_THROW((void)Tensor::normal({2}, r, std::numeric_limits<float>::infinity(), 1.0F), ValueError);
+  EXPECT_THROW((void)Tensor::uniform({2}, r, 1.0F, 0.0F), ValueError);
+  EXPECT_THROW((void)Tensor::uniform({2}, r, 0.0F, std::numeric_limits<float>::infinity()), ValueError);
+  EXPECT_EQ(Tensor::normal({2}, r, 3.0F, 0.0F).to_vector(), (std::vector<float>{3.0F, 3.0F}));
+  EXPECT_EQ(Tensor::uniform({1}, r, 2.0F, 2.0F).to_vector(), (std::vector<float>{2.0F}));
 }
