@@ -4,7 +4,6 @@
 #include <string>
 #include <vector>
 
-
 #include "riftco_transformer/ops.hpp"
 #include "riftco_transformer/variable.hpp"
 
