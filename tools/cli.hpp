@@ -48,19 +48,25 @@ inline const CLI::Validator kFiniteFloat(
     },
     "", "finite float");
 
+/// `text` read whole as a long long: false for no digits, trailing bytes or
+/// a value past its range.
+inline bool whole_integer(const std::string& text, long long& value) {
+  std::size_t used = 0;
+  try {
+    value = std::stoll(text, &used);
+  } catch (const std::exception&) {
+    return false;
+  }
+  return !text.empty() && used == text.size();
+}
+
 /// An integer option's lower bound, checked on the text so the message says
 /// what was expected: "expects an integer >= 1, got 'many'".
 inline CLI::Validator integer_at_least(long long minimum) {
   return CLI::Validator(
       [minimum](std::string& text) -> std::string {
         long long value = 0;
-        std::size_t used = 0;
-        try {
-          value = std::stoll(text, &used);
-        } catch (const std::exception&) {
-          used = 0;
-        }
-        if (text.empty() || used != text.size() || value < minimum) {
+        if (!whole_integer(text, value) || value < minimum) {
           return "expects an integer >= " + std::to_string(minimum) + ", got '" + text + "'";
         }
         return "";
@@ -74,13 +80,7 @@ inline CLI::Validator integer_in(long long minimum, long long maximum) {
   return CLI::Validator(
       [minimum, maximum, range](std::string& text) -> std::string {
         long long value = 0;
-        std::size_t used = 0;
-        try {
-          value = std::stoll(text, &used);
-        } catch (const std::exception&) {
-          used = 0;
-        }
-        if (text.empty() || used != text.size() || value < minimum || value > maximum) {
+        if (!whole_integer(text, value) || value < minimum || value > maximum) {
           return "expects an integer in " + range + ", got '" + text + "'";
         }
         return "";

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "message_of.hpp"
 #include "../../src/io/json_read.hpp"
 #include "../../src/train/training_checkpoint.hpp"
 #include "model_fixtures.hpp"
@@ -63,16 +64,7 @@ std::string safetensors_bytes(std::string header, std::size_t data_bytes = 0) {
 
 std::string deep_array(std::size_t depth) { return std::string(depth, '[') + std::string(depth, ']'); }
 
-template <typename E, typename F>
-std::string message_of(F&& f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected an exception";
-  return "";
-}
+using rt_test::message_of;
 
 PretrainingConfig tiny(const fs::path& dir, const std::string& run = "run") {
   std::string text;

@@ -14,6 +14,7 @@
 #include <string>
 #include <thread>
 
+#include "message_of.hpp"
 #include "scratch.hpp"
 #include "tiny_pretraining.hpp"
 #include "riftco_transformer/data.hpp"
@@ -27,16 +28,7 @@ namespace {
 fs::path fresh_dir(const std::string& name) { return rt_test::fresh_dir("safety", name); }
 using rt_test::read_file;
 
-template <typename E, typename F>
-std::string message_of(F&& f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "no exception";
-  return "";
-}
+using rt_test::message_of;
 
 std::vector<std::string> lines_of(const std::string& text) {
   std::vector<std::string> lines;

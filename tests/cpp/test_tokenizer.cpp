@@ -10,6 +10,7 @@
 #include <numbers>
 #include <sstream>
 
+#include "message_of.hpp"
 #include "scratch.hpp"
 #include "riftco_transformer/data.hpp"
 #include "riftco_transformer/evaluation.hpp"
@@ -43,19 +44,7 @@ std::string sample_text() {
   return text;
 }
 
-template <class E, class F>
-std::string message_of(F&& f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "wrong exception type: " << e.what();
-    return "";
-  }
-  ADD_FAILURE() << "no exception";
-  return "";
-}
+using rt_test::message_of;
 
 }  // namespace
 
