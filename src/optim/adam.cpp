@@ -233,7 +233,7 @@ void Adam::set_state(const State& state) {
 namespace detail {
 
 void check_adam_state_values(std::string_view op, const Adam::State& state, const std::vector<Variable>& parameters) {
-  const std::string tag = "[" + std::string(op) + "] ";
+  const std::string tag = std::string("[").append(op).append("] ");  // (GCC 12 warns falsely on "[" + string&&)
   if (state.steps < 0 || state.steps == std::numeric_limits<std::int64_t>::max()) {
     throw ValueError(tag + "state's step count " + std::to_string(state.steps) + " is outside [0, 2^63 - 1)");
   }
