@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <vector>
@@ -24,8 +25,10 @@ class DecodeSession {
   /// Errors: a token outside the vocabulary (ValueError), a full context
   /// (ValueError saying so), parameters changed since the session started
   /// (StaleGraphError: the cache was computed with the old values).
+  /// One session serves one call at a time: calls from several threads
+  /// wait for each other (each token still goes to one position).
   Tensor decode_token(std::int32_t token);
-  std::int64_t position() const { return position_; }
+  std::int64_t position() const;
   std::int64_t capacity() const;
   /// Logits per decode_token() call.
   std::int64_t vocab_size() const;
@@ -38,6 +41,7 @@ class DecodeSession {
   std::vector<Tensor> values_;  // per layer (H, context, D)
   std::vector<std::uint64_t> versions_;
   std::int64_t position_ = 0;
+  std::unique_ptr<std::mutex> lock_ = std::make_unique<std::mutex>();  // movable session
 };
 
 /// Turns generated token ids into text, for stop strings and

@@ -214,6 +214,12 @@ class DecoderOnlyTransformer {
   std::vector<Variable> block_dependencies(std::size_t index) const;
 
   // ---- LoRA (src/model/lora.cpp) -----------------------------------------
+  /// Threads: add_lora, remove_lora, set_lora_active, merge_lora,
+  /// set_base_trainable and to() wait for forwards, replays and decode steps
+  /// running in other threads (and those wait for them): one may add
+  /// adapters while another generates. Called from inside the model's own
+  /// forward on the same thread they are a ValueError. A reference from
+  /// blocks() is not covered: hold none across such a change.
   /// Adds adapters to every block's target projections (ValueError when the
   /// model already has adapters). Adapters start active. Graphs built before
   /// are stale afterwards (the adapted weights' versions move).
@@ -221,7 +227,8 @@ class DecoderOnlyTransformer {
   /// Removes every adapter (graphs built before become stale).
   void remove_lora();
   bool has_lora() const;
-  const LoraConfig& lora_config() const;
+  /// A copy: another thread may replace the adapters meanwhile.
+  LoraConfig lora_config() const;
   /// Inactive adapters are not used by forward/decode, are not checkpoint
   /// dependencies and receive no gradient. Changing it makes graphs stale.
   void set_lora_active(bool active);

@@ -274,7 +274,7 @@ rt_status rt_decode_session_decode(rt_decode_session* session, int32_t token, fl
     if (static_cast<std::int64_t>(count) != vocab) {
       bad_argument(f, "count is " + std::to_string(count) + " but the vocabulary is " + std::to_string(vocab));
     }
-    const rt::Tensor out = s.decode_token(token);
+    const rt::Tensor out = s.decode_token(token).to(rt::Backend::Cpu);  // a cuda model's logits too
     std::memcpy(logits, out.data(), count * sizeof(float));
   });
 }

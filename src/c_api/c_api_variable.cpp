@@ -87,7 +87,8 @@ rt_status rt_variable_value(const rt_variable* variable, float* values, size_t c
     check_count(t, count, f);
     if (count > 0) {
       require(values, f, "values");
-      std::memcpy(values, t.data(), count * sizeof(float));
+      const rt::Tensor host = t.to(rt::Backend::Cpu);  // a cuda value too; const: reading bumps no version
+      std::memcpy(values, host.data(), count * sizeof(float));
     }
   });
 }
@@ -102,7 +103,8 @@ rt_status rt_variable_grad(const rt_variable* variable, float* values, size_t co
     *has_grad = g.defined() ? 1 : 0;
     if (g.defined() && count > 0) {
       require(values, f, "values");
-      std::memcpy(values, g.data(), count * sizeof(float));
+      const rt::Tensor host = g.to(rt::Backend::Cpu);
+      std::memcpy(values, host.data(), count * sizeof(float));
     }
   });
 }

@@ -13,10 +13,16 @@ namespace riftco_transformer {
 
 DecodeSession::DecodeSession(const DecoderOnlyTransformer& model) : core_(model.core()) { reset(); }
 
+std::int64_t DecodeSession::position() const {
+  const std::lock_guard<std::mutex> guard(*lock_);
+  return position_;
+}
 std::int64_t DecodeSession::capacity() const { return core_->dims.context_length; }
 std::int64_t DecodeSession::vocab_size() const { return core_->dims.vocab_size; }
 
 void DecodeSession::reset() {
+  const std::lock_guard<std::mutex> guard(*lock_);
+  const StructureReadLock structure(*core_);
   core_->check_parameters("DecodeSession");  // before anything changes
   const TransformerDimensions& d = core_->dims;
   keys_.clear();
@@ -32,7 +38,9 @@ void DecodeSession::reset() {
 }
 
 Tensor DecodeSession::decode_token(std::int32_t token) {
+  const std::lock_guard<std::mutex> guard(*lock_);
   TransformerCore& m = *core_;
+  const StructureReadLock structure(m);
   const TransformerDimensions& dims = m.dims;
   if (position_ >= dims.context_length) {
     throw ValueError("[decode_token] the context is full (" + std::to_string(dims.context_length) +

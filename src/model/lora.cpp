@@ -170,6 +170,7 @@ std::vector<std::pair<std::string, Shape>> DecoderOnlyTransformer::lora_paramete
 void DecoderOnlyTransformer::add_lora(const LoraConfig& config, Random& random) {
   config.validate_for(core_->dims, "add_lora");
   TransformerCore& m = *core_;
+  const StructureWriteLock structure(m, "add_lora");
   m.check_parameters("add_lora");
   if (m.has_lora) throw ValueError("[add_lora] the model already has LoRA adapters; remove_lora() or merge_lora() first");
   // Build everything first; publish only when nothing can throw.
@@ -201,6 +202,7 @@ void DecoderOnlyTransformer::add_lora(const LoraConfig& config, Random& random) 
 
 void DecoderOnlyTransformer::remove_lora() {
   TransformerCore& m = *core_;
+  const StructureWriteLock structure(m, "remove_lora");
   if (!m.has_lora) return;
   mark_adapters_changed(m, "LoRA adapter removed");
   for (BlockWeights& b : m.blocks) b.adapters.clear();
@@ -209,11 +211,15 @@ void DecoderOnlyTransformer::remove_lora() {
 }
 
 bool DecoderOnlyTransformer::has_lora() const { return core_->has_lora; }
-const LoraConfig& DecoderOnlyTransformer::lora_config() const { return core_->lora; }
+LoraConfig DecoderOnlyTransformer::lora_config() const {
+  const StructureReadLock structure(*core_);
+  return core_->lora;
+}
 bool DecoderOnlyTransformer::lora_active() const { return core_->lora_active; }
 
 void DecoderOnlyTransformer::set_lora_active(bool active) {
   TransformerCore& m = *core_;
+  const StructureWriteLock structure(m, "set_lora_active");
   if (!m.has_lora) throw ValueError("[set_lora_active] the model has no LoRA adapters");
   if (m.lora_active == active) return;
   m.lora_active = active;
@@ -221,6 +227,7 @@ void DecoderOnlyTransformer::set_lora_active(bool active) {
 }
 
 std::vector<NamedParameter> DecoderOnlyTransformer::lora_parameters() const {
+  const StructureReadLock structure(*core_);
   std::vector<NamedParameter> out;
   for (const BlockWeights& b : core_->blocks) {
     for (const LoraAdapter& adapter : b.adapters) {
@@ -232,11 +239,13 @@ std::vector<NamedParameter> DecoderOnlyTransformer::lora_parameters() const {
 }
 
 void DecoderOnlyTransformer::set_base_trainable(bool trainable) {
+  const StructureWriteLock structure(*core_, "set_base_trainable");
   for (NamedParameter& p : parameters()) p.variable.set_requires_grad(trainable);
 }
 
 void DecoderOnlyTransformer::merge_lora() {
   TransformerCore& m = *core_;
+  const StructureWriteLock structure(m, "merge_lora");
   if (!m.has_lora) throw ValueError("[merge_lora] the model has no LoRA adapters");
   if (!m.lora_active) {
     throw ValueError("[merge_lora] the adapters are inactive: activate them to merge, or remove_lora()");

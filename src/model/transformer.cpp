@@ -291,10 +291,12 @@ const Variable& DecoderOnlyTransformer::lm_head() const { return core_->lm_head;
 const std::vector<BlockWeights>& DecoderOnlyTransformer::blocks() const { return core_->blocks; }
 
 std::vector<Variable> DecoderOnlyTransformer::block_dependencies(std::size_t index) const {
+  const StructureReadLock structure(*core_);
   return core_->block_dependencies(index);
 }
 
 std::vector<NamedParameter> DecoderOnlyTransformer::parameters() const {
+  const StructureReadLock structure(*core_);
   std::vector<NamedParameter> out;
   auto push = [&out](const Variable& v) { out.push_back({v.name(), v}); };
   push(core_->token_embedding);
@@ -352,6 +354,7 @@ Backend DecoderOnlyTransformer::backend() const { return core_->token_embedding.
 
 void DecoderOnlyTransformer::to(Backend backend) {
   (void)backend::kernels(backend, "to");  // "not built" before anything moves
+  const StructureWriteLock structure(*core_, "to");
   std::vector<NamedParameter> all = parameters();
   for (NamedParameter& p : lora_parameters()) all.push_back(std::move(p));
   // All or nothing (every copy before any change); each moved leaf's version

@@ -3,6 +3,7 @@
 // built (through checkpoint closures) and every DecodeSession hold it, so
 // destroying the model object never invalidates them.
 #include <mutex>
+#include <shared_mutex>
 
 #include "riftco_transformer/transformer.hpp"
 
@@ -27,6 +28,15 @@ struct TransformerCore {
   float dropout_probability = 0.0F;
   bool training = true;
   Random dropout_random{0};
+
+  // The model's structure: the LoRA adapters (add, remove, merge, activate)
+  // and the parameters' backend (to()) change under structure_lock held
+  // exclusively (StructureWriteLock); forward, checkpoint replays, decoding
+  // and the parameter listings read them under it shared
+  // (StructureReadLock). A Python thread may add adapters while another
+  // generates: each waits for the other's call instead of reading a vector
+  // being replaced.
+  mutable std::shared_mutex structure_lock;
 
   LoraConfig lora;           // config of the current adapters (when any)
   bool has_lora = false;
@@ -60,6 +70,35 @@ struct TransformerCore {
   /// ShapeError (tagged `op`) naming a parameter whose shape or backend no
   /// longer fits dims: the kernels read parameters by the model's dimensions.
   void check_parameters(const char* op) const;
+};
+
+/// Holds core.structure_lock shared for this thread, re-entrantly: a
+/// checkpoint's first evaluation runs inside forward(), which holds it.
+class StructureReadLock {
+ public:
+  explicit StructureReadLock(const TransformerCore& core);
+  ~StructureReadLock();
+  StructureReadLock(const StructureReadLock&) = delete;
+  StructureReadLock& operator=(const StructureReadLock&) = delete;
+
+ private:
+  const TransformerCore* held_ = nullptr;  // null: an outer StructureReadLock of this thread holds it
+};
+
+/// Holds core.structure_lock exclusively. ValueError tagged `op` when this
+/// thread is inside a read of the same model (a structural change from
+/// within its own forward would wait for itself). Reads on this thread
+/// inside it (StructureReadLock) pass through.
+class StructureWriteLock {
+ public:
+  StructureWriteLock(const TransformerCore& core, const char* op);
+  ~StructureWriteLock();
+  StructureWriteLock(const StructureWriteLock&) = delete;
+  StructureWriteLock& operator=(const StructureWriteLock&) = delete;
+
+ private:
+  std::unique_lock<std::shared_mutex> guard_;
+  const TransformerCore* core_ = nullptr;
 };
 
 }  // namespace riftco_transformer

@@ -213,6 +213,7 @@ Variable checkpointed_blocks(const std::shared_ptr<TransformerCore>& core, std::
   }
   const std::size_t slot = offload ? offload->next_index() : 0;
   auto recompute = [core, first, last, kind, drop, offload, slot](const Variable& input) {
+    const StructureReadLock structure(*core);
     if (offload) offload->before_call(slot);
     const bool replaying = checkpoint_replaying();
     Variable x = input;
@@ -235,6 +236,7 @@ Variable checkpointed_sub_block(const std::shared_ptr<TransformerCore>& core, st
                                 const std::shared_ptr<ActivationOffload>& offload = nullptr) {
   const std::size_t slot = offload ? offload->next_index() : 0;
   auto recompute = [core, index, attention, kind, drop, offload, slot](const Variable& input) {
+    const StructureReadLock structure(*core);
     if (offload) offload->before_call(slot);
     const bool value_needed = !checkpoint_replaying();
     return attention ? core->attention_sub_block(index, input, kind, drop, value_needed)
@@ -249,6 +251,7 @@ Variable checkpointed_sub_block(const std::shared_ptr<TransformerCore>& core, st
 
 Variable DecoderOnlyTransformer::forward(std::span<const std::int32_t> tokens, std::int64_t batch) const {
   TransformerCore& m = *core_;
+  const StructureReadLock structure(m);
   if (batch <= 0 || tokens.empty() || static_cast<std::int64_t>(tokens.size()) % batch != 0) {
     throw ShapeError("[forward] " + std::to_string(tokens.size()) + " tokens cannot be split into batch " +
                      std::to_string(batch));
