@@ -62,6 +62,11 @@ class Adam {
   /// naming the parameter, and nothing changes either. With no gradient at
   /// all nothing changes and step_count() stays (PyTorch's step() with every
   /// .grad None): the next real step is bias-corrected as this one would be.
+  /// A gradient this Adam already stepped with is not used again
+  /// (Variable::grad_serial): a parameter the passes since the last step did
+  /// not reach — frozen since, an inactive adapter, an unused branch — keeps
+  /// still, as in PyTorch's loop whose zero_grad() leaves its .grad None; a
+  /// second step() with no backward() between changes nothing.
   float step();
   /// The same update with explicit gradients, one per parameter in
   /// parameters() order (an undefined Tensor skips that parameter), instead
@@ -85,7 +90,8 @@ class Adam {
   /// without a gradient (grad() undefined); other leaves the pass reaches get
   /// theirs as backward() gives them. As after backward(), a parameter
   /// reached without a contribution is stepped with zeros, and one never
-  /// reached with the gradient it holds (skipped when it holds none).
+  /// reached with the gradient it holds when step() would use it (skipped
+  /// when it holds none, or one this Adam already stepped with).
   /// Returns the global gradient norm, bit-equal to step()'s. A failure
   /// before the first update (a stale graph, a non-finite first gradient, a
   /// closure or allocation failing) changes no parameter, moment, gradient
@@ -144,6 +150,9 @@ class Adam {
   std::int64_t steps_ = 0;
   std::vector<Tensor> m_;
   std::vector<Tensor> v_;
+  /// Per parameter, the grad_serial() of the committed gradient step()
+  /// last used: such a gradient is not applied again.
+  std::vector<std::uint64_t> stepped_serial_;
 };
 
 }  // namespace riftco_transformer

@@ -338,7 +338,9 @@ RT_API rt_status rt_adam_create_grouped(rt_model* model, const rt_adam_options* 
  * this Adam does not train it). */
 RT_API rt_status rt_adam_weight_decay(const rt_adam* adam, const char* parameter_name, float* weight_decay);
 RT_API rt_status rt_adam_destroy(rt_adam* adam);
-/* *grad_norm (may be NULL): the global gradient norm before clipping. */
+/* *grad_norm (may be NULL): the global gradient norm before clipping. A
+ * gradient this Adam already stepped with is not applied again (a parameter
+ * the backward passes since the last step did not reach keeps still). */
 RT_API rt_status rt_adam_step(rt_adam* adam, float* grad_norm);
 /* Appended in ABI 2.6: the optimizer step fused into the backward pass
  * (C++ Adam::backward_and_step): runs loss's backward, freeing the graph as

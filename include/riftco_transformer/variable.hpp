@@ -169,6 +169,11 @@ class Variable {
   /// reached this node.
   const Tensor& grad() const;
   bool has_grad() const { return grad().defined(); }
+  /// Which commit set grad(): moves whenever a pass commits this node's
+  /// gradient (or clear_grad drops it), never repeats within the process.
+  /// An optimizer compares it with the one it last stepped with, so a
+  /// gradient a pass did not renew is not applied twice (docs/autograd.md).
+  std::uint64_t grad_serial() const;
   /// Drops the committed gradient (PyTorch's zero_grad(set_to_none=True)).
   /// Serialised with commits of other threads' passes.
   void clear_grad();

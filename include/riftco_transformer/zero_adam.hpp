@@ -56,7 +56,8 @@ class ShardedAdam {
   /// changes; a gradient of the wrong shape is a ShapeError, one on another
   /// backend a BackendError (raised before
   /// any communication: every rank must see it, as they do when the shapes
-  /// are the same everywhere).
+  /// are the same everywhere). As Adam::step(), a committed gradient this
+  /// optimizer already stepped with is not used again (grad_serial).
   float step(Gradients kind = Gradients::Local);
   /// The same with explicit gradients, one per parameter in parameters()
   /// order (undefined: none).
@@ -140,6 +141,7 @@ class ShardedAdam {
   std::vector<std::size_t> chunk_bounds_;  // rank r's chunks: [chunk_bounds_[r], chunk_bounds_[r+1])
   std::vector<std::int64_t> bounds_;       // rank r's shard: [bounds_[r], bounds_[r+1])
   std::int64_t steps_ = 0;
+  std::vector<std::uint64_t> stepped_serial_;  // per parameter, as Adam's
   std::string failure_;  // set when a step's parameter all-gather failed (failed_step())
   Tensor m_;  // (shard)
   Tensor v_;  // (shard)

@@ -31,6 +31,7 @@ struct WatchedStorage {
 struct Node {
   Tensor value;
   Tensor grad;  // committed public gradient (undefined until a pass reaches it)
+  std::uint64_t grad_serial = 0;  // the commit that set `grad` (process-wide, never repeats); 0: none yet
   std::vector<Edge> parents;
   BackwardFn backward;
   std::vector<Tensor> saved;  // what the closure keeps, for retained_nodes()

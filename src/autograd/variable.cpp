@@ -22,6 +22,7 @@ std::atomic<std::uint64_t> g_next_node_id{1};
 /// two threads whose graphs share leaves never race on a gradient handle;
 /// each commit is whole (one pass's gradients, never a mix).
 std::mutex g_commit_mutex;
+std::uint64_t g_grad_serials = 0;  // under g_commit_mutex: the last serial a commit gave
 
 Node& require(const std::shared_ptr<Node>& node, const char* op) {
   if (!node) throw ValueError(std::string("[") + op + "] undefined variable");
@@ -114,7 +115,10 @@ void commit_pass(PassResult pass, std::vector<std::pair<Variable, Tensor>> repla
   }
   {
     std::lock_guard<std::mutex> lock(g_commit_mutex);  // graphs on other threads may share these leaves
-    for (auto& [node, g] : commits) std::swap(node->grad, g);
+    for (auto& [node, g] : commits) {
+      std::swap(node->grad, g);
+      node->grad_serial = ++g_grad_serials;
+    }
   }  // the previous gradients (now in `commits`) are freed outside the lock
 }
 
@@ -291,6 +295,12 @@ std::uint64_t Variable::version() const { return require(node_, "version").versi
 std::uint64_t Variable::value_version() const { return require(node_, "value_version").value_version(); }
 const Tensor& Variable::grad() const { return require(node_, "grad").grad; }
 
+std::uint64_t Variable::grad_serial() const {
+  const Node& n = require(node_, "grad_serial");
+  std::lock_guard<std::mutex> lock(g_commit_mutex);
+  return n.grad_serial;
+}
+
 void Variable::clear_grad() {
   Node& n = require(node_, "clear_grad");
   Tensor old;
@@ -298,6 +308,7 @@ void Variable::clear_grad() {
     std::lock_guard<std::mutex> lock(g_commit_mutex);
     old = std::move(n.grad);
     n.grad = Tensor();
+    n.grad_serial = ++g_grad_serials;
   }
 }  // `old` is freed outside the lock
 

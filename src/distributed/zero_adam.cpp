@@ -106,6 +106,7 @@ void ShardedAdam::add_parameters(std::vector<Variable> parameters) {
                        " must be a leaf that requires grad");
     }
     params_.push_back(std::move(p));
+    stepped_serial_.push_back(0);
   }
 }
 
@@ -200,10 +201,18 @@ void ShardedAdam::zero_grad() {
 }
 
 float ShardedAdam::step(Gradients kind) {
+  static const Tensor none;  // undefined: skips the parameter
   std::vector<const Tensor*> gradients;
+  std::vector<std::uint64_t> serials;
   gradients.reserve(params_.size());
-  for (const Variable& p : params_) gradients.push_back(&p.grad());
-  return update(gradients, kind);
+  serials.reserve(params_.size());
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    serials.push_back(params_[i].grad_serial());
+    gradients.push_back(serials[i] == stepped_serial_[i] ? &none : &params_[i].grad());  // already used
+  }
+  const float norm = update(gradients, kind);
+  stepped_serial_ = std::move(serials);  // only once the step succeeded
+  return norm;
 }
 
 float ShardedAdam::step(std::span<const Tensor> gradients, Gradients kind) {

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "memory_plan_terms.hpp"
+#include "transformer_core.hpp"
 #include "riftco_transformer/errors.hpp"
 
 namespace riftco_transformer {
@@ -102,26 +103,21 @@ std::int64_t ActivationMemoryProfile::kept_bytes(BlockRecompute option) const {
   return per_block[index_of(option)] - block_gradient_bytes;
 }
 std::int64_t predicted_activation_peak(const ActivationMemoryProfile& profile, const ActivationCheckpointingPlan& plan) {
-  std::int64_t blocks = 0;
+  check_checkpointing_plan(plan, profile.layers, "predicted_activation_peak");
   std::vector<Run> runs;
-  for (const CheckpointGroup& g : plan) {
-    blocks += g.blocks;
-    runs.push_back({1, g});
-  }
-  if (blocks != profile.layers) {
-    throw ValueError("[predicted_activation_peak] the plan covers " + std::to_string(blocks) + " blocks, the profile " +
-                     std::to_string(profile.layers));
-  }
+  for (const CheckpointGroup& g : plan) runs.push_back({1, g});
   return profile.graph == GraphAfterBackward::Release ? release_runs_peak(profile, runs) : runs_peak(profile, runs);
 }
 
 std::int64_t predicted_pinned_host_bytes(const ActivationMemoryProfile& profile, const ActivationCheckpointingPlan& plan) {
+  check_checkpointing_plan(plan, profile.layers, "predicted_pinned_host_bytes");
   std::int64_t bytes = 0;
   for (const CheckpointGroup& g : plan) bytes += offloaded(profile, g) ? profile.block_input_bytes : 0;
   return bytes;
 }
 
 double plan_recompute_flops(const ActivationMemoryProfile& profile, const ActivationCheckpointingPlan& plan) {
+  check_checkpointing_plan(plan, profile.layers, "plan_recompute_flops");
   double flops = 0;
   for (const CheckpointGroup& g : plan) flops += static_cast<double>(g.blocks) * profile.recompute_flops[index_of(g.recompute)];
   return flops;

@@ -131,6 +131,10 @@ std::int64_t arrange_runs(const ActivationMemoryProfile& p, Candidate& c, std::i
 
 ActivationMemoryPlan plan_activation_memory(const ActivationMemoryProfile& profile, std::int64_t budget_bytes) {
   const std::int64_t layers = profile.layers;
+  if (layers < 1 || layers > 4096) {  // a profile no model has (its plans are checked as a model's)
+    throw ValueError("[plan_activation_memory] the profile has " + std::to_string(layers) +
+                     " layers (expected 1..4096)");
+  }
   ActivationMemoryPlan best;
   best.budget_bytes = budget_bytes;
   best.disabled_peak_bytes = predicted_activation_peak(profile, uniform(layers, BlockRecompute::Nothing));

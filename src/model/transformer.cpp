@@ -196,30 +196,37 @@ void DecoderOnlyTransformer::set_activation_checkpointing_kind(ActivationCheckpo
   core_->plan.clear();
 }
 
-void DecoderOnlyTransformer::set_activation_checkpointing_plan(const ActivationCheckpointingPlan& plan) {
-  constexpr const char* op = "[set_activation_checkpointing_plan] ";
+void check_checkpointing_plan(const ActivationCheckpointingPlan& plan, std::int64_t layers, const std::string& tag) {
+  const std::string op = "[" + tag + "] ";
+  if (layers < 1 || layers > 4096) {
+    throw ValueError(op + "the model or profile has " + std::to_string(layers) + " layers (expected 1..4096)");
+  }
   std::int64_t covered = 0;
   for (std::size_t i = 0; i < plan.size(); ++i) {
     const CheckpointGroup& g = plan[i];
     const auto r = static_cast<int>(g.recompute);
     if (r < 0 || r > static_cast<int>(BlockRecompute::Whole)) {
-      throw ValueError(op + std::string("group ") + std::to_string(i) + " has unknown recompute " + std::to_string(r));
+      throw ValueError(op + "group " + std::to_string(i) + " has unknown recompute " + std::to_string(r));
     }
-    if (g.blocks < 1 || g.blocks > core_->dims.layers) {
-      throw ValueError(op + std::string("group ") + std::to_string(i) + " covers " + std::to_string(g.blocks) +
-                       " blocks (expected 1.." + std::to_string(core_->dims.layers) + ")");
+    if (g.blocks < 1 || g.blocks > layers) {
+      throw ValueError(op + "group " + std::to_string(i) + " covers " + std::to_string(g.blocks) +
+                       " blocks (expected 1.." + std::to_string(layers) + ")");
     }
     if (g.blocks > 1 && g.recompute != BlockRecompute::Whole) {
-      throw ValueError(op + std::string("group ") + std::to_string(i) + " covers " + std::to_string(g.blocks) +
+      throw ValueError(op + "group " + std::to_string(i) + " covers " + std::to_string(g.blocks) +
                        " blocks with recompute '" + block_recompute_name(g.recompute) +
                        "': only 'block' (a segment) may span several blocks");
     }
     covered += g.blocks;
   }
-  if (covered != core_->dims.layers) {
+  if (covered != layers) {
     throw ValueError(op + std::string("the groups cover ") + std::to_string(covered) + " blocks but the model has " +
-                     std::to_string(core_->dims.layers));
+                     std::to_string(layers));
   }
+}
+
+void DecoderOnlyTransformer::set_activation_checkpointing_plan(const ActivationCheckpointingPlan& plan) {
+  check_checkpointing_plan(plan, core_->dims.layers, "set_activation_checkpointing_plan");
   ActivationCheckpointingPlan copy = plan;  // allocated before the lock
   const std::lock_guard<std::mutex> guard(core_->policy_lock);
   core_->plan.swap(copy);

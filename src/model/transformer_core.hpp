@@ -9,6 +9,11 @@
 
 namespace riftco_transformer {
 
+/// ValueError tagged `tag` unless `plan` is one a model of `layers` blocks
+/// runs: each group's recompute one of the four, 1..layers blocks (more than
+/// one only for a segment), covering every block once.
+void check_checkpointing_plan(const ActivationCheckpointingPlan& plan, std::int64_t layers, const std::string& tag);
+
 /// The nine base parameters of a block, in their fixed order.
 std::vector<Variable> base_block_parameters(const BlockWeights& block);
 

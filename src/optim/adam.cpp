@@ -35,6 +35,7 @@ void Adam::add_parameters(std::vector<Variable> parameters) {
                        " must be a leaf that requires grad");
     }
     m_.push_back(Tensor::zeros(p.value().shape(), p.value().backend()));
+    stepped_serial_.push_back(0);
     v_.push_back(Tensor::zeros(p.value().shape(), p.value().backend()));
     params_.push_back(std::move(p));
   }
@@ -94,10 +95,18 @@ void Adam::set_learning_rate(float lr) {
 }
 
 float Adam::step() {
+  static const Tensor none;  // undefined: skips the parameter
   std::vector<const Tensor*> gradients;
+  std::vector<std::uint64_t> serials;
   gradients.reserve(params_.size());
-  for (const Variable& p : params_) gradients.push_back(&p.grad());
-  return update(gradients);
+  serials.reserve(params_.size());
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    serials.push_back(params_[i].grad_serial());
+    gradients.push_back(serials[i] == stepped_serial_[i] ? &none : &params_[i].grad());  // already used
+  }
+  const float norm = update(gradients);
+  stepped_serial_ = std::move(serials);  // only once the step succeeded
+  return norm;
 }
 
 float Adam::step(std::span<const Tensor> gradients) {

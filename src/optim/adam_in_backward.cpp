@@ -65,7 +65,7 @@ class Adam::StepInBackward final : public BackwardHooks {
     bool any = false;
     for (std::size_t i = 0; i < adam_.params_.size(); ++i) {
       const Tensor& held = adam_.params_[i].grad();
-      if (!reached[i] && !held.defined()) continue;
+      if (!reached[i] && !holds_unused_gradient(i)) continue;
       adam_.check_gradient(i, reached[i] ? adam_.params_[i].value() : held, any ? &first : nullptr);
       if (!any) first = i;
       any = true;
@@ -86,7 +86,7 @@ class Adam::StepInBackward final : public BackwardHooks {
   /// (none, or one from an earlier pass), and step() would use it: so here.
   std::vector<std::pair<Variable, Tensor>> finish() override {
     for (std::size_t i = 0; i < adam_.params_.size(); ++i) {
-      if (reached_[i] || !adam_.params_[i].grad().defined()) continue;
+      if (reached_[i] || !holds_unused_gradient(i)) continue;
       step(i, adam_.params_[i].grad());
     }
     return {};
@@ -94,6 +94,12 @@ class Adam::StepInBackward final : public BackwardHooks {
 
   std::size_t updated() const { return updated_; }
   bool stepped(std::size_t i) const { return stepped_[i]; }
+
+  /// What step() would use for a parameter the pass does not reach: a
+  /// committed gradient this Adam has not stepped with yet.
+  bool holds_unused_gradient(std::size_t i) const {
+    return adam_.params_[i].grad().defined() && adam_.params_[i].grad_serial() != adam_.stepped_serial_[i];
+  }
 
   /// The global norm: every stepped parameter's partial sums, in
   /// parameters() order (step()'s sum_of_squares adds the same terms in the
@@ -180,6 +186,7 @@ float Adam::backward_and_step(const Variable& loss, GraphAfterBackward graph) {
     for (std::size_t i = 0; i < params_.size(); ++i) {
       if (hooks.stepped(i)) params_[i].clear_grad();
     }
+    if (hooks.updated() == 0) steps_ = steps_before;  // nothing stepped (no parameters): as step() with no gradient
     return norm;
   } catch (...) {
     if (hooks.updated() == 0) {

@@ -132,6 +132,35 @@ TEST(MemoryPlan, ModelPlansAreValidatedAndUniformPoliciesAreGroups) {
   EXPECT_EQ(m.activation_checkpointing_plan(), ActivationCheckpointingPlan(4, {1, BlockRecompute::Nothing}));
 }
 
+// The planner's free functions check a plan as set_activation_checkpointing_plan
+// does: a recompute of 7 read past the per-option arrays (garbage FLOPs), and
+// groups of 0 or -1 blocks, or more blocks than the profile has, gave figures.
+TEST(MemoryPlan, PlannerFunctionsRefuseAPlanNoModelCouldRun) {
+  ActivationMemoryProfile profile;
+  profile.layers = 3;
+  profile.recompute_flops = {0.0, 1.0, 2.0, 3.0};
+  const ActivationCheckpointingPlan bad[] = {
+      {{3, static_cast<BlockRecompute>(7)}},                          // unknown recompute
+      {{1, static_cast<BlockRecompute>(-1)}, {2, BlockRecompute::Whole}},
+      {{0, BlockRecompute::Whole}, {3, BlockRecompute::Whole}},       // an empty group
+      {{-1, BlockRecompute::Whole}, {4, BlockRecompute::Whole}},      // adds up to 3
+      {{5, BlockRecompute::Whole}},                                   // 5 blocks of 3
+      {{2, BlockRecompute::Mlp}, {1, BlockRecompute::Whole}},         // a multi-block mlp group
+  };
+  for (const ActivationCheckpointingPlan& plan : bad) {
+    const std::string d = describe_plan(plan);
+    EXPECT_THROW(predicted_activation_peak(profile, plan), ValueError) << d;
+    EXPECT_THROW(predicted_pinned_host_bytes(profile, plan), ValueError) << d;
+    EXPECT_THROW(plan_recompute_flops(profile, plan), ValueError) << d;
+  }
+  EXPECT_EQ(plan_recompute_flops(profile, {{1, BlockRecompute::Whole}, {1, BlockRecompute::Mlp}, {1, BlockRecompute::Mlp}}), 7.0);
+  for (const std::int64_t layers : {std::int64_t{-3}, std::int64_t{0}, std::int64_t{5000}}) {
+    ActivationMemoryProfile odd = profile;
+    odd.layers = layers;
+    EXPECT_THROW(plan_activation_memory(odd, 1 << 30), ValueError) << layers;
+  }
+}
+
 TEST(MemoryPlan, MixedPlansGiveTheDisabledGradientsBitForBit) {
   for (const Case& s : shapes()) {
     auto m = build(s);
