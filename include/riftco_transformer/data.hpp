@@ -111,9 +111,12 @@ class ChatDataset {
   /// Longest tokens() of any example (the seq_len that never truncates).
   std::int64_t max_length() const { return max_length_; }
 
-  /// `batch` examples drawn uniformly (one random.below per row). Each row
-  /// is the example's tokens/targets cut to seq_len, then padded with token 0
-  /// and target kIgnoreTarget. DataError when the split is empty.
+  /// `batch` examples drawn uniformly (one random.below per row) from those
+  /// with a response token within seq_len (an example whose prompt fills
+  /// the sequence has no target: it is never drawn). Each row is the
+  /// example's tokens/targets cut to seq_len, then padded with token 0 and
+  /// target kIgnoreTarget. DataError when the split is empty or no example
+  /// of it has a target within seq_len.
   TokenBatch sample_batch(Random& random, std::int64_t batch, std::int64_t seq_len, Split split = Split::Train) const;
 
  private:

@@ -94,13 +94,28 @@ TokenBatch ChatDataset::sample_batch(Random& random, std::int64_t batch, std::in
     throw DataError(std::string("[data] the ") + data_detail::split_name(split) +
                     " split has no examples (validation needs at least 10 in the file)");
   }
+  // Only examples with a target within seq_len (the response's first token
+  // is the target at position prompt_tokens - 1): a row whose response is
+  // cut off entirely has nothing to learn or score, and a batch of such
+  // rows was a loss of 0 with a step on zero gradients. With none cut off
+  // the draws are what they were before the filter.
+  std::vector<std::size_t> eligible;
+  eligible.reserve(pool.size());
+  for (std::size_t k = 0; k < pool.size(); ++k) {
+    if (std::max<std::int64_t>(pool[k].prompt_tokens - 1, 0) < seq_len) eligible.push_back(k);
+  }
+  if (eligible.empty()) {
+    throw DataError(std::string("[data] no ") + data_detail::split_name(split) +
+                    " example has a response token within the sequence length " + std::to_string(seq_len) +
+                    ": raise the sequence length or shorten the prompts");
+  }
   TokenBatch out;
   out.batch = batch;
   out.seq_len = seq_len;
   out.tokens.assign(static_cast<std::size_t>(batch * seq_len), 0);                // (B, T), pad 0
   out.targets.assign(static_cast<std::size_t>(batch * seq_len), kIgnoreTarget);  // (B, T)
   for (std::int64_t b = 0; b < batch; ++b) {
-    const ChatExample& ex = pool[data_detail::draw_index(random, pool.size())];
+    const ChatExample& ex = pool[eligible[data_detail::draw_index(random, eligible.size())]];
     const std::size_t n = std::min(ex.tokens.size(), static_cast<std::size_t>(seq_len));
     const auto row = out.tokens.begin() + b * seq_len;
     std::copy_n(ex.tokens.begin(), n, row);

@@ -94,15 +94,23 @@ float data_parallel_loss(Communicator& comm, DecoderOnlyTransformer& model, cons
     const TokenBatch part = rank_rows(batches[i], comm.rank(), world);
     const std::int64_t total = real_targets(batches[i].targets);
     const std::int64_t mine = real_targets(part.targets);
-    if (mine == 0 && total > 0) continue;
-    const double weight = total > 0 ? static_cast<double>(mine) / static_cast<double>(total) : 1.0 / world;
+    if (mine == 0) continue;  // (a batch without targets: total 0, it adds nothing)
+    const double weight = static_cast<double>(mine) / static_cast<double>(total);
     const Variable loss = model.loss(part.tokens, part.targets, part.batch);
     shares[i] = static_cast<float>(weight * loss.value().item());
   }
   comm.all_reduce_sum(std::span<float>(shares));
+  // As one process: the mean over every real target (each batch's mean
+  // weighted by its targets; a batch without one adds nothing).
   double sum = 0.0;
-  for (const float v : shares) sum += static_cast<double>(v);
-  return static_cast<float>(sum / static_cast<double>(batches.size()));
+  std::int64_t targets = 0;
+  for (std::size_t i = 0; i < batches.size(); ++i) {
+    const std::int64_t total = real_targets(batches[i].targets);
+    sum += static_cast<double>(total) * static_cast<double>(shares[i]);
+    targets += total;
+  }
+  if (targets == 0) throw no_validation_targets(static_cast<std::int64_t>(batches.size()));  // on every rank alike
+  return static_cast<float>(sum / static_cast<double>(targets));
 }
 
 }  // namespace riftco_transformer::stage

@@ -40,6 +40,13 @@ std::int64_t real_targets(const std::vector<std::int32_t>& targets) {
       std::count_if(targets.begin(), targets.end(), [](std::int32_t t) { return t != kIgnoreTarget; }));
 }
 
+DataError no_validation_targets(std::int64_t batches) {
+  return DataError("[evaluate] the " + std::to_string(batches) +
+                   " validation batches hold no target: every row's response is cut off or masked (are the "
+                   "validation examples' prompts longer than the sequence length?); raise --sequence-length, "
+                   "--eval-batches or the validation fraction");
+}
+
 std::uint64_t rank_dropout_seed(std::uint64_t seed, int rank) {
   return seed + 1 + static_cast<std::uint64_t>(rank) * 0xD1B54A32D192ED03ULL;
 }

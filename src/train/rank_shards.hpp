@@ -15,6 +15,7 @@
 #include "riftco_transformer/gradient_buckets.hpp"
 #include "riftco_transformer/pipelines.hpp"
 #include "riftco_transformer/random.hpp"
+#include "riftco_transformer/tokenizer.hpp"
 
 namespace riftco_transformer::stage {
 
@@ -28,6 +29,10 @@ TokenBatch rank_rows(const TokenBatch& batch, int rank, int world);
 
 /// Targets that are not kIgnoreTarget.
 std::int64_t real_targets(const std::vector<std::int32_t>& targets);
+
+/// The DataError of a validation whose `batches` batches hold no real target
+/// (a mean over no target has no value; 0 would read as a perfect model).
+DataError no_validation_targets(std::int64_t batches);
 
 /// The seed of rank `rank`'s dropout stream: seed + 1 on rank 0 (as in a
 /// single process), a different stream on every other rank.

@@ -72,13 +72,21 @@ float evaluate(StageRun& r) {
     r.model->set_training(was_training);
     return loss;
   }
+  // The mean over every real target of the batches (each batch's mean
+  // weighted by its targets): a batch whose rows hold no target (prompts
+  // longer than the sequence) adds nothing, instead of a loss of 0.
   double total = 0.0;
+  std::int64_t targets = 0;
   for (std::int64_t i = 0; i < s.eval_batches; ++i) {
     const TokenBatch b = r.sample(eval_random, Split::Validation);
-    total += r.model->loss(b.tokens, b.targets, b.batch).value().item();
+    const std::int64_t n = real_targets(b.targets);
+    if (n == 0) continue;
+    total += static_cast<double>(n) * r.model->loss(b.tokens, b.targets, b.batch).value().item();
+    targets += n;
   }
   r.model->set_training(was_training);
-  return static_cast<float>(total / static_cast<double>(s.eval_batches));
+  if (targets == 0) throw no_validation_targets(s.eval_batches);
+  return static_cast<float>(total / static_cast<double>(targets));
 }
 
 /// `trainable` reordered as adam.parameters() (the groups' order).

@@ -267,7 +267,9 @@ TEST(ChatDataset, BatchesPadAndTruncateWithTheDocumentedDraws) {
                                             "{\"prompt\": \"long prompt\", \"response\": \"no\"}\n",
                                             "mem");
   Random random(5), replay(5);
-  const std::int64_t B = 6, T = 6;
+  // T = 11: "long prompt" is cut (12 tokens) but keeps its first target (at
+  // position 10), so both examples are drawn (one below(2) per row).
+  const std::int64_t B = 6, T = 11;
   const TokenBatch batch = ds.sample_batch(random, B, T);
   ASSERT_EQ(batch.tokens.size(), static_cast<std::size_t>(B * T));
   for (std::int64_t b = 0; b < B; ++b) {
