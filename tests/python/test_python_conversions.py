@@ -110,13 +110,40 @@ def test_a_progress_answer_without_truth_value_raises_its_own_error(tmp_path):
 
 # --- generate() --------------------------------------------------------------
 
-def test_generate_without_tokenizer_refuses_a_non_byte_vocabulary_before_sampling():
+def test_generate_without_tokenizer_refuses_a_non_byte_vocabulary_where_it_needs_text():
+    # A str prompt (encoded as bytes) or stop strings (decoded as bytes) need the bytes tokenizer's 256.
     model = tiny_model(vocab_size=1000)
     for seed in range(3):
-        with pytest.raises(riftco.ValueError, match="vocabulary is 256"):
+        with pytest.raises(riftco.ValueError, match=r"vocabulary is 256 \(tokenizer=None: bytes, for the str prompt\) "
+                                                    r"but the model's is 1000"):
             model.generate("ab", max_new_tokens=60, seed=seed)
-        with pytest.raises(riftco.ValueError, match="vocabulary is 256"):
-            model.generate_samples([1, 2], num_samples=2, max_new_tokens=4, seed=seed)
+        with pytest.raises(riftco.ValueError, match=r"vocabulary is 256 \(tokenizer=None: bytes, for the stop strings\)"):
+            model.generate_samples([1, 2], num_samples=2, max_new_tokens=4, seed=seed, stop="x")
+
+
+@pytest.mark.parametrize("vocab_size", [64, 300, 1000])
+def test_generate_from_token_ids_without_tokenizer_works_for_any_vocabulary(vocab_size):
+    # Was: "the tokenizer's vocabulary is 256 (tokenizer=None: bytes) but the model's is 64" for a
+    # prompt of ids, which C++ generate() and C rt_generate accept. Ids in, ids out; no text to decode.
+    model = tiny_model(vocab_size=vocab_size)
+    prompt = [1, 2, vocab_size - 1]
+    out = model.generate(prompt, max_new_tokens=6, temperature=0)
+    assert len(out.tokens) == 6 and all(0 <= t < vocab_size for t in out.tokens)
+    assert out.text is None and "text=None" in repr(out) and str(out) == repr(out)
+    session = riftco.DecodeSession(model)  # the same greedy continuation, token by token
+    for t in prompt:
+        logits = session.decode_token(t)
+    for t in out.tokens:
+        assert int(np.argmax(logits)) == t
+        logits = session.decode_token(t)
+    samples = model.generate_samples(np.array(prompt), num_samples=2, max_new_tokens=3, seed=4)
+    assert [s.tokens for s in samples][0] == model.generate(prompt, max_new_tokens=3, seed=4).tokens
+    assert all(s.text is None for s in samples)
+    with pytest.raises(riftco.ValueError, match=f"outside the vocabulary \\[0, {vocab_size}\\)"):
+        model.generate([vocab_size], max_new_tokens=1)
+    # A byte model keeps its text for an id prompt.
+    byte_model = tiny_model()
+    assert isinstance(byte_model.generate([104, 105], max_new_tokens=2, temperature=0).text, str)
 
 
 def test_generate_refuses_a_2d_prompt():
