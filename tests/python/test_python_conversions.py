@@ -197,6 +197,65 @@ def test_config_assignments_still_work():
         lora.targets = "\udcff"
 
 
+# --- add_lora keywords -------------------------------------------------------
+
+def test_add_lora_refuses_a_config_and_its_keywords_together():
+    # Was: add_lora(config, rank=8, alpha=32, targets="all") silently ignored the keywords.
+    model = tiny_model()
+    config = riftco.LoraConfig(rank=2, alpha=4.0, targets="query")
+    with pytest.raises(TypeError, match=r"^add_lora\(\) got a LoraConfig and the keywords rank=8, alpha=32.0, "
+                                        r"targets='all': give one or the other"):
+        model.add_lora(config, rank=8, alpha=32.0, targets="all", seed=5)
+    with pytest.raises(TypeError, match=r"the keywords rank=2:"):
+        model.add_lora(config=config, rank=2)  # even the config's own value: which one was meant is unclear
+    assert not model.has_lora
+    model.add_lora(config, seed=5)  # seed is no LoraConfig field: allowed beside a config
+    assert (model.lora_config.rank, model.lora_config.alpha, model.lora_config.targets) == (2, 4.0, ["query"])
+    model.remove_lora()
+    model.add_lora(config, targets=None)  # the documented default
+    model.remove_lora()
+    with pytest.raises(TypeError, match=r"add_lora\(\) config expects a LoraConfig or None, got dict"):
+        model.add_lora({"rank": 2})
+    with pytest.raises(TypeError, match=r"add_lora\(\) got an unexpected keyword argument 'rnak'"):
+        model.add_lora(rnak=2)
+    model.add_lora(rank=4, alpha=8.0, targets=["query", "value"], seed=3)
+    assert (model.lora_config.rank, model.lora_config.alpha, model.lora_config.targets) == (4, 8.0, ["query", "value"])
+    assert "rank: int = 8, alpha: float = 16.0" in model.add_lora.__doc__.splitlines()[0]
+
+
+@pytest.mark.parametrize("keyword, value, message", [
+    ("rank", True, "LoraConfig.rank expects int, got bool"), ("rank", False, "LoraConfig.rank expects int, got bool"),
+    ("alpha", True, "LoraConfig.alpha expects float, got bool"), ("rank", 1.5, "LoraConfig.rank expects int, got float"),
+    ("seed", True, r"add_lora\(\) seed expects int, got bool"), ("seed", 1.0, r"add_lora\(\) seed expects int, got float"),
+])
+def test_add_lora_and_lora_config_refuse_a_bool_for_a_number(keyword, value, message):
+    # Was: add_lora(rank=True) made a rank-1 adapter (docs/python.md: a bool for an int field is a TypeError).
+    model = tiny_model()
+    with pytest.raises(TypeError, match=message):
+        model.add_lora(**{keyword: value})
+    assert not model.has_lora
+    if keyword != "seed":
+        with pytest.raises(TypeError, match=message):
+            riftco.LoraConfig(**{keyword: value})
+
+
+def test_lora_ints_out_of_range_and_empty_targets_name_the_problem():
+    model = tiny_model()
+    with pytest.raises(riftco.ValueError, match=r"\[LoraConfig.rank\] must be in \[-9223372036854775808, "
+                                                r"9223372036854775807\], got 9223372036854775808"):
+        model.add_lora(rank=2**63)
+    with pytest.raises(riftco.ValueError, match=r"\[add_lora\] seed must be in \[0, 18446744073709551615\], got -1"):
+        model.add_lora(seed=-1)
+    for targets in ([], "", ()):
+        with pytest.raises(riftco.ValueError, match=r"\[LoraConfig.targets\] targets must not be empty"):
+            model.add_lora(targets=targets)
+        with pytest.raises(riftco.ValueError, match="targets must not be empty"):
+            riftco.LoraConfig(targets=targets)
+    assert not model.has_lora
+    model.add_lora(seed=2**64 - 1, rank=np.int64(2))  # numpy integers are still integers
+    assert model.lora_config.rank == 2
+
+
 # --- no_grad -----------------------------------------------------------------
 
 def test_one_no_grad_object_nests_and_refuses_another_threads_exit():
