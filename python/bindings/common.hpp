@@ -12,10 +12,13 @@
 #include <nanobind/stl/vector.h>
 
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
+#include "riftco_transformer/errors.hpp"
 #include "riftco_transformer/tensor.hpp"
 #include "riftco_transformer/variable.hpp"
 
@@ -30,6 +33,25 @@ namespace rt = riftco_transformer;
 /// updates of the buffer (an Adam step) show through the view; .copy() it
 /// for a snapshot. A tensor on another backend is copied to the CPU first.
 nb::object to_numpy(const rt::Tensor& tensor);
+
+/// An integer argument or field as T. Python's bool is an int subclass, but
+/// rank=True or zero_stage=True is a mistake, not 1: a bool (or anything that
+/// is not an integer) is nb::cast_error, for the caller to turn into a
+/// TypeError naming the argument; an integer outside T's range is a
+/// ValueError naming `what` and the value (was "expects int, got int").
+template <class T>
+T int_of(nb::handle value, const std::string& what) {
+  static_assert(std::is_integral_v<T> && !std::is_same_v<T, bool>);
+  if (nb::isinstance<nb::bool_>(value)) throw nb::cast_error();
+  T out{};
+  if (nb::try_cast<T>(value, out)) return out;
+  if (nb::isinstance<nb::int_>(value)) {
+    throw rt::ValueError(what + " must be in [" + std::to_string(std::numeric_limits<T>::min()) + ", " +
+                         std::to_string(std::numeric_limits<T>::max()) + "], got " +
+                         nb::cast<std::string>(nb::str(value)));
+  }
+  throw nb::cast_error();
+}
 
 /// A float32 Tensor holding a copy of any array-like (numpy array, list,
 /// Python float).

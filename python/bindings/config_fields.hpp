@@ -20,11 +20,16 @@ class ConfigClass {
   /// int, bool, double, path or nested config fields.
   template <class T, class Base>
   ConfigClass& field(const char* name, T Base::*member, const char* type, const char* doc = "") {
-    auto set = [member](C& c, nb::handle v) {
+    const std::string what = "[" + name_ + "." + name + "]";
+    auto set = [member, what](C& c, nb::handle v) {
       // Python's bool is an int subclass: zero_stage=True or steps=False would
-      // silently be 1 or 0, so an int field refuses it (a bool field takes it).
-      if (std::is_arithmetic_v<T> && !std::is_same_v<T, bool> && nb::isinstance<nb::bool_>(v)) throw nb::cast_error();
-      c.*member = nb::cast<T>(v);
+      // silently be 1 or 0, so a number field refuses it (a bool field takes it).
+      if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+        c.*member = int_of<T>(v, what);  // also: an int out of range is a ValueError naming it
+      } else {
+        if (std::is_arithmetic_v<T> && !std::is_same_v<T, bool> && nb::isinstance<nb::bool_>(v)) throw nb::cast_error();
+        c.*member = nb::cast<T>(v);
+      }
     };
     // A reference (reference_internal): config.model.layers = 2 changes config.
     auto property = [member](const C& c) -> const T& { return c.*member; };

@@ -10,7 +10,7 @@ namespace {
 
 struct Generated {
   std::vector<std::int32_t> tokens;
-  std::string text;
+  std::optional<std::string> text;  // None: token ids in and out, no tokenizer to decode them with
   bool reached_context = false;
   std::string message;
   std::optional<std::int64_t> stop_index;
@@ -27,10 +27,18 @@ nb::str text_of_bytes(const std::string& bytes) {
   return nb::str(raw.attr("decode")("utf-8", "replace"));
 }
 
+std::string repr_of(const Generated& g) {
+  const std::string text = g.text ? nb::cast<std::string>(nb::repr(nb::str(g.text->c_str()))) : "None";
+  return "GenerationResult(text=" + text + ", tokens=" + std::to_string(g.tokens.size()) +
+         ", reached_context=" + (g.reached_context ? "True" : "False") +
+         (g.stop_index ? ", stop_index=" + std::to_string(*g.stop_index) : std::string()) + ")";
+}
+
 using OptionalTokenizer = std::optional<rt::Tokenizer>;
 
-Generated to_python(const rt::GenerationResult& r, const OptionalTokenizer& tokenizer) {
-  Generated g{r.tokens, "", r.reached_context, r.message, std::nullopt};
+Generated to_python(const rt::GenerationResult& r, const OptionalTokenizer& tokenizer, bool with_text) {
+  Generated g{r.tokens, std::nullopt, r.reached_context, r.message, std::nullopt};
+  if (!with_text) return g;
   if (r.stop_index >= 0) {
     g.stop_index = r.stop_index;
     g.text = nb::cast<std::string>(text_of_bytes(r.text));  // cut before the stop string
@@ -66,14 +74,29 @@ rt::GenerationOptions options_of(std::int64_t max_new_tokens, float temperature,
   return o;
 }
 
-/// Before any work: the tokenizer (None: bytes, vocabulary 256) must have
-/// the model's vocabulary, as evaluate() and tokenizer_for_model require, or
-/// the model would sample ids it cannot decode (or be given ids it has no
-/// embedding for) partway through.
-void check_tokenizer(const rt::DecoderOnlyTransformer& model, const OptionalTokenizer& tokenizer) {
+/// Whether generate() works with text at all, and so needs a tokenizer of
+/// the model's vocabulary. Token ids in, with tokenizer=None and no stop
+/// strings, is ids out whatever the vocabulary (as C++ generate() and C
+/// rt_generate): the bytes tokenizer is only assumed where text is encoded
+/// or decoded, so a model whose vocabulary is not 256 gets .text None there.
+bool needs_text(const rt::DecoderOnlyTransformer& model, nb::handle prompt, const OptionalTokenizer& tokenizer,
+                const rt::GenerationOptions& options) {
+  return tokenizer || nb::isinstance<nb::str>(prompt) || !options.stop.empty() ||
+         model.dimensions().vocab_size == rt::ByteTokenizer{}.vocab_size();
+}
+
+/// Before any work, where text is encoded or decoded: the tokenizer (None:
+/// bytes, vocabulary 256) must have the model's vocabulary, as evaluate()
+/// and tokenizer_for_model require, or the model would sample ids it cannot
+/// decode (or be given ids it has no embedding for) partway through.
+void check_tokenizer(const rt::DecoderOnlyTransformer& model, nb::handle prompt, const OptionalTokenizer& tokenizer) {
   const std::int64_t vocab = tokenizer ? tokenizer->vocab_size() : rt::ByteTokenizer{}.vocab_size();
   if (vocab != model.dimensions().vocab_size) {
-    const std::string which = tokenizer ? "" : " (tokenizer=None: bytes)";
+    std::string which;
+    if (!tokenizer) {
+      which = nb::isinstance<nb::str>(prompt) ? " (tokenizer=None: bytes, for the str prompt)"
+                                              : " (tokenizer=None: bytes, for the stop strings)";
+    }
     throw rt::ValueError("[generate] the tokenizer's vocabulary is " + std::to_string(vocab) + which +
                          " but the model's is " + std::to_string(model.dimensions().vocab_size) +
                          " (give the tokenizer the model was trained with: Tokenizer.for_model)");
@@ -131,16 +154,14 @@ void init_decode(nb::module_& m) {
 
   nb::class_<Generated>(m, "GenerationResult", "generate()'s answer: the new tokens, their text, why it stopped.")
       .def_ro("tokens", &Generated::tokens)
-      .def_ro("text", &Generated::text)
+      .def_ro("text", &Generated::text,
+              "the new tokens' text (None: a prompt of token ids, tokenizer=None, a model whose vocabulary is not "
+              "256)")
       .def_ro("reached_context", &Generated::reached_context)
       .def_ro("message", &Generated::message)
       .def_ro("stop_index", &Generated::stop_index, "which stop string ended it (None: none did)")
-      .def("__str__", [](const Generated& g) { return g.text; })
-      .def("__repr__", [](const Generated& g) {
-        return "GenerationResult(text=" + nb::cast<std::string>(nb::repr(nb::str(g.text.c_str()))) + ", tokens=" +
-               std::to_string(g.tokens.size()) + ", reached_context=" + (g.reached_context ? "True" : "False") +
-               (g.stop_index ? ", stop_index=" + std::to_string(*g.stop_index) : std::string()) + ")";
-      });
+      .def("__str__", [](const Generated& g) { return g.text ? *g.text : repr_of(g); })
+      .def("__repr__", &repr_of);
 
   const rt::GenerationOptions d{};
   nb::handle model_type = nb::type<rt::DecoderOnlyTransformer>();
@@ -148,33 +169,36 @@ void init_decode(nb::module_& m) {
       [](const rt::DecoderOnlyTransformer& model, nb::handle prompt, std::int64_t max_new_tokens, float temperature,
          std::int64_t top_k, std::uint64_t seed, float top_p, float repetition_penalty, nb::handle stop,
          const OptionalTokenizer& tokenizer) {
-        check_tokenizer(model, tokenizer);
-        const std::vector<std::int32_t> ids = prompt_ids(prompt, tokenizer);
         rt::GenerationOptions options =
             options_of(max_new_tokens, temperature, top_k, seed, top_p, repetition_penalty, stop, 1);
+        const bool with_text = needs_text(model, prompt, tokenizer, options);
+        if (with_text) check_tokenizer(model, prompt, tokenizer);
+        const std::vector<std::int32_t> ids = prompt_ids(prompt, tokenizer);
         use_tokenizer(options, tokenizer);
         rt::GenerationResult r;
         {
           nb::gil_scoped_release release;
           r = rt::generate(model, ids, options);
         }
-        return to_python(r, tokenizer);
+        return to_python(r, tokenizer, with_text);
       },
       nb::scope(model_type), nb::is_method(), nb::name("generate"), "prompt"_a, nb::kw_only(), "max_new_tokens"_a = d.max_new_tokens,
       "temperature"_a = d.temperature, "top_k"_a = d.top_k, "seed"_a = d.seed, "top_p"_a = d.top_p,
       "repetition_penalty"_a = d.repetition_penalty, "stop"_a = nb::none(), "tokenizer"_a = nb::none(),
       "Continues `prompt` (text, encoded as bytes or with `tokenizer`, or token ids). tokenizer: the\n"
-      "model's Tokenizer (None: bytes) for the prompt, .text and stop strings. temperature 0: greedy. top_p in (0, 1]\n"
+      "model's Tokenizer (None: bytes) for the prompt, .text and stop strings (token ids with tokenizer=None on a\n"
+      "model whose vocabulary is not 256: ids out, .text None). temperature 0: greedy. top_p in (0, 1]\n"
       "(1: off), repetition_penalty > 0 (1: off), stop: a str or list of str ending the text (excluded\n"
       "from .text). Releases the GIL.");
   model_type.attr("generate_samples") = nb::cpp_function(
       [](const rt::DecoderOnlyTransformer& model, nb::handle prompt, std::int64_t num_samples,
          std::int64_t max_new_tokens, float temperature, std::int64_t top_k, std::uint64_t seed, float top_p,
          float repetition_penalty, nb::handle stop, const OptionalTokenizer& tokenizer) {
-        check_tokenizer(model, tokenizer);
-        const std::vector<std::int32_t> ids = prompt_ids(prompt, tokenizer);
         rt::GenerationOptions options =
             options_of(max_new_tokens, temperature, top_k, seed, top_p, repetition_penalty, stop, num_samples);
+        const bool with_text = needs_text(model, prompt, tokenizer, options);
+        if (with_text) check_tokenizer(model, prompt, tokenizer);
+        const std::vector<std::int32_t> ids = prompt_ids(prompt, tokenizer);
         use_tokenizer(options, tokenizer);
         std::vector<rt::GenerationResult> r;
         {
@@ -182,7 +206,7 @@ void init_decode(nb::module_& m) {
           r = rt::generate_samples(model, ids, options);
         }
         std::vector<Generated> out;
-        for (const rt::GenerationResult& one : r) out.push_back(to_python(one, tokenizer));
+        for (const rt::GenerationResult& one : r) out.push_back(to_python(one, tokenizer, with_text));
         return out;
       },
       nb::scope(model_type), nb::is_method(), nb::name("generate_samples"), "prompt"_a, nb::kw_only(),

@@ -37,10 +37,19 @@ rt::Variable run_forward(const DecoderOnlyTransformer& model, nb::handle tokens)
 
 }  // namespace
 
-/// LoraConfig from a LoraConfig, or from rank/alpha/targets keywords.
-rt::LoraConfig lora_config_from(nb::handle config, std::int64_t rank, float alpha, nb::handle targets);
+/// add_lora(config=None, *, rank, alpha, targets, seed): the LoraConfig from
+/// `config` or from the keywords (through LoraConfig's own field conversions,
+/// so rank=True is the same TypeError as LoraConfig(rank=True)); `seed` from
+/// its keyword. Both a config and rank/alpha/targets is a TypeError naming them.
+rt::LoraConfig lora_config_from(nb::handle config, nb::kwargs keywords, std::uint64_t& seed);
 
 void init_model(nb::module_& m) {
+  // add_lora reads its keywords from **kwargs (to know which were given); the signature shows them with
+  // their defaults.
+  static const std::string add_lora_signature =
+      "def add_lora(self, config: LoraConfig | None = None, *, rank: int = " + std::to_string(rt::LoraConfig{}.rank) +
+      ", alpha: float = " + nb::cast<std::string>(nb::repr(nb::float_(short_double(rt::LoraConfig{}.alpha)))) +
+      ", targets: str | list[str] | None = None, seed: int = 0) -> None";
   nb::list attention, checkpointing;
   for (auto k : {rt::FullSequenceAttentionKind::Materialized, rt::FullSequenceAttentionKind::Flash})
     attention.append(rt::attention_kind_name(k));
@@ -257,14 +266,15 @@ void init_model(nb::module_& m) {
       // ---- LoRA
       .def(
           "add_lora",
-          [](DecoderOnlyTransformer& model, nb::handle config, std::int64_t rank, float alpha, nb::handle targets,
-             std::uint64_t seed) {
+          [](DecoderOnlyTransformer& model, nb::handle config, nb::kwargs keywords) {
+            std::uint64_t seed = 0;
+            const rt::LoraConfig lora = lora_config_from(config, keywords, seed);
             rt::Random random(seed);
-            model.add_lora(lora_config_from(config, rank, alpha, targets), random);
+            model.add_lora(lora, random);
           },
-          "config"_a = nb::none(), nb::kw_only(), "rank"_a = rt::LoraConfig{}.rank, "alpha"_a = rt::LoraConfig{}.alpha,
-          "targets"_a = nb::none(), "seed"_a = 0,
-          "Adds LoRA adapters (a LoraConfig, or rank/alpha/targets keywords); they start active.")
+          "config"_a = nb::none(), "keywords"_a, nb::sig(add_lora_signature.c_str()),
+          "Adds LoRA adapters (a LoraConfig, or rank/alpha/targets keywords, not both: a TypeError names the\n"
+          "keywords given beside a config); they start active. A bool for rank or seed is a TypeError.")
       .def("remove_lora", &DecoderOnlyTransformer::remove_lora)
       .def("merge_lora", &DecoderOnlyTransformer::merge_lora, "W += (alpha/r)·B·A for every adapter, then removes them.")
       .def_prop_ro("has_lora", &DecoderOnlyTransformer::has_lora)
@@ -285,11 +295,46 @@ void init_model(nb::module_& m) {
       });
 }
 
-rt::LoraConfig lora_config_from(nb::handle config, std::int64_t rank, float alpha, nb::handle targets) {
-  if (!config.is_none()) return nb::cast<rt::LoraConfig>(config);
-  nb::object c = nb::borrow(nb::type<rt::LoraConfig>())("rank"_a = rank, "alpha"_a = alpha);
-  if (!targets.is_none()) c.attr("targets") = targets;
-  return nb::cast<rt::LoraConfig>(c);
+rt::LoraConfig lora_config_from(nb::handle config, nb::kwargs keywords, std::uint64_t& seed) {
+  std::vector<std::pair<nb::handle, nb::handle>> fields;  // rank, alpha, targets as given
+  std::string given;
+  for (auto [key, value] : keywords) {
+    const std::string name = nb::cast<std::string>(key);
+    if (name == "seed") {
+      try {
+        seed = int_of<std::uint64_t>(value, "[add_lora] seed");
+      } catch (const nb::cast_error&) {
+        throw nb::type_error(("add_lora() seed expects int, got " +
+                              nb::cast<std::string>(nb::str(value.type().attr("__name__"))))
+                                 .c_str());
+      }
+    } else if (name == "rank" || name == "alpha" || name == "targets") {
+      if (name == "targets" && value.is_none()) continue;  // the documented default
+      fields.emplace_back(key, value);
+      given += (given.empty() ? "" : ", ") + name + "=" + nb::cast<std::string>(nb::repr(value));
+    } else {
+      throw nb::type_error(("add_lora() got an unexpected keyword argument '" + name +
+                            "' (config, rank, alpha, targets, seed)")
+                               .c_str());
+    }
+  }
+  if (!config.is_none()) {
+    if (!nb::isinstance<rt::LoraConfig>(config)) {
+      throw nb::type_error(("add_lora() config expects a LoraConfig or None, got " +
+                            nb::cast<std::string>(nb::str(config.type().attr("__name__"))))
+                               .c_str());
+    }
+    if (!given.empty()) {  // was: the keywords silently ignored
+      throw nb::type_error(("add_lora() got a LoraConfig and the keywords " + given +
+                            ": give one or the other (set the fields on the LoraConfig, or pass only keywords)")
+                               .c_str());
+    }
+    return nb::cast<rt::LoraConfig>(config);
+  }
+  // LoraConfig's own conversions: rank=True is the TypeError LoraConfig(rank=True) gives.
+  nb::object built = nb::borrow(nb::type<rt::LoraConfig>())();
+  for (const auto& [key, value] : fields) nb::setattr(built, key, value);
+  return nb::cast<rt::LoraConfig>(built);
 }
 
 }  // namespace riftco_python

@@ -6,7 +6,10 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import pathlib
+import secrets
+import stat
 import sys
 from typing import Dict, List, Optional, Tuple
 
@@ -54,6 +57,7 @@ def write_loss_curve(run_dir, output: Optional[pathlib.Path] = None, title: Opti
 
     run_dir = pathlib.Path(run_dir)
     output = pathlib.Path(output) if output is not None else run_dir / "loss_curve.png"
+    _check_replaceable(output)  # before drawing (and again just before writing)
     if title is None:
         title = "loss"
         meta = run_dir / "metadata.json"
@@ -75,10 +79,58 @@ def write_loss_curve(run_dir, output: Optional[pathlib.Path] = None, title: Opti
     axes.grid(True, alpha=0.3)
     axes.legend()
     figure.tight_layout()
-    tmp = output.with_name(output.name + ".tmp")
-    figure.savefig(tmp, format="png")
-    tmp.replace(output)
+    _write_atomically(output, lambda f: figure.savefig(f, format="png"))
     return output
+
+
+def _check_replaceable(output: pathlib.Path) -> None:
+    """As the C++ writer (atomic_file.cpp): only a missing target or a regular file is replaced;
+    os.replace would put the file in place of a symlink itself, or fail on a directory late."""
+    try:
+        mode = os.lstat(output).st_mode
+    except FileNotFoundError:
+        return
+    if stat.S_ISDIR(mode):
+        raise IsADirectoryError(f"[write_loss_curve] {output}: the target is a directory")
+    if not stat.S_ISREG(mode):
+        raise FileExistsError(f"[write_loss_curve] {output}: the target exists and is not a regular file "
+                              "(a symlink, device, FIFO or socket): refusing to replace it")
+
+
+def _write_atomically(output: pathlib.Path, write) -> None:
+    """write(file) into a temporary of its own beside `output` (".<name>.tmp.<pid>.<random>", created
+    with O_EXCL, so concurrent writers never share one; mode 0666 less the umask, as open() gives),
+    fsync, os.replace over `output`, fsync the directory. The temporary is removed on any failure
+    (KeyboardInterrupt included); `output` is then the old file or absent, never a partial one."""
+    _check_replaceable(output)
+    directory = output.parent
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+    for _ in range(100):
+        temporary = directory / f".{output.name}.tmp.{os.getpid()}.{secrets.token_hex(6)}"
+        try:
+            fd = os.open(temporary, flags, 0o666)
+            break
+        except FileExistsError:
+            continue
+    else:
+        raise FileExistsError(f"[write_loss_curve] {output}: cannot create a temporary file in {directory}")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temporary, output)
+    except BaseException:
+        try:
+            os.unlink(temporary)
+        except FileNotFoundError:
+            pass
+        raise
+    dir_fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
 
 
 def main(argv=None) -> int:
@@ -92,7 +144,11 @@ def main(argv=None) -> int:
     if not matplotlib_available():
         print("error: matplotlib is not installed (pip install matplotlib)", file=sys.stderr)
         return 2
-    print(write_loss_curve(args.run_dir, args.output, args.title))
+    try:
+        print(write_loss_curve(args.run_dir, args.output, args.title))
+    except (OSError, ValueError) as e:  # a target that cannot be replaced, an unreadable or bad metrics row
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -55,6 +55,11 @@ const char* lora_target_name(LoraTarget target) {
 }
 
 std::vector<LoraTarget> parse_lora_targets(const std::string& list, const char* op) {
+  if (list.empty()) {  // was "unknown LoRA target ''": a LoRA config adapts at least one projection
+    throw ValueError(std::string("[") + op +
+                     "] targets must not be empty (expected query, key, value, output, gate, up, down, attention, "
+                     "mlp or all)");
+  }
   std::vector<LoraTarget> out;
   auto add = [&out](LoraTarget t) {
     if (std::find(out.begin(), out.end(), t) == out.end()) out.push_back(t);

@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include "message_of.hpp"
 #include "model_fixtures.hpp"
 #include "riftco_transformer/adam.hpp"
 #include "riftco_transformer/decode.hpp"
@@ -35,6 +36,10 @@ TEST(Lora, TargetsParseAndValidate) {
   EXPECT_EQ(parse_lora_targets("mlp,query").size(), 4U);
   EXPECT_EQ(lora_targets_string(parse_lora_targets("all")), "query,key,value,output,gate,up,down");
   EXPECT_THROW(parse_lora_targets("query,bogus"), ValueError);
+  // An empty list says so (was "unknown LoRA target ''"), for the CLI's --lora-targets "" and Python's targets=[].
+  EXPECT_NE(rt_test::message_of<ValueError>([] { parse_lora_targets("", "--lora-targets"); })
+                .find("[--lora-targets] targets must not be empty"),
+            std::string::npos);
   LoraConfig c;
   c.rank = 0;
   EXPECT_THROW(c.validate(), ValueError);

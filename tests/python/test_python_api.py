@@ -446,3 +446,77 @@ def test_plot_module_writes_a_png_from_metrics(tmp_path):
     assert series["train"][0] == [1, 2, 3, 4] and series["validation"][0] == [2, 4]
     r = subprocess.run([sys.executable, "-m", "riftco.plot", str(tmp_path)], capture_output=True, text=True)
     assert r.returncode == 2 and "metrics.jsonl" in r.stderr
+
+
+def _metrics_run(path):
+    path.mkdir()
+    (path / "metrics.jsonl").write_text('{"step": 1, "loss": 5.0}\n{"step": 2, "loss": 4.0, "validation_loss": 4.5}\n')
+    return path
+
+
+def test_loss_curve_refuses_a_directory_or_symlink_target_and_leaves_no_temporary(tmp_path):
+    # As the C++ writer: only a missing target or a regular file is replaced (os.replace would put the
+    # PNG in place of the symlink itself), the error says why, and no temporary is left beside it.
+    pytest.importorskip("matplotlib")
+    from riftco import plot
+    run = _metrics_run(tmp_path / "run")
+    (run / "loss_curve.png").mkdir()
+    with pytest.raises(IsADirectoryError, match=r"^\[write_loss_curve\] .*loss_curve.png: the target is a directory"):
+        plot.write_loss_curve(run)
+    assert sorted(p.name for p in run.iterdir()) == ["loss_curve.png", "metrics.jsonl"]
+    (run / "loss_curve.png").rmdir()
+    elsewhere = tmp_path / "elsewhere.png"
+    elsewhere.write_bytes(b"keep")
+    (run / "loss_curve.png").symlink_to(elsewhere)
+    with pytest.raises(FileExistsError, match="not a regular file .*refusing to replace it"):
+        plot.write_loss_curve(run)
+    assert (run / "loss_curve.png").is_symlink() and elsewhere.read_bytes() == b"keep"
+    assert sorted(p.name for p in run.iterdir()) == ["loss_curve.png", "metrics.jsonl"]
+
+
+def test_loss_curve_temporary_is_its_own_synced_and_removed_on_failure(tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    import os
+    from riftco import plot
+    run = _metrics_run(tmp_path / "run")
+    (run / "loss_curve.png.tmp").mkdir()  # another plotter's temporary under a fixed name: not ours to use
+    synced = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real_fsync(fd))[1])
+    png = plot.write_loss_curve(run)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and len(synced) >= 1
+    umask = os.umask(0)
+    os.umask(umask)
+    assert png.stat().st_mode & 0o777 == 0o666 & ~umask  # what open() gives, not mkstemp's 0600
+    before = png.read_bytes()
+
+    def failing_replace(src, dst):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(os, "replace", failing_replace)
+    with pytest.raises(OSError, match="No space left"):
+        plot.write_loss_curve(run, title="again")
+    assert sorted(p.name for p in run.iterdir()) == ["loss_curve.png", "loss_curve.png.tmp", "metrics.jsonl"]
+    assert png.read_bytes() == before
+
+
+def test_plot_command_reports_a_target_it_cannot_replace_in_one_line(tmp_path):
+    pytest.importorskip("matplotlib")
+    run = _metrics_run(tmp_path / "run")
+    (run / "loss_curve.png").mkdir()
+    r = subprocess.run([sys.executable, "-m", "riftco.plot", str(run)], capture_output=True, text=True)
+    assert r.returncode == 1 and r.stdout == ""
+    assert r.stderr.count("\n") == 1 and r.stderr.startswith("error: [write_loss_curve] ") and "directory" in r.stderr
+    assert sorted(p.name for p in run.iterdir()) == ["loss_curve.png", "metrics.jsonl"]
+
+
+def test_pipeline_keeps_its_result_when_the_plot_fails(tmp_path):
+    # The run has completed and written its files by the time the plot is drawn: a plot that fails
+    # is a warning naming the failure, and the RunResult comes back.
+    pytest.importorskip("matplotlib")
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "loss_curve.png").mkdir()
+    with pytest.warns(RuntimeWarning, match=r"riftco.pretrain: .*loss curve was not written \(IsADirectoryError: "):
+        result = riftco.pretrain(_pretrain_config(tmp_path))
+    assert result.completed and result.steps == 4
+    assert {"weights", "metadata", "metrics"} <= set(result.files)
+    assert not [p.name for p in (tmp_path / "run").iterdir() if ".tmp" in p.name]

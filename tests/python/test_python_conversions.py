@@ -110,13 +110,40 @@ def test_a_progress_answer_without_truth_value_raises_its_own_error(tmp_path):
 
 # --- generate() --------------------------------------------------------------
 
-def test_generate_without_tokenizer_refuses_a_non_byte_vocabulary_before_sampling():
+def test_generate_without_tokenizer_refuses_a_non_byte_vocabulary_where_it_needs_text():
+    # A str prompt (encoded as bytes) or stop strings (decoded as bytes) need the bytes tokenizer's 256.
     model = tiny_model(vocab_size=1000)
     for seed in range(3):
-        with pytest.raises(riftco.ValueError, match="vocabulary is 256"):
+        with pytest.raises(riftco.ValueError, match=r"vocabulary is 256 \(tokenizer=None: bytes, for the str prompt\) "
+                                                    r"but the model's is 1000"):
             model.generate("ab", max_new_tokens=60, seed=seed)
-        with pytest.raises(riftco.ValueError, match="vocabulary is 256"):
-            model.generate_samples([1, 2], num_samples=2, max_new_tokens=4, seed=seed)
+        with pytest.raises(riftco.ValueError, match=r"vocabulary is 256 \(tokenizer=None: bytes, for the stop strings\)"):
+            model.generate_samples([1, 2], num_samples=2, max_new_tokens=4, seed=seed, stop="x")
+
+
+@pytest.mark.parametrize("vocab_size", [64, 300, 1000])
+def test_generate_from_token_ids_without_tokenizer_works_for_any_vocabulary(vocab_size):
+    # Was: "the tokenizer's vocabulary is 256 (tokenizer=None: bytes) but the model's is 64" for a
+    # prompt of ids, which C++ generate() and C rt_generate accept. Ids in, ids out; no text to decode.
+    model = tiny_model(vocab_size=vocab_size)
+    prompt = [1, 2, vocab_size - 1]
+    out = model.generate(prompt, max_new_tokens=6, temperature=0)
+    assert len(out.tokens) == 6 and all(0 <= t < vocab_size for t in out.tokens)
+    assert out.text is None and "text=None" in repr(out) and str(out) == repr(out)
+    session = riftco.DecodeSession(model)  # the same greedy continuation, token by token
+    for t in prompt:
+        logits = session.decode_token(t)
+    for t in out.tokens:
+        assert int(np.argmax(logits)) == t
+        logits = session.decode_token(t)
+    samples = model.generate_samples(np.array(prompt), num_samples=2, max_new_tokens=3, seed=4)
+    assert [s.tokens for s in samples][0] == model.generate(prompt, max_new_tokens=3, seed=4).tokens
+    assert all(s.text is None for s in samples)
+    with pytest.raises(riftco.ValueError, match=f"outside the vocabulary \\[0, {vocab_size}\\)"):
+        model.generate([vocab_size], max_new_tokens=1)
+    # A byte model keeps its text for an id prompt.
+    byte_model = tiny_model()
+    assert isinstance(byte_model.generate([104, 105], max_new_tokens=2, temperature=0).text, str)
 
 
 def test_generate_refuses_a_2d_prompt():
@@ -168,6 +195,65 @@ def test_config_assignments_still_work():
     assert lora.targets == ["gate", "up", "down"]
     with pytest.raises(riftco.ValueError):
         lora.targets = "\udcff"
+
+
+# --- add_lora keywords -------------------------------------------------------
+
+def test_add_lora_refuses_a_config_and_its_keywords_together():
+    # Was: add_lora(config, rank=8, alpha=32, targets="all") silently ignored the keywords.
+    model = tiny_model()
+    config = riftco.LoraConfig(rank=2, alpha=4.0, targets="query")
+    with pytest.raises(TypeError, match=r"^add_lora\(\) got a LoraConfig and the keywords rank=8, alpha=32.0, "
+                                        r"targets='all': give one or the other"):
+        model.add_lora(config, rank=8, alpha=32.0, targets="all", seed=5)
+    with pytest.raises(TypeError, match=r"the keywords rank=2:"):
+        model.add_lora(config=config, rank=2)  # even the config's own value: which one was meant is unclear
+    assert not model.has_lora
+    model.add_lora(config, seed=5)  # seed is no LoraConfig field: allowed beside a config
+    assert (model.lora_config.rank, model.lora_config.alpha, model.lora_config.targets) == (2, 4.0, ["query"])
+    model.remove_lora()
+    model.add_lora(config, targets=None)  # the documented default
+    model.remove_lora()
+    with pytest.raises(TypeError, match=r"add_lora\(\) config expects a LoraConfig or None, got dict"):
+        model.add_lora({"rank": 2})
+    with pytest.raises(TypeError, match=r"add_lora\(\) got an unexpected keyword argument 'rnak'"):
+        model.add_lora(rnak=2)
+    model.add_lora(rank=4, alpha=8.0, targets=["query", "value"], seed=3)
+    assert (model.lora_config.rank, model.lora_config.alpha, model.lora_config.targets) == (4, 8.0, ["query", "value"])
+    assert "rank: int = 8, alpha: float = 16.0" in model.add_lora.__doc__.splitlines()[0]
+
+
+@pytest.mark.parametrize("keyword, value, message", [
+    ("rank", True, "LoraConfig.rank expects int, got bool"), ("rank", False, "LoraConfig.rank expects int, got bool"),
+    ("alpha", True, "LoraConfig.alpha expects float, got bool"), ("rank", 1.5, "LoraConfig.rank expects int, got float"),
+    ("seed", True, r"add_lora\(\) seed expects int, got bool"), ("seed", 1.0, r"add_lora\(\) seed expects int, got float"),
+])
+def test_add_lora_and_lora_config_refuse_a_bool_for_a_number(keyword, value, message):
+    # Was: add_lora(rank=True) made a rank-1 adapter (docs/python.md: a bool for an int field is a TypeError).
+    model = tiny_model()
+    with pytest.raises(TypeError, match=message):
+        model.add_lora(**{keyword: value})
+    assert not model.has_lora
+    if keyword != "seed":
+        with pytest.raises(TypeError, match=message):
+            riftco.LoraConfig(**{keyword: value})
+
+
+def test_lora_ints_out_of_range_and_empty_targets_name_the_problem():
+    model = tiny_model()
+    with pytest.raises(riftco.ValueError, match=r"\[LoraConfig.rank\] must be in \[-9223372036854775808, "
+                                                r"9223372036854775807\], got 9223372036854775808"):
+        model.add_lora(rank=2**63)
+    with pytest.raises(riftco.ValueError, match=r"\[add_lora\] seed must be in \[0, 18446744073709551615\], got -1"):
+        model.add_lora(seed=-1)
+    for targets in ([], "", ()):
+        with pytest.raises(riftco.ValueError, match=r"\[LoraConfig.targets\] targets must not be empty"):
+            model.add_lora(targets=targets)
+        with pytest.raises(riftco.ValueError, match="targets must not be empty"):
+            riftco.LoraConfig(targets=targets)
+    assert not model.has_lora
+    model.add_lora(seed=2**64 - 1, rank=np.int64(2))  # numpy integers are still integers
+    assert model.lora_config.rank == 2
 
 
 # --- no_grad -----------------------------------------------------------------
