@@ -197,4 +197,40 @@ SafetensorsHeader parse_safetensors_header(const std::filesystem::path& path, st
   return header;
 }
 
+std::vector<std::pair<std::string, Shape>> tensor_layout(const SafetensorsHeader& header) {
+  std::vector<std::pair<std::string, Shape>> layout;
+  layout.reserve(header.entries.size());
+  for (const SafetensorsEntry& entry : header.entries) layout.emplace_back(entry.name, entry.shape);
+  return layout;
+}
+
+void check_tensor_layout(const std::filesystem::path& path, const std::vector<std::pair<std::string, Shape>>& actual,
+                         const std::vector<std::pair<std::string, Shape>>& expected, const std::string& owner) {
+  std::map<std::string, const Shape*> unclaimed;
+  for (const auto& [name, shape] : actual) unclaimed.emplace(name, &shape);
+  for (const auto& [name, shape] : expected) {
+    const auto it = unclaimed.find(name);
+    if (it == unclaimed.end()) {
+      load_error(path, "tensor '" + name + "' is missing (" + owner + " expects shape " + shape_string(shape) + ")");
+    }
+    if (*it->second != shape) {
+      load_error(path, "tensor '" + name + "' has shape " + shape_string(*it->second) + " in the file, " + owner +
+                           " expects " + shape_string(shape));
+    }
+    unclaimed.erase(it);
+  }
+  if (!unclaimed.empty()) {
+    std::string names;
+    std::size_t shown = 0;
+    for (const auto& [name, shape] : unclaimed) {
+      if (shown++ == 5) {
+        names += ", ...";
+        break;
+      }
+      names += (names.empty() ? "'" : ", '") + quote(name) + "'";
+    }
+    load_error(path, "the file has tensors " + owner + " does not: " + names);
+  }
+}
+
 }  // namespace riftco_transformer::detail
