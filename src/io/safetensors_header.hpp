@@ -21,6 +21,10 @@ namespace riftco_transformer::detail {
 /// Header lengths above this are refused before anything is allocated.
 inline constexpr std::uint64_t kMaxSafetensorsHeaderBytes = std::uint64_t{100} << 20;
 
+/// Tensors of more dimensions are refused (PyTorch's limit); so is any longer
+/// array in a header, before the header's JSON document is built.
+inline constexpr std::size_t kMaxShapeDimensions = 64;
+
 /// Element types a header may declare. Model-state files are F32 only; the
 /// Hugging Face importer also reads F16 and BF16 (converted to float32).
 enum class StoredDtype : std::uint8_t { F32, F16, BF16 };
