@@ -28,7 +28,7 @@ struct ModelStateInfo {
 float parse_norm_epsilon(const std::filesystem::path& path, const std::string& text) {
   float value = 0.0F;
   const auto result = std::from_chars(text.data(), text.data() + text.size(), value);
-  if (result.ec != std::errc() || result.ptr != text.data() + text.size() || !std::isfinite(value) || value <= 0.0F) {
+  if (result.ec != std::errc() || result.ptr != text.data() + text.size() || !is_valid_norm_epsilon(value)) {
     load_error(path, "metadata \"norm_epsilon\" '" + text + "' is not a positive finite number");
   }
   return value;
