@@ -95,11 +95,8 @@ RunResult run_pretraining(const PretrainingConfig& config, Communicator& communi
                {"validation_tokens", dataset.validation_tokens()},
                {"tokenizer", tokenizer.description()}};
   const TokenizerRecord record{tokenizer.path().string(), tokenizer.checksum()};
-  run.save_weights = [&model, record](const std::filesystem::path& dir) {
-    const std::filesystem::path path = dir / "model.safetensors";
-    save_model_state(model, path, record);
-    return path;
-  };
+  run.weights_file = "model.safetensors";
+  run.save_weights = [&model, record](const std::filesystem::path& path) { save_model_state(model, path, record); };
   run.comm = &communicator;
   return stage::run(run, progress, notice);
 }
