@@ -129,6 +129,12 @@ struct BlockWeights {
 
 struct TransformerCore;
 
+/// Whether `value` may be a model's RMSNorm epsilon: a number > 0 that is a
+/// finite float once rounded to one. The one rule of the constructor, the
+/// pipelines' configs, model-state files and Hugging Face config.json (the
+/// importer, so every model the exporter writes reads back).
+bool is_valid_norm_epsilon(double value);
+
 class DecoderOnlyTransformer {
  public:
   DecoderOnlyTransformer(const TransformerDimensions& dimensions, Random& random, float norm_epsilon = 1.0e-5F,

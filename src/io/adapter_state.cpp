@@ -52,48 +52,44 @@ void load_adapter_state(DecoderOnlyTransformer& model, const std::filesystem::pa
   if (model.has_lora()) {
     throw ValueError("[load_adapter_state] the model already has LoRA adapters; remove_lora() first");
   }
-  const TensorFile file = read_safetensors(path);
-  const std::string& format = required(path, file.metadata, "format");
-  if (format != kAdapterStateFormat) {
-    load_error(path, "format '" + format + "' is not '" + kAdapterStateFormat + "' (is this a model-state file?)");
-  }
-  const std::string& schema = required(path, file.metadata, "schema_version");
-  if (schema != "1" && schema != "2") {
-    load_error(path, "schema_version '" + detail::quote(schema) + "' is not supported (this build reads 1 and 2)");
-  }
-  const TransformerDimensions dims = detail::parse_dimensions(path, required(path, file.metadata, "dimensions"));
-  if (dims != model.dimensions()) {
-    load_error(path, "the adapters were trained for a base model with dimensions " + detail::dimensions_json(dims) +
-                         ", this model has " + detail::dimensions_json(model.dimensions()));
-  }
-  const LoraConfig config = parse_config(path, file.metadata, dims);
+  LoraConfig config;
+  std::vector<std::pair<std::string, Shape>> layout;
+  // Every check the header allows runs before any tensor data is read.
+  const TensorFile file = detail::read_safetensors_checked(path, [&](const detail::SafetensorsHeader& header) {
+    const std::map<std::string, std::string>& metadata = header.metadata;
+    const std::string& format = required(path, metadata, "format");
+    if (format != kAdapterStateFormat) {
+      load_error(path, "format '" + format + "' is not '" + kAdapterStateFormat + "' (is this a model-state file?)");
+    }
+    const std::string& schema = required(path, metadata, "schema_version");
+    if (schema != "1" && schema != "2") {
+      load_error(path, "schema_version '" + detail::quote(schema) + "' is not supported (this build reads 1 and 2)");
+    }
+    const TransformerDimensions dims = detail::parse_dimensions(path, required(path, metadata, "dimensions"));
+    if (dims != model.dimensions()) {
+      load_error(path, "the adapters were trained for a base model with dimensions " +
+                           detail::dimensions_json(dims) + ", this model has " +
+                           detail::dimensions_json(model.dimensions()));
+    }
+    config = parse_config(path, metadata, dims);
+    if (schema == "2" && !options.allow_base_mismatch) {  // schema 1 files carry no fingerprint
+      const std::string& recorded = required(path, metadata, "base_fingerprint");
+      const std::string actual = model_fingerprint(model);
+      if (recorded != actual) {
+        load_error(path, "the adapters were trained on a base model with fingerprint " + detail::quote(recorded) +
+                             ", this model's weights have fingerprint " + actual +
+                             " (another base of the same dimensions); allow_base_mismatch / --allow-base-mismatch "
+                             "applies them anyway");
+      }
+    }
+    layout = model.lora_parameter_layout(config);
+    detail::check_tensor_layout(path, detail::tensor_layout(header), layout, "the model's adapters");
+  });
   if (!options.allow_non_finite) detail::check_finite(path, file);
-  if (schema == "2" && !options.allow_base_mismatch) {  // schema 1 files carry no fingerprint
-    const std::string& recorded = required(path, file.metadata, "base_fingerprint");
-    const std::string actual = model_fingerprint(model);
-    if (recorded != actual) {
-      load_error(path, "the adapters were trained on a base model with fingerprint " + detail::quote(recorded) +
-                           ", this model's weights have fingerprint " + actual +
-                           " (another base of the same dimensions); allow_base_mismatch / --allow-base-mismatch "
-                           "applies them anyway");
-    }
-  }
-  std::map<std::string, const Tensor*> unclaimed;
-  for (const auto& [name, tensor] : file.tensors) unclaimed.emplace(name, &tensor);
+  std::map<std::string, const Tensor*> by_name;
+  for (const auto& [name, tensor] : file.tensors) by_name.emplace(name, &tensor);
   std::vector<Tensor> values;
-  for (const auto& [name, shape] : model.lora_parameter_layout(config)) {
-    const auto it = unclaimed.find(name);
-    if (it == unclaimed.end()) load_error(path, "adapter tensor '" + name + "' is missing");
-    if (it->second->shape() != shape) {
-      load_error(path, "adapter tensor '" + name + "' has shape " + shape_string(it->second->shape()) +
-                           ", the model expects " + shape_string(shape));
-    }
-    values.push_back(*it->second);
-    unclaimed.erase(it);
-  }
-  if (!unclaimed.empty()) {
-    load_error(path, "the file has tensors that are not adapters: '" + unclaimed.begin()->first + "'");
-  }
+  for (const auto& [name, shape] : layout) values.push_back(*by_name.at(name));
   // Everything validated: add the adapters and set their values.
   Random unused(0);
   model.add_lora(config, unused);

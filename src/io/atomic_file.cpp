@@ -21,10 +21,22 @@ namespace {
   throw ModelStateError(message);
 }
 
-/// ".<name>.tmp.<pid>.<n>" beside `target`, n never repeating in a process.
+/// The most bytes of a target's name a temporary keeps: with the leading dot
+/// and ".tmp.<pid>.<n>" (each number at most 10 digits) it fits NAME_MAX
+/// (255), so every valid target name can be written.
+constexpr std::size_t kTemporaryBaseBytes = 255 - 1 - std::char_traits<char>::length(".tmp..") - 2 * 10;
+
+/// ".<name>.tmp.<pid>.<n>" beside `target`, n never repeating in a process;
+/// a long <name> is cut to kTemporaryBaseBytes (at a UTF-8 character
+/// boundary): the pid and n keep it unique, the prefix recognisable.
 std::filesystem::path temporary_name(const std::filesystem::path& target, const std::filesystem::path& directory) {
   static std::atomic<unsigned> counter{0};
   std::string name = target.filename().string();
+  if (name.size() > kTemporaryBaseBytes) {
+    std::size_t cut = kTemporaryBaseBytes;
+    while (cut > 0 && (static_cast<unsigned char>(name[cut]) & 0xC0U) == 0x80U) --cut;  // not inside a character
+    name.resize(cut);
+  }
   name.insert(0, 1, '.');
   name += ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter.fetch_add(1));
   return directory / name;

@@ -72,20 +72,60 @@ void check_shard_name(const std::filesystem::path& index, const std::string& nam
   }
 }
 
-/// Every tensor of the checkpoint by its Hugging Face name.
-std::map<std::string, Tensor> read_hf_tensors(const std::filesystem::path& dir, const LoadOptions& options) {
+bool is_rotary_buffer(const std::string& name) {
+  const std::string suffix = ".self_attn.rotary_emb.inv_freq";  // a buffer older checkpoints saved
+  return name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+/// Refuses, from a shard's header alone (before its data is read), a tensor
+/// the model does not have, one of the wrong shape, or one the index places
+/// elsewhere. `known`: every Hugging Face name config.json allows, with its shape.
+void check_hf_header(const std::filesystem::path& file, const detail::SafetensorsHeader& header,
+                     const std::map<std::string, Shape>& known, std::int64_t model_width,
+                     const std::map<std::string, std::string>* placed) {
+  std::string unknown;
+  std::size_t count = 0;
+  for (const detail::SafetensorsEntry& entry : header.entries) {
+    const std::string& name = entry.name;
+    if (placed != nullptr) {
+      const auto it = placed->find(name);
+      if (it == placed->end() || it->second != file.filename().string()) {
+        load_error(file, "tensor '" + detail::quote(name) +
+                             "' is in this shard but model.safetensors.index.json does not place it here");
+      }
+    }
+    const auto it = known.find(name);
+    if (it != known.end()) {
+      if (entry.shape != it->second) {
+        load_error(file, "tensor '" + name + "' has shape " + shape_string(entry.shape) + " but config.json needs " +
+                             shape_string(it->second));
+      }
+    } else if (is_rotary_buffer(name)) {  // ignored, but never a large allocation
+      if (entry.end - entry.begin > 4 * static_cast<std::uint64_t>(model_width)) {
+        load_error(file, "tensor '" + detail::quote(name) + "' has shape " + shape_string(entry.shape) +
+                             ", too large for a rotary buffer");
+      }
+    } else if (count++ < 5) {
+      unknown += (unknown.empty() ? "'" : ", '") + detail::quote(name) + "'";
+    }
+  }
+  if (count > 0) {
+    load_error(file, "the checkpoint has " + std::to_string(count) + " tensor" + (count == 1 ? "" : "s") +
+                         " a Llama model of config.json's shape does not: " + unknown + (count > 5 ? ", ..." : ""));
+  }
+}
+
+/// Every tensor of the checkpoint by its Hugging Face name; each shard's
+/// header is checked against `known` (check_hf_header) before its data is read.
+std::map<std::string, Tensor> read_hf_tensors(const std::filesystem::path& dir, const LoadOptions& options,
+                                              const std::map<std::string, Shape>& known, std::int64_t model_width) {
   std::map<std::string, Tensor> tensors;
   auto add_file = [&](const std::filesystem::path& file, const std::map<std::string, std::string>* expected) {
-    TensorFile contents = detail::read_safetensors_as_f32(file);
+    TensorFile contents = detail::read_safetensors_as_f32(file, [&](const detail::SafetensorsHeader& header) {
+      check_hf_header(file, header, known, model_width, expected);
+    });
     if (!options.allow_non_finite) detail::check_finite(file, contents);
     for (auto& [name, tensor] : contents.tensors) {
-      if (expected != nullptr) {
-        const auto it = expected->find(name);
-        if (it == expected->end() || it->second != file.filename().string()) {
-          load_error(file, "tensor '" + detail::quote(name) +
-                               "' is in this shard but model.safetensors.index.json does not place it here");
-        }
-      }
       if (!tensors.emplace(name, std::move(tensor)).second) {
         load_error(file, "tensor '" + detail::quote(name) + "' appears in two shards");
       }
@@ -131,11 +171,6 @@ std::map<std::string, Tensor> read_hf_tensors(const std::filesystem::path& dir, 
   return tensors;
 }
 
-bool is_rotary_buffer(const std::string& name) {
-  const std::string suffix = ".self_attn.rotary_emb.inv_freq";  // a buffer older checkpoints saved
-  return name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
 }  // namespace
 
 Tensor hf_rotary_rows_to_interleaved(const Tensor& weight, std::int64_t heads) {
@@ -175,19 +210,18 @@ std::unique_ptr<DecoderOnlyTransformer> load_hf_llama(const std::filesystem::pat
   if (!std::filesystem::is_directory(directory, ec)) load_error(directory, "is not a directory");
   const std::filesystem::path config_path = directory / "config.json";
   const HfLlamaConfig config = parse_hf_llama_config(config_path, read_small_file(config_path, "config.json"));
-  std::map<std::string, Tensor> tensors = read_hf_tensors(directory, options);
-  // Every tensor present with its shape before a model of config.json's size is built.
   const std::vector<HfTensorName> names = hf_llama_tensor_names(config.dimensions);
+  std::map<std::string, Shape> known;
+  for (const HfTensorName& name : names) known.emplace(name.hf, name.shape);
+  if (config.dimensions.tie_embeddings) known.emplace("lm_head.weight", names.front().shape);  // a tied copy
+  std::map<std::string, Tensor> tensors = read_hf_tensors(directory, options, known, config.dimensions.model_width);
+  // Every tensor present (shapes were checked from the headers) before a model of config.json's size is built.
   std::vector<Tensor> values;
   for (const HfTensorName& name : names) {
     const auto it = tensors.find(name.hf);
     if (it == tensors.end()) {
       load_error(directory, "tensor '" + name.hf + "' is missing (config.json needs shape " +
                                 shape_string(name.shape) + ")");
-    }
-    if (it->second.shape() != name.shape) {
-      load_error(directory, "tensor '" + name.hf + "' has shape " + shape_string(it->second.shape()) +
-                                " but config.json needs " + shape_string(name.shape));
     }
     values.push_back(name.rotary_heads > 0 ? hf_rotary_rows_to_interleaved(it->second, name.rotary_heads)
                                            : it->second);
@@ -207,17 +241,7 @@ std::unique_ptr<DecoderOnlyTransformer> load_hf_llama(const std::filesystem::pat
       tensors.erase(head);
     }
   }
-  std::string unknown;
-  std::size_t count = 0;
-  for (const auto& [name, tensor] : tensors) {
-    if (is_rotary_buffer(name)) continue;
-    if (count++ < 5) unknown += (unknown.empty() ? "'" : ", '") + detail::quote(name) + "'";
-  }
-  if (count > 0) {
-    load_error(directory, "the checkpoint has " + std::to_string(count) + " tensor" + (count == 1 ? "" : "s") +
-                              " a Llama model of config.json's shape does not: " + unknown +
-                              (count > 5 ? ", ..." : ""));
-  }
+  // Anything else left is a rotary buffer (check_hf_header refused other names).
   Random random(0);  // every parameter is overwritten below
   auto model = std::make_unique<DecoderOnlyTransformer>(config.dimensions, random, config.norm_epsilon, attention,
                                                         activation_checkpointing);

@@ -114,8 +114,8 @@ HfLlamaConfig parse_hf_llama_config(const std::filesystem::path& path, const std
   d.rope_base = static_cast<float>(base);
   d.tie_embeddings = bool_field(path, config, "tie_word_embeddings", false);
   const double eps = number_field(path, config, "rms_norm_eps", 1.0e-6);
-  if (!(static_cast<float>(eps) > 0.0F) || !(eps < 1.0)) {
-    refuse(path, "rms_norm_eps", config.at("rms_norm_eps"), "must be in (0, 1) and representable as a float");
+  if (!is_valid_norm_epsilon(eps)) {  // the model's own rule: whatever save_hf_llama writes reads back
+    refuse(path, "rms_norm_eps", config.at("rms_norm_eps"), "must be a number > 0 that is a finite float");
   }
   out.norm_epsilon = static_cast<float>(eps);
   try {

@@ -29,15 +29,17 @@ std::string clean(const nlohmann::json::exception& e) {
 /// object's end: quadratic in the keys, 48 s for a 100k-entry header.)
 class StructureCheck final : public nlohmann::json_sax<Json> {
  public:
-  explicit StructureCheck(std::vector<std::string>* top_level_keys) : top_level_keys_(top_level_keys) {}
-  bool null() override { return true; }
-  bool boolean(bool) override { return true; }
-  bool number_integer(number_integer_t) override { return true; }
-  bool number_unsigned(number_unsigned_t) override { return true; }
-  bool number_float(number_float_t, const string_t&) override { return true; }
-  bool string(string_t&) override { return true; }
-  bool binary(binary_t&) override { return true; }
+  StructureCheck(std::vector<std::string>* top_level_keys, const JsonArrayLimit& array_limit)
+      : top_level_keys_(top_level_keys), array_limit_(array_limit) {}
+  bool null() override { return element(); }
+  bool boolean(bool) override { return element(); }
+  bool number_integer(number_integer_t) override { return element(); }
+  bool number_unsigned(number_unsigned_t) override { return element(); }
+  bool number_float(number_float_t, const string_t&) override { return element(); }
+  bool string(string_t&) override { return element(); }
+  bool binary(binary_t&) override { return element(); }
   bool start_object(std::size_t) override {
+    element();
     open(true);
     return true;
   }
@@ -48,27 +50,45 @@ class StructureCheck final : public nlohmann::json_sax<Json> {
   }
   bool end_object() override {
     keys_.pop_back();
-    --depth_;
+    close();
     return true;
   }
   bool start_array(std::size_t) override {
+    element();
     open(false);
     return true;
   }
   bool end_array() override {
-    --depth_;
+    close();
     return true;
   }
   bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override { return false; }
 
  private:
+  static constexpr std::size_t kObject = static_cast<std::size_t>(-1);
   void open(bool object) {
     if (depth_ >= kMaxJsonDepth) throw JsonReadError("is nested deeper than " + std::to_string(kMaxJsonDepth) + " levels");
     ++depth_;
     if (object) keys_.emplace_back();
+    elements_.push_back(object ? kObject : 0);
+  }
+  void close() {
+    --depth_;
+    elements_.pop_back();
+  }
+  /// A value: counted against the limit when it is an array's element.
+  bool element() {
+    if (array_limit_.max_elements == 0 || elements_.empty() || elements_.back() == kObject) return true;
+    if (++elements_.back() > array_limit_.max_elements) {
+      throw JsonReadError("has an array of more than " + std::to_string(array_limit_.max_elements) + " elements" +
+                          (array_limit_.why.empty() ? "" : " (" + array_limit_.why + ")"));
+    }
+    return true;
   }
   std::vector<std::string>* top_level_keys_;
+  const JsonArrayLimit& array_limit_;
   std::vector<std::set<std::string>> keys_;  // one per open object
+  std::vector<std::size_t> elements_;        // per open container: an array's elements so far, or kObject
   int depth_ = 0;
 };
 
@@ -104,12 +124,13 @@ std::string line_error(const JsonReadError& error) {
   return about_text ? "the line " + what : what;
 }
 
-Json parse_untrusted_json(std::string_view text, std::vector<std::string>* top_level_keys) {
+Json parse_untrusted_json(std::string_view text, std::vector<std::string>* top_level_keys,
+                          const JsonArrayLimit& array_limit) {
   if (const std::size_t nul = text.find('\0'); nul != std::string_view::npos) {
     throw JsonReadError("holds a NUL byte at offset " + std::to_string(nul) + " (JSON text never holds one)");
   }
   try {
-    StructureCheck check(top_level_keys);
+    StructureCheck check(top_level_keys, array_limit);
     (void)Json::sax_parse(text.begin(), text.end(), &check);  // false at a syntax error: the parse below names it
     return Json::parse(text.begin(), text.end());
   } catch (const JsonReadError&) {

@@ -52,13 +52,21 @@ std::string quote_json(const Json& value);
 /// the key 'k' twice", "\"k\" must be a string, got number".
 std::string line_error(const JsonReadError& error);
 
+/// A bound on the length of every array in a text, checked in the first
+/// pass, before a document is built (a 100 MB array costs gigabytes as one).
+struct JsonArrayLimit {
+  std::size_t max_elements = 0;  // 0: no bound
+  std::string why;               // said in the error, in parentheses
+};
+
 /// Parses untrusted JSON. Refuses: NUL bytes anywhere (a C reader would stop
 /// there), nesting deeper than kMaxJsonDepth, the same key twice in one
-/// object, numbers outside double's range (1e999), invalid UTF-8, trailing
-/// bytes. Every failure is a JsonReadError; no nlohmann exception escapes.
-/// `top_level_keys` (optional) receives the top-level object's keys in the
-/// order the text has them.
-Json parse_untrusted_json(std::string_view text, std::vector<std::string>* top_level_keys = nullptr);
+/// object, an array longer than `array_limit` allows, numbers outside
+/// double's range (1e999), invalid UTF-8, trailing bytes. Every failure is a
+/// JsonReadError; no nlohmann exception escapes. `top_level_keys` (optional)
+/// receives the top-level object's keys in the order the text has them.
+Json parse_untrusted_json(std::string_view text, std::vector<std::string>* top_level_keys = nullptr,
+                          const JsonArrayLimit& array_limit = {});
 
 /// Checked accessors on an object: the field must exist and have the type.
 /// Errors: JsonReadError "field 'key': ...".

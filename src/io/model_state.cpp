@@ -28,7 +28,7 @@ struct ModelStateInfo {
 float parse_norm_epsilon(const std::filesystem::path& path, const std::string& text) {
   float value = 0.0F;
   const auto result = std::from_chars(text.data(), text.data() + text.size(), value);
-  if (result.ec != std::errc() || result.ptr != text.data() + text.size() || !std::isfinite(value) || value <= 0.0F) {
+  if (result.ec != std::errc() || result.ptr != text.data() + text.size() || !is_valid_norm_epsilon(value)) {
     load_error(path, "metadata \"norm_epsilon\" '" + text + "' is not a positive finite number");
   }
   return value;
@@ -49,12 +49,19 @@ ModelStateInfo parse_model_metadata(const std::filesystem::path& path,
           parse_norm_epsilon(path, required(path, metadata, "norm_epsilon"))};
 }
 
-/// Validates everything against `model`, then sets every parameter. Nothing
-/// is changed unless every check passed.
-void apply_model_state(DecoderOnlyTransformer& model, const TensorFile& file, const std::filesystem::path& path,
-                       const LoadOptions& options) {
-  if (!options.allow_non_finite) detail::check_finite(path, file);
-  const ModelStateInfo info = parse_model_metadata(path, file.metadata);
+/// The parameters' names and shapes, as check_tensor_layout expects them.
+std::vector<std::pair<std::string, Shape>> parameter_layout(const DecoderOnlyTransformer& model) {
+  std::vector<std::pair<std::string, Shape>> layout;
+  for (const NamedParameter& p : model.parameters()) layout.emplace_back(p.name, p.variable.shape());
+  return layout;
+}
+
+/// Everything a header can be refused for against `model` (format, schema,
+/// dimensions, norm epsilon, every tensor's name and shape): checked before
+/// any tensor data is read.
+void check_header_against(const DecoderOnlyTransformer& model, const detail::SafetensorsHeader& header,
+                          const std::filesystem::path& path) {
+  const ModelStateInfo info = parse_model_metadata(path, header.metadata);
   if (info.dimensions != model.dimensions()) {
     load_error(path, "dimensions " + dimensions_json(info.dimensions) + " in the file differ from the model's " +
                          dimensions_json(model.dimensions()));
@@ -63,32 +70,22 @@ void apply_model_state(DecoderOnlyTransformer& model, const TensorFile& file, co
     load_error(path, "norm_epsilon " + float_string(info.norm_epsilon) + " in the file differs from the model's " +
                          float_string(model.norm_epsilon()));
   }
+  detail::check_tensor_layout(path, detail::tensor_layout(header), parameter_layout(model), "the model");
+}
 
-  std::map<std::string, const Tensor*> unclaimed;
-  for (const auto& [name, tensor] : file.tensors) unclaimed.emplace(name, &tensor);
+/// Sets every parameter from a file whose header passed check_header_against.
+/// Nothing is changed unless every check passed.
+void apply_model_state(DecoderOnlyTransformer& model, const TensorFile& file, const std::filesystem::path& path,
+                       const LoadOptions& options) {
+  if (!options.allow_non_finite) detail::check_finite(path, file);
+  std::map<std::string, const Tensor*> by_name;
+  for (const auto& [name, tensor] : file.tensors) by_name.emplace(name, &tensor);
   const std::vector<NamedParameter> parameters = model.parameters();
   std::vector<Tensor> values;  // one per parameter, on the parameter's backend
   values.reserve(parameters.size());
   for (const NamedParameter& parameter : parameters) {
-    const auto it = unclaimed.find(parameter.name);
-    if (it == unclaimed.end()) {
-      load_error(path, "tensor '" + parameter.name + "' is missing (the model expects shape " +
-                           shape_string(parameter.variable.shape()) + ")");
-    }
-    const Tensor& tensor = *it->second;
-    if (tensor.shape() != parameter.variable.shape()) {
-      load_error(path, "tensor '" + parameter.name + "' has shape " + shape_string(tensor.shape()) +
-                           " in the file, the model expects " + shape_string(parameter.variable.shape()));
-    }
-    values.push_back(tensor.to(parameter.variable.backend()));
-    unclaimed.erase(it);
+    values.push_back(by_name.at(parameter.name)->to(parameter.variable.backend()));
   }
-  if (!unclaimed.empty()) {
-    std::string names;
-    for (const auto& [name, tensor] : unclaimed) names += (names.empty() ? "'" : ", '") + name + "'";
-    load_error(path, "the file has tensors the model does not: " + names);
-  }
-
   for (std::size_t i = 0; i < parameters.size(); ++i) {
     Variable variable = parameters[i].variable;
     variable.set_value(values[i]);
@@ -133,7 +130,9 @@ TransformerDimensions read_model_dimensions(const std::filesystem::path& path) {
 }
 
 void load_model_state(DecoderOnlyTransformer& model, const std::filesystem::path& path, const LoadOptions& options) {
-  apply_model_state(model, read_safetensors(path), path, options);
+  const TensorFile file = detail::read_safetensors_checked(
+      path, [&](const detail::SafetensorsHeader& header) { check_header_against(model, header, path); });
+  apply_model_state(model, file, path, options);
 }
 
 std::string model_fingerprint(const DecoderOnlyTransformer& model) {
@@ -146,20 +145,26 @@ std::unique_ptr<DecoderOnlyTransformer> load_model(const std::filesystem::path& 
                                                    FullSequenceAttentionKind attention,
                                                    ActivationCheckpointingKind activation_checkpointing,
                                                    const LoadOptions& options) {
-  const TensorFile file = read_safetensors(path);
-  const ModelStateInfo info = parse_model_metadata(path, file.metadata);
-  // Before allocating a model of the file's dimensions, check the file holds
-  // that many values: a bad header cannot ask for gigabytes.
-  std::int64_t values = 0;
-  for (const auto& [name, tensor] : file.tensors) values += tensor.numel();
-  if (values != info.dimensions.parameter_count()) {
-    load_error(path, "the file holds " + std::to_string(values) + " values but its dimensions " +
-                         dimensions_json(info.dimensions) + " need " +
-                         std::to_string(info.dimensions.parameter_count()));
-  }
+  ModelStateInfo info;
+  std::vector<std::pair<std::string, Shape>> layout;
+  const TensorFile file = detail::read_safetensors_checked(path, [&](const detail::SafetensorsHeader& header) {
+    info = parse_model_metadata(path, header.metadata);
+    layout = detail::tensor_layout(header);
+    // Before reading the data or allocating a model of the file's
+    // dimensions, check the file holds that many values: a bad header (or a
+    // sparse file) cannot ask for gigabytes.
+    std::int64_t values = 0;
+    for (const detail::SafetensorsEntry& entry : header.entries) values += (entry.end - entry.begin) / 4;
+    if (values != info.dimensions.parameter_count()) {
+      load_error(path, "the file holds " + std::to_string(values) + " values but its dimensions " +
+                           dimensions_json(info.dimensions) + " need " +
+                           std::to_string(info.dimensions.parameter_count()));
+    }
+  });
   Random random(0);  // every parameter is overwritten below
   auto model = std::make_unique<DecoderOnlyTransformer>(info.dimensions, random, info.norm_epsilon, attention,
                                                         activation_checkpointing);
+  detail::check_tensor_layout(path, layout, parameter_layout(*model), "the model");
   apply_model_state(*model, file, path, options);
   return model;
 }

@@ -133,9 +133,12 @@ float half_to_float(std::uint16_t h, StoredDtype dtype) {
   return std::bit_cast<float>(bits);
 }
 
-TensorFile read_safetensors_as_f32(const std::filesystem::path& path) {
+TensorFile read_safetensors_checked(const std::filesystem::path& path, const HeaderCheck& check, bool accept_half) {
   const InputFile file(path);
-  const SafetensorsHeader header = read_header(file, path, true);
+  const SafetensorsHeader header = read_header(file, path, accept_half);
+  // Everything the caller can refuse from the header alone is refused before
+  // a byte of tensor data is allocated (a sparse file can claim gigabytes).
+  if (check) check(header);
   TensorFile result;
   result.metadata = header.metadata;
   result.tensors.reserve(header.entries.size());
@@ -153,6 +156,10 @@ TensorFile read_safetensors_as_f32(const std::filesystem::path& path) {
     result.tensors.emplace_back(entry.name, std::move(tensor));
   }
   return result;
+}
+
+TensorFile read_safetensors_as_f32(const std::filesystem::path& path, const HeaderCheck& check) {
+  return read_safetensors_checked(path, check, true);
 }
 
 }  // namespace detail
@@ -174,17 +181,7 @@ void write_safetensors(const std::filesystem::path& path, const std::vector<std:
 }
 
 TensorFile read_safetensors(const std::filesystem::path& path) {
-  const InputFile file(path);
-  const detail::SafetensorsHeader header = read_header(file, path);
-  TensorFile result;
-  result.metadata = header.metadata;
-  result.tensors.reserve(header.entries.size());
-  for (const detail::SafetensorsEntry& entry : header.entries) {
-    Tensor tensor = Tensor::empty(entry.shape);
-    file.read_at(header.data_start + entry.begin, tensor.data(), entry.end - entry.begin);
-    result.tensors.emplace_back(entry.name, std::move(tensor));
-  }
-  return result;
+  return detail::read_safetensors_checked(path, {});
 }
 
 }  // namespace riftco_transformer

@@ -23,7 +23,11 @@ std::string range_string(std::uint64_t begin, std::uint64_t end) {
 /// no duplicate keys).
 Json parse_json(const std::filesystem::path& path, std::string_view text, std::vector<std::string>& keys) {
   try {
-    return parse_untrusted_json(text, &keys);
+    // Every array of a header is a shape or a [begin, end] pair (metadata
+    // values are strings): a longer one is refused before a document is built.
+    static const JsonArrayLimit limit{kMaxShapeDimensions, "a tensor shape has at most " +
+                                                               std::to_string(kMaxShapeDimensions) + " dimensions"};
+    return parse_untrusted_json(text, &keys, limit);
   } catch (const JsonReadError& e) {
     load_error(path, std::string("header ") + e.what());
   }
@@ -32,7 +36,7 @@ Json parse_json(const std::filesystem::path& path, std::string_view text, std::v
 Shape parse_shape(const std::filesystem::path& path, const std::string& name, const Json& shape) {
   const std::string where = "tensor '" + quote(name) + "': ";
   if (!shape.is_array()) load_error(path, where + "\"shape\" is not an array");
-  Shape result;
+  Shape result;  // at most kMaxShapeDimensions entries (parse_json's array limit)
   for (const Json& d : shape) {
     if (d.is_number_integer() && !d.is_number_unsigned()) {
       load_error(path, where + "shape " + quote_json(shape) + " has a negative dimension");
@@ -160,6 +164,11 @@ std::string encode_safetensors_header(const std::filesystem::path& path,
       if (name == "__metadata__") save_error(path, "'__metadata__' is reserved and cannot name a tensor");
       if (!seen.insert(name).second) save_error(path, "tensor name '" + name + "' appears twice");
       if (!tensor.defined()) save_error(path, "tensor '" + name + "' is undefined");
+      if (tensor.shape().size() > kMaxShapeDimensions) {
+        save_error(path, "tensor '" + name + "' has " + std::to_string(tensor.shape().size()) +
+                             " dimensions, more than the limit of " + std::to_string(kMaxShapeDimensions) +
+                             " (it could not be loaded back)");
+      }
       const auto bytes = static_cast<std::uint64_t>(tensor.nbytes());
       if (text.size() > 1) text += ',';
       text += Json(name).dump() + ":{\"dtype\":\"F32\",\"shape\":" + Json(tensor.shape()).dump() +
@@ -195,6 +204,42 @@ SafetensorsHeader parse_safetensors_header(const std::filesystem::path& path, st
                    });
   check_coverage(path, header.entries, data_size);
   return header;
+}
+
+std::vector<std::pair<std::string, Shape>> tensor_layout(const SafetensorsHeader& header) {
+  std::vector<std::pair<std::string, Shape>> layout;
+  layout.reserve(header.entries.size());
+  for (const SafetensorsEntry& entry : header.entries) layout.emplace_back(entry.name, entry.shape);
+  return layout;
+}
+
+void check_tensor_layout(const std::filesystem::path& path, const std::vector<std::pair<std::string, Shape>>& actual,
+                         const std::vector<std::pair<std::string, Shape>>& expected, const std::string& owner) {
+  std::map<std::string, const Shape*> unclaimed;
+  for (const auto& [name, shape] : actual) unclaimed.emplace(name, &shape);
+  for (const auto& [name, shape] : expected) {
+    const auto it = unclaimed.find(name);
+    if (it == unclaimed.end()) {
+      load_error(path, "tensor '" + name + "' is missing (" + owner + " expects shape " + shape_string(shape) + ")");
+    }
+    if (*it->second != shape) {
+      load_error(path, "tensor '" + name + "' has shape " + shape_string(*it->second) + " in the file, " + owner +
+                           " expects " + shape_string(shape));
+    }
+    unclaimed.erase(it);
+  }
+  if (!unclaimed.empty()) {
+    std::string names;
+    std::size_t shown = 0;
+    for (const auto& [name, shape] : unclaimed) {
+      if (shown++ == 5) {
+        names += ", ...";
+        break;
+      }
+      names += (names.empty() ? "'" : ", '") + quote(name) + "'";
+    }
+    load_error(path, "the file has tensors " + owner + " does not: " + names);
+  }
 }
 
 }  // namespace riftco_transformer::detail

@@ -3,6 +3,7 @@
 // validating parser. Shared by the safetensors reader/writer and model state.
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <string>
 #include <string_view>
@@ -19,6 +20,10 @@ namespace riftco_transformer::detail {
 
 /// Header lengths above this are refused before anything is allocated.
 inline constexpr std::uint64_t kMaxSafetensorsHeaderBytes = std::uint64_t{100} << 20;
+
+/// Tensors of more dimensions are refused (PyTorch's limit); so is any longer
+/// array in a header, before the header's JSON document is built.
+inline constexpr std::size_t kMaxShapeDimensions = 64;
 
 /// Element types a header may declare. Model-state files are F32 only; the
 /// Hugging Face importer also reads F16 and BF16 (converted to float32).
@@ -60,8 +65,28 @@ SafetensorsHeader parse_safetensors_header(const std::filesystem::path& path, st
 /// Opens `path` and reads and validates its header only (no tensor data).
 SafetensorsHeader read_safetensors_header(const std::filesystem::path& path);
 
-/// read_safetensors, but F16 and BF16 tensors are accepted too and converted
-/// to float32 (exactly: every half value is a float32 value).
-TensorFile read_safetensors_as_f32(const std::filesystem::path& path);
+/// Refuses (throws) a header before any tensor data is read.
+using HeaderCheck = std::function<void(const SafetensorsHeader&)>;
+
+/// read_safetensors, calling `check` (when set) on the validated header before
+/// any tensor data is allocated or read, from the same open file: a loader
+/// refuses a wrong format, schema, dimensions or tensor layout without
+/// allocating what a (possibly sparse) file claims. `accept_half`: as for
+/// parse_safetensors_header, F16/BF16 converted exactly to float32.
+TensorFile read_safetensors_checked(const std::filesystem::path& path, const HeaderCheck& check,
+                                    bool accept_half = false);
+
+/// read_safetensors_checked with F16 and BF16 tensors accepted too.
+TensorFile read_safetensors_as_f32(const std::filesystem::path& path, const HeaderCheck& check = {});
+
+/// The (name, shape) of each entry, in the header's data-section order.
+std::vector<std::pair<std::string, Shape>> tensor_layout(const SafetensorsHeader& header);
+
+/// Refuses (load_error naming `path`) a file whose tensors are not exactly
+/// `expected` by name and shape, in any order; `owner` names who expects
+/// them in messages ("the model", "the run").
+void check_tensor_layout(const std::filesystem::path& path,
+                         const std::vector<std::pair<std::string, Shape>>& actual,
+                         const std::vector<std::pair<std::string, Shape>>& expected, const std::string& owner);
 
 }  // namespace riftco_transformer::detail

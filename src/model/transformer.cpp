@@ -127,6 +127,12 @@ ActivationCheckpointingKind parse_activation_checkpointing(const std::string& na
                    expected + ")");
 }
 
+bool is_valid_norm_epsilon(double value) {
+  if (!(value > 0.0) || !(value < 1.0e39)) return false;  // NaN too; 1e39 is past float's range
+  const auto rounded = static_cast<float>(value);
+  return rounded > 0.0F && std::isfinite(rounded);
+}
+
 DecoderOnlyTransformer::DecoderOnlyTransformer(const TransformerDimensions& dimensions, Random& random,
                                                float norm_epsilon, FullSequenceAttentionKind attention,
                                                ActivationCheckpointingKind activation_checkpointing)
@@ -134,7 +140,7 @@ DecoderOnlyTransformer::DecoderOnlyTransformer(const TransformerDimensions& dime
   TransformerCore& m = *core_;
   dimensions.validate();
   m.dims = dimensions;
-  if (!(norm_epsilon > 0.0F) || !std::isfinite(norm_epsilon)) {
+  if (!is_valid_norm_epsilon(norm_epsilon)) {
     throw ValueError("[DecoderOnlyTransformer] norm_epsilon must be a finite number > 0, got " + std::to_string(norm_epsilon));
   }
   m.eps = norm_epsilon;

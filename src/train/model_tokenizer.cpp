@@ -51,17 +51,27 @@ Tokenizer tokenizer_for_model(const std::filesystem::path& model, const std::fil
   }
   const std::filesystem::path as_recorded(recorded.path);
   const std::filesystem::path beside = model.parent_path() / as_recorded.filename();
-  std::error_code ec;
+  // The first candidate whose checksum matches; each other one is named with why it was passed over.
+  std::string tried;
   for (const std::filesystem::path& candidate : {as_recorded, beside}) {
-    if (!std::filesystem::is_regular_file(candidate, ec)) continue;
-    Tokenizer tokenizer = Tokenizer::load(candidate);
-    if (tokenizer.checksum() == recorded.checksum) return check_vocab(std::move(tokenizer), model);
-    throw ValueError("[tokenizer] " + model.string() + " was trained with " + recorded_text + ", but " +
-                     candidate.string() + " now has checksum " + tokenizer.checksum() +
-                     " (retrained or replaced); pass the original with --tokenizer");
+    std::error_code ec;
+    if (candidate == beside && std::filesystem::equivalent(as_recorded, beside, ec)) continue;  // the same file
+    std::string why;
+    if (!std::filesystem::is_regular_file(candidate, ec)) {
+      why = std::filesystem::exists(candidate, ec) ? "not a regular file" : "not found";
+    } else {
+      try {
+        Tokenizer tokenizer = Tokenizer::load(candidate);
+        if (tokenizer.checksum() == recorded.checksum) return check_vocab(std::move(tokenizer), model);
+        why = "has checksum " + tokenizer.checksum() + " (retrained or replaced)";
+      } catch (const Error& e) {
+        why = std::string("cannot be loaded: ") + e.what();
+      }
+    }
+    tried += (tried.empty() ? "" : "; ") + candidate.string() + " " + why;
   }
   throw ValueError("[tokenizer] " + model.string() + " was trained with " + recorded_text +
-                   ", which is not found (as recorded, nor as " + beside.string() + "); pass it with --tokenizer");
+                   ", and no candidate matches: " + tried + "; pass the original with --tokenizer");
 }
 
 }  // namespace riftco_transformer

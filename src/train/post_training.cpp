@@ -146,15 +146,15 @@ RunResult run_post_training(const PostTrainingConfig& config, Communicator& comm
                {"tokenizer", tokenizer.description()}};
   DecoderOnlyTransformer* m = model.get();
   const TokenizerRecord record{tokenizer.path().string(), tokenizer.checksum()};
-  run.save_weights = [m, lora, record](const std::filesystem::path& dir) {
-    const std::filesystem::path path = dir / (lora ? "adapter.safetensors" : "model.safetensors");
+  run.weights_file = lora ? "adapter.safetensors" : "model.safetensors";
+  run.save_weights = [m, lora, record](const std::filesystem::path& path) {
     if (lora) {
       save_adapter_state(*m, path);
     } else {
       save_model_state(*m, path, record);
     }
-    return path;
   };
+
   run.comm = &communicator;
   return stage::run(run, progress, notice);
 }

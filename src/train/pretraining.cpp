@@ -14,7 +14,7 @@ void PretrainingConfig::validate() const {
     throw ValueError("[PretrainingConfig] vocab_size must match the tokenizer: the byte tokenizer has 256, got " +
                      std::to_string(dimensions.vocab_size) + " (set tokenizer to train with a subword vocabulary)");
   }
-  if (!(norm_epsilon > 0.0F) || !std::isfinite(norm_epsilon)) {
+  if (!is_valid_norm_epsilon(norm_epsilon)) {
     throw ValueError("[PretrainingConfig] norm_epsilon must be a finite number > 0, got " + std::to_string(norm_epsilon));
   }
   if (!(validation_fraction > 0.0 && validation_fraction < 1.0)) {
@@ -95,11 +95,8 @@ RunResult run_pretraining(const PretrainingConfig& config, Communicator& communi
                {"validation_tokens", dataset.validation_tokens()},
                {"tokenizer", tokenizer.description()}};
   const TokenizerRecord record{tokenizer.path().string(), tokenizer.checksum()};
-  run.save_weights = [&model, record](const std::filesystem::path& dir) {
-    const std::filesystem::path path = dir / "model.safetensors";
-    save_model_state(model, path, record);
-    return path;
-  };
+  run.weights_file = "model.safetensors";
+  run.save_weights = [&model, record](const std::filesystem::path& path) { save_model_state(model, path, record); };
   run.comm = &communicator;
   return stage::run(run, progress, notice);
 }

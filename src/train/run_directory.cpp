@@ -11,6 +11,7 @@
 #include <cstring>
 #include <limits>
 
+#include "../io/atomic_file.hpp"
 #include "../io/json_read.hpp"
 #include "riftco_transformer/atomic_file.hpp"
 #include "riftco_transformer/errors.hpp"
@@ -20,6 +21,8 @@
 
 namespace riftco_transformer::stage {
 namespace {
+
+constexpr const char* kLossCurveFile = "loss_curve.svg";
 
 /// The fields of a metrics.jsonl row (StepReport).
 constexpr const char* kMetricsFields[] = {"step",           "loss",          "learning_rate", "grad_norm",
@@ -152,10 +155,24 @@ void write_plots(const std::filesystem::path& dir, const std::vector<nlohmann::j
   }
   std::vector<CurveSeries> series{train};
   if (!validation.points.empty()) series.push_back(validation);
-  write_loss_curve_svg(dir / "loss_curve.svg", series, title);
+  write_loss_curve_svg(dir / kLossCurveFile, series, title);
 }
 
 }  // namespace
+
+void check_output_targets(const StageRun& r) {
+  const std::filesystem::path dir = r.settings->output_dir;
+  for (const std::string& name : {r.weights_file, std::string("metadata.json"), std::string("metrics.jsonl"),
+                                  std::string(kLossCurveFile), std::string(kTrainingCheckpointFile),
+                                  std::string(kPartialMetricsFile)}) {
+    try {
+      detail::check_replaceable(dir / name);
+    } catch (const ModelStateError& e) {
+      throw ModelStateError(std::string(e.what()) + " (the run writes this file; checked before training so that "
+                                                    "no step is lost: move it away or use another output directory)");
+    }
+  }
+}
 
 /// Completion, by rank 0 alone: switches the directory to this run and
 /// returns the weights' path. metadata.json marks a complete run, so it goes
@@ -167,7 +184,8 @@ std::filesystem::path write_final_files(StageRun& r, const RunResult& result, co
   const std::filesystem::path dir = r.settings->output_dir;
   const std::filesystem::path metadata_path = dir / "metadata.json";
   remove_file(metadata_path);
-  const std::filesystem::path weights = r.save_weights(dir);
+  const std::filesystem::path weights = dir / r.weights_file;
+  r.save_weights(weights);
   {
     std::string all;
     for (const nlohmann::json& row : rows) all += row.dump() + '\n';

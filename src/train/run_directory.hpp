@@ -38,6 +38,13 @@ class RunLock {
 /// naming the file, the line and the field, never a raw JSON exception.
 std::vector<nlohmann::json> read_metrics(const std::filesystem::path& path, std::int64_t keep);
 
+/// Every file a run may write in `r`'s output directory (the weights,
+/// metadata.json, metrics.jsonl, loss_curve.svg, the training checkpoint and
+/// the partial log), checked at setup with the writer's own check
+/// (check_replaceable): a directory, symlink, FIFO or device in the way is a
+/// ModelStateError before step 1, not after training.
+void check_output_targets(const StageRun& r);
+
 /// Completion: the weights (r.save_weights), metrics.jsonl, loss_curve.svg
 /// and metadata.json (recording world_size and world_size_history), then the checkpoint and the
 /// partial log removed. Returns the weights' path. metadata.json goes first

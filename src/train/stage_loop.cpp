@@ -206,6 +206,7 @@ RunResult run(StageRun& r, const ProgressCallback& progress, const NoticeCallbac
     if (writer) {
       make_directory(dir);
       lock.emplace(dir);  // before anything here changes
+      check_output_targets(r);  // a final file that could not be replaced fails now, not after training
       write_file_atomically(dir / ".write_probe", "");  // an unwritable directory fails now, not after training
       remove_file(dir / ".write_probe");
       remove_stale_temporaries(dir);  // left by a process killed inside a save

@@ -20,8 +20,10 @@ struct StageRun {
   std::function<TokenBatch(Random&, Split)> sample;
   /// The whole configuration, as metadata.json records it.
   nlohmann::json config;
-  /// Writes the final weights into the output directory; returns the path.
-  std::function<std::filesystem::path(const std::filesystem::path& dir)> save_weights;
+  /// The final weights' file name in the output directory ("model.safetensors",
+  /// "adapter.safetensors"), and what writes them there (given that path).
+  std::string weights_file;
+  std::function<void(const std::filesystem::path& path)> save_weights;
   /// Extra facts for metadata.json (data sizes, parameter counts, ...).
   nlohmann::json facts;
   /// The job's ranks (data parallelism, docs/distributed.md); never null.

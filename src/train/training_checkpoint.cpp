@@ -6,6 +6,7 @@
 
 #include "../tensor/hash.hpp"
 #include "../io/json_read.hpp"
+#include "../io/safetensors_header.hpp"
 #include "riftco_transformer/model_state.hpp"
 
 namespace riftco_transformer::stage {
@@ -194,9 +195,22 @@ void load_training_checkpoint(const std::filesystem::path& path, const std::vect
 void load_training_checkpoint(const std::filesystem::path& path, const std::vector<NamedParameter>& trainable,
                               const std::function<void(const Adam::State&)>& set_state, TrainingState& state,
                               const nlohmann::json& config, std::int64_t world_size, std::int64_t rank) {
-  const TensorFile f = read_safetensors(path);
   const std::string where = "[load] " + path.string() + ": ";
-  if (meta(f, "format", path) != kFormat) throw ModelStateError(where + "not a riftco training checkpoint");
+  // The format and every tensor's name and shape are checked from the
+  // header, before any tensor data is read (a sparse file can claim gigabytes).
+  const TensorFile f = detail::read_safetensors_checked(path, [&](const detail::SafetensorsHeader& header) {
+    const auto format = header.metadata.find("format");
+    if (format == header.metadata.end() || format->second != kFormat) {
+      throw ModelStateError(where + "not a riftco training checkpoint");
+    }
+    std::vector<std::pair<std::string, Shape>> expected;
+    for (const NamedParameter& p : trainable) {
+      for (const char* prefix : {"param.", "adam.m.", "adam.v."}) {
+        expected.emplace_back(prefix + p.name, p.variable.shape());
+      }
+    }
+    detail::check_tensor_layout(path, detail::tensor_layout(header), expected, "the run");
+  });
   // Before anything in it is believed: a flipped bit or an edited field.
 #ifndef FUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION  // fuzz builds only: let mutated inputs reach the parsers below
   if (meta(f, "checksum", path) != checkpoint_checksum(f.metadata, f.tensors)) {
@@ -260,29 +274,19 @@ void load_training_checkpoint(const std::filesystem::path& path, const std::vect
                                            : std::string("one process")) +
                           " or use a new output directory (a run without dropout resumes at any world size)");
   }
-  std::map<std::string, const Tensor*> by_name;
+  std::map<std::string, const Tensor*> by_name;  // the layout was checked from the header
   for (const auto& [name, t] : f.tensors) by_name[name] = &t;
-  auto find = [&](const std::string& name, const Shape& shape) -> const Tensor& {
-    auto it = by_name.find(name);
-    if (it == by_name.end()) throw ModelStateError(where + "tensor '" + name + "' missing");
-    if (it->second->shape() != shape) {
-      throw ModelStateError(where + "tensor '" + name + "' has shape " + shape_string(it->second->shape()) +
-                            ", expected " + shape_string(shape));
-    }
-    return *it->second;
-  };
+  auto find = [&](const std::string& name) -> const Tensor& { return *by_name.at(name); };
   // The file holds host tensors; the parameters and moments go to the
   // device the run trains on (whatever device the checkpoint was made on).
   Adam::State moments;
   std::vector<Tensor> values;
   for (const NamedParameter& p : trainable) {
-    const Shape& shape = p.variable.shape();
     const Backend device = p.variable.backend();
-    values.push_back(find("param." + p.name, shape));
-    moments.first_moment.push_back(find("adam.m." + p.name, shape).to(device));
-    moments.second_moment.push_back(find("adam.v." + p.name, shape).to(device));
+    values.push_back(find("param." + p.name));
+    moments.first_moment.push_back(find("adam.m." + p.name).to(device));
+    moments.second_moment.push_back(find("adam.v." + p.name).to(device));
   }
-  if (f.tensors.size() != 3 * trainable.size()) throw ModelStateError(where + "unexpected extra tensors");
   TrainingState loaded;
   auto count = [&](const char* key) { return parse_count(meta(f, key, path), key, path); };
   loaded.step = count("step");

@@ -17,6 +17,7 @@
 #include "model_fixtures.hpp"
 #include "scratch.hpp"
 #include "riftco_transformer/hf_llama.hpp"
+#include "message_of.hpp"
 #include "riftco_transformer/ops.hpp"
 
 using namespace riftco_transformer;
@@ -234,6 +235,33 @@ TEST_F(HfLlama, ShardedBf16CheckpointLoads) {
   expect_refused(dir_ / "sharded", "extra.weight");
   write_text(dir_ / "sharded" / "model.safetensors.index.json", "{\"weight_map\": 3}");
   expect_refused(dir_ / "sharded", "weight_map");
+}
+
+// The exporter, the importer and the model agree on the norm epsilon: every
+// value the model accepts (a finite float > 0: 1 and more too) is written and
+// read back exactly, through files and rt-convert's functions; the importer
+// refuses exactly what the model refuses.
+TEST_F(HfLlama, EveryNormEpsilonTheModelAcceptsRoundTrips) {
+  for (const float eps : {1.0F, 2.5F, 1.0e30F, std::numeric_limits<float>::max(),
+                          std::numeric_limits<float>::denorm_min(), 1.0e-6F}) {
+    Random random(2);
+    DecoderOnlyTransformer model(dims(), random, eps);
+    save_model_state(model, dir_ / "model.safetensors");
+    fs::remove_all(dir_ / "hf");
+    convert_to_hf(dir_ / "model.safetensors", dir_ / "hf");
+    convert_from_hf(dir_ / "hf", dir_ / "back.safetensors");
+    EXPECT_EQ(load_model(dir_ / "back.safetensors")->norm_epsilon(), eps) << eps;
+    EXPECT_EQ(load_hf_llama(dir_ / "hf")->norm_epsilon(), eps) << eps;
+  }
+  const json good = hf_config(dims());
+  for (const json& bad : {json(0), json(-1), json(1e39), json(1e-50), json("1e-5")}) {
+    json config = good;
+    config["rms_norm_eps"] = bad;
+    write_text(dir_ / "hf" / "config.json", config.dump());
+    EXPECT_NE(rt_test::message_of<ModelStateError>([&] { load_hf_llama(dir_ / "hf"); }).find("rms_norm_eps"),
+              std::string::npos) << bad;
+    EXPECT_FALSE(is_valid_norm_epsilon(bad.is_number() ? bad.get<double>() : 0.0)) << bad;
+  }
 }
 
 TEST_F(HfLlama, UnsupportedConfigFieldsAreRefusedByName) {

@@ -11,6 +11,7 @@
 #include <sstream>
 #include <thread>
 
+#include "message_of.hpp"
 #include "scratch.hpp"
 #include "tiny_pretraining.hpp"
 #include "riftco_transformer/adapter_state.hpp"
@@ -235,6 +236,55 @@ TEST(Pipelines, BadInputFailsBeforeTouchingExistingOutputs) {
   EXPECT_EQ(read_file(c.output_dir / "metadata.json"), metadata);
   EXPECT_EQ(read_file(c.output_dir / "model.safetensors"), model);
   EXPECT_EQ(read_file(c.output_dir / "metrics.jsonl"), metrics);
+}
+
+// Every file a run writes is checked with the writer's own check at setup:
+// a directory or a symlink in the way of model.safetensors (or any other
+// output) was found only after the last step, losing the run.
+TEST(Pipelines, AnOutputThatCannotBeReplacedIsRefusedBeforeStepOne) {
+  const fs::path dir = fresh_dir("targets");
+  std::ofstream(dir / "elsewhere") << "x";
+  int steps = 0;
+  const auto count = [&steps](const StepReport&) { return ++steps > 0; };
+  for (const char* name : {"model.safetensors", "metadata.json", "metrics.jsonl", "loss_curve.svg",
+                           "training_checkpoint.safetensors"}) {
+    for (const bool symlink : {false, true}) {
+      PretrainingConfig c = tiny_pretraining(dir);
+      c.output_dir = dir / (std::string("run_") + name + (symlink ? "_link" : "_dir"));
+      fs::create_directories(c.output_dir);
+      if (symlink) {
+        fs::create_symlink(dir / "elsewhere", c.output_dir / name);
+      } else {
+        fs::create_directories(c.output_dir / name / "inside");
+      }
+      steps = 0;
+      try {
+        run_pretraining(c, count);
+        ADD_FAILURE() << name << ": the run was not refused";
+      } catch (const ModelStateError& e) {
+        const std::string message = e.what();
+        EXPECT_NE(message.find((c.output_dir / name).string()), std::string::npos) << message;
+        EXPECT_NE(message.find("checked before training"), std::string::npos) << message;
+      }
+      EXPECT_EQ(steps, 0) << name;
+      EXPECT_FALSE(fs::exists(c.output_dir / "metrics.partial.jsonl")) << name;
+    }
+  }
+  EXPECT_EQ(read_file(dir / "elsewhere"), "x");
+  // Post-training's own output: adapter.safetensors.
+  PretrainingConfig base = tiny_pretraining(dir);
+  base.dimensions.context_length = 96;
+  base.steps = 2;
+  base.output_dir = dir / "base";
+  ASSERT_TRUE(run_pretraining(base).completed);
+  PostTrainingConfig post = rt_test::tiny_chat_post_training(base.output_dir / "model.safetensors", 2);
+  post.output_dir = dir / "lora";
+  fs::create_directories(post.output_dir / "adapter.safetensors" / "inside");
+  steps = 0;
+  const std::string message = rt_test::message_of<ModelStateError>([&] { run_post_training(post, count); });
+  EXPECT_NE(message.find("adapter.safetensors: the target is a directory"), std::string::npos) << message;
+  EXPECT_EQ(steps, 0);
+  fs::remove_all(dir);
 }
 
 TEST(Pipelines, LearningRateScheduleWarmsUpThenDecays) {

@@ -15,6 +15,7 @@
 #include <set>
 #include <nlohmann/json.hpp>
 
+#include "../../src/io/safetensors_header.hpp"
 #include "riftco_transformer/model_state.hpp"
 
 using namespace riftco_transformer;
@@ -371,6 +372,33 @@ TEST_F(SafetensorsTest, InvalidArgumentsFailBeforeTouchingTheTarget) {
   expect_save_error(path, {{"bad\xFF", x}}, "not valid UTF-8");
   EXPECT_EQ(read_bytes(path), before);
   EXPECT_EQ(other_files({"state.safetensors"}), std::vector<std::string>{});
+}
+
+// A shape has at most 64 dimensions (PyTorch's limit), and any longer array
+// in a header is refused by the structure pass, before a JSON document is
+// built: a 100 MB header of one 50M-entry shape cost 2.3 GB.
+TEST_F(SafetensorsTest, ShapesOfMoreThan64DimensionsAreRefusedBeforeTheHeaderIsBuilt) {
+  auto ones = [](std::size_t n) {
+    std::string dims;
+    for (std::size_t i = 0; i < n; ++i) dims += i == 0 ? "1" : ",1";
+    return dims;
+  };
+  const fs::path path = dir_ / "dims.safetensors";
+  write_bytes(path, raw_file(R"({"t":{"dtype":"F32","shape":[)" + ones(64) + R"(],"data_offsets":[0,4]}})", 4));
+  EXPECT_EQ(read_safetensors(path).tensors.at(0).second.shape().size(), 64U);
+  write_bytes(path, raw_file(R"({"t":{"dtype":"F32","shape":[)" + ones(65) + R"(],"data_offsets":[0,4]}})", 4));
+  expect_load_error(path, "header has an array of more than 64 elements (a tensor shape has at most 64 dimensions)");
+  const std::string huge = R"({"t":{"dtype":"F32","shape":[)" + ones(10'000'000) + R"(],"data_offsets":[0,4]}})";
+  try {
+    (void)detail::parse_safetensors_header(path, huge, 4);
+    ADD_FAILURE() << "a 10M-dimension shape was accepted";
+  } catch (const ModelStateError& e) {
+    EXPECT_NE(std::string(e.what()).find("more than 64 elements"), std::string::npos) << e.what();
+  }
+  // Nor is a file written that could not be read back.
+  write_bytes(path, raw_file(R"({"t":{"dtype":"F32","shape":[)" + ones(64) + R"(],"data_offsets":[0,4]}})", 4));
+  expect_save_error(path, {{"t", Tensor::zeros(Shape(65, 1))}}, "has 65 dimensions, more than the limit of 64");
+  EXPECT_EQ(read_safetensors(path).tensors.at(0).second.shape().size(), 64U);  // the old file, untouched
 }
 
 TEST_F(SafetensorsTest, WritingOverADirectoryFails) {

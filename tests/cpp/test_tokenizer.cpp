@@ -336,6 +336,42 @@ TEST(ModelStateTokenizer, ASubwordModelThatRecordsNoTokenizerTakesOneOfItsVocabu
   fs::remove_all(dir);
 }
 
+// docs/pipelines.md: the recorded path, else the same file name beside the
+// model, whichever has the recorded checksum. Before, a recorded path that
+// existed with another checksum was an error although the file beside matched.
+TEST(ModelStateTokenizer, TheFirstCandidateWithTheRecordedChecksumIsTaken) {
+  const fs::path dir = fresh_dir("candidates");
+  fs::create_directories(dir / "toks");
+  fs::create_directories(dir / "run");
+  const std::string text = sample_text();
+  TokenizerTrainingOptions options;
+  options.vocab_size = 300;
+  const Tokenizer tok = train_tokenizer(text, options, dir / "toks" / "t.model");
+  options.vocab_size = 310;
+  const Tokenizer other = train_tokenizer(text, options, dir / "other.model");
+  Random random(3);
+  const DecoderOnlyTransformer model(TransformerDimensions{300, 16, 16, 2, 1, 32}, random);
+  const fs::path m = dir / "run" / "m.safetensors";
+  save_model_state(model, m, {(dir / "toks" / "t.model").string(), tok.checksum()});
+  fs::copy_file(dir / "toks" / "t.model", dir / "run" / "t.model");
+  // Retrained in place: the recorded path now has another checksum, the file beside the model matches.
+  fs::copy_file(dir / "other.model", dir / "toks" / "t.model", fs::copy_options::overwrite_existing);
+  EXPECT_EQ(tokenizer_for_model(m, "").checksum(), tok.checksum());
+  // Neither matches: every candidate is named with why it was passed over.
+  fs::copy_file(dir / "other.model", dir / "run" / "t.model", fs::copy_options::overwrite_existing);
+  std::string msg = message_of<ValueError>([&] { tokenizer_for_model(m, ""); });
+  EXPECT_NE(msg.find((dir / "toks" / "t.model").string() + " has checksum " + other.checksum()), std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find((dir / "run" / "t.model").string() + " has checksum " + other.checksum()), std::string::npos)
+      << msg;
+  fs::remove(dir / "toks" / "t.model");
+  write_file(dir / "run" / "t.model", "not a tokenizer");
+  msg = message_of<ValueError>([&] { tokenizer_for_model(m, ""); });
+  EXPECT_NE(msg.find((dir / "toks" / "t.model").string() + " not found"), std::string::npos) << msg;
+  EXPECT_NE(msg.find((dir / "run" / "t.model").string() + " cannot be loaded"), std::string::npos) << msg;
+  fs::remove_all(dir);
+}
+
 TEST(TextDataset, SubwordTokenizersHoldOutTheSameTextAsBytes) {
   const fs::path dir = fresh_dir("split");
   const std::string text = sample_text() + "é";
