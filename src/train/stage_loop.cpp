@@ -125,6 +125,10 @@ RunResult run(StageRun& r, const ProgressCallback& progress, const NoticeCallbac
   const std::filesystem::path metrics_path = dir / "metrics.jsonl";
   const std::filesystem::path partial_path = dir / kPartialMetricsFile;
   const std::filesystem::path metadata_path = dir / "metadata.json";
+  // Before anything else, and before any collective whose size depends on
+  // the settings: ranks started with different settings or data would hang
+  // or train wrongly (docs/distributed.md, "Every rank runs the same run").
+  check_same_config(comm, agreed_config(r.config, r.stage, s.resume), r.stage);
   check_world(s, comm, r.stage.c_str());
   if (s.resume && !file_exists(checkpoint_path) && file_exists(metadata_path)) {
     throw ValueError("[resume] " + dir.string() +
