@@ -6,13 +6,10 @@
 #include "stage_loop.hpp"
 
 #include <algorithm>
-#include <cerrno>
 #include <chrono>
 #include <cmath>
-#include <cstring>
 #include <exception>
 #include <functional>
-#include <fstream>
 #include <limits>
 #include <optional>
 #include <unordered_map>
@@ -193,7 +190,7 @@ RunResult run(StageRun& r, const ProgressCallback& progress, const NoticeCallbac
   state.world_size = world;
   result.output_dir = dir;
   std::vector<nlohmann::json> rows;
-  std::ofstream metrics;
+  MetricsAppender metrics;
   // Setup: rank 0 prepares the directory; every rank reads the checkpoint.
   // A failure on one rank alone ends every rank (agree), never a wait.
   std::exception_ptr setup_error;
@@ -232,8 +229,7 @@ RunResult run(StageRun& r, const ProgressCallback& progress, const NoticeCallbac
       std::string kept;
       for (const nlohmann::json& row : rows) kept += row.dump() + '\n';
       write_file_atomically(partial_path, kept);
-      metrics.open(partial_path, std::ios::app);
-      if (!metrics) throw Error("[pipeline] cannot open " + partial_path.string() + ": " + std::strerror(errno));
+      metrics.open(partial_path);
     }
   } catch (...) {
     setup_error = std::current_exception();
@@ -409,15 +405,7 @@ RunResult run(StageRun& r, const ProgressCallback& progress, const NoticeCallbac
                             {"peak_bytes", report.peak_bytes},
                             {"activation_peak_bytes", report.activation_peak_bytes}};
       if (report.validation_loss) row["validation_loss"] = *report.validation_loss;
-      if (writer) {
-        metrics << row.dump() << '\n' << std::flush;
-        if (!metrics) {
-          const int error = errno;
-          throw Error("[pipeline] cannot append to " + partial_path.string() + ": " +
-                      (error != 0 ? std::strerror(error) : "write failed") +
-                      (error == ENOSPC ? " (the disk is full)" : "") + "; --resume continues from the last checkpoint");
-        }
-      }
+      if (writer) metrics.append(row.dump());  // whole or not at all
       rows.push_back(std::move(row));
       if (s.checkpoint_interval > 0 && (step + 1) % s.checkpoint_interval == 0 && !last) {
         if (world > 1) {
