@@ -126,7 +126,13 @@ std::vector<nlohmann::json> read_metrics(const std::filesystem::path& path, std:
   std::vector<nlohmann::json> rows;
   std::string text;
   if (const auto why = read_regular_file(path, text, std::uint64_t{1} << 30)) {  // 1 GiB: millions of rows
-    if (!file_exists(path)) return rows;
+    if (!file_exists(path) && keep == 0) return rows;
+    if (!file_exists(path)) {
+      throw Error("[resume] " + path.string() + ": the metrics log is missing, but the training checkpoint is at "
+                  "step " + std::to_string(keep) + ": the rows of steps 1 to " + std::to_string(keep) +
+                  " are gone (put the log back, or start the run over: drop resume, or delete " +
+                  (path.parent_path() / kTrainingCheckpointFile).string() + ")");
+    }
     throw Error("[resume] " + path.string() + ": " + *why);
   }
   std::size_t pos = 0;

@@ -58,7 +58,8 @@ class MetricsAppender {
 /// log). Our own file, but read as untrusted: a damaged line is an Error
 /// naming the file, the line and the field, never a raw JSON exception. A
 /// last line without its newline is an append that never completed (torn
-/// by a crash or a full disk): it was never written, and is dropped.
+/// by a crash or a full disk): it was never written, and is dropped. A
+/// missing file is an Error when `keep` > 0 (its steps are gone).
 std::vector<nlohmann::json> read_metrics(const std::filesystem::path& path, std::int64_t keep);
 
 /// Completion: the weights (r.save_weights), metrics.jsonl, loss_curve.svg

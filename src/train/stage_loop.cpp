@@ -213,11 +213,11 @@ RunResult run(StageRun& r, const ProgressCallback& progress, const NoticeCallbac
       // The in-progress log. Without one, metrics.jsonl: a directory written
       // by an older build kept the log there while in progress, and a kill
       // between completion's last two removals leaves it complete there.
-      if (!writer) {
-      } else if (file_exists(partial_path)) {
-        rows = read_metrics(partial_path, state.step);
-      } else {
-        rows = read_metrics(metrics_path, state.step);
+      // Neither: the rows of the checkpoint's steps are gone (an Error
+      // naming the in-progress log).
+      if (writer) {
+        rows = read_metrics(file_exists(partial_path) || !file_exists(metrics_path) ? partial_path : metrics_path,
+                            state.step);
       }
     } else if (writer) {
       // A fresh start: an interrupted earlier run here is abandoned; a
@@ -270,6 +270,13 @@ RunResult run(StageRun& r, const ProgressCallback& progress, const NoticeCallbac
     activation_peak = std::max(activation_peak, pass_meter.peak_bytes() - live_before_pass);
   };
   const auto start = std::chrono::steady_clock::now();
+  // The run's clock continues across a resume: the checkpoint's time, or
+  // (a checkpoint from before it recorded one) the last kept row's.
+  double elapsed_before = state.elapsed_seconds.value_or(0.0);
+  if (!state.elapsed_seconds && !rows.empty() && rows.back().contains("elapsed_seconds") &&
+      rows.back()["elapsed_seconds"].is_number() && std::isfinite(rows.back()["elapsed_seconds"].get<double>())) {
+    elapsed_before = std::max(0.0, rows.back()["elapsed_seconds"].get<double>());
+  }
   std::int64_t tokens_seen = 0;
   float last_loss = rows.empty() ? 0.0F : rows.back()["loss"].get<float>();
   float last_validation = 0.0F;
@@ -383,12 +390,12 @@ RunResult run(StageRun& r, const ProgressCallback& progress, const NoticeCallbac
       report.loss = last_loss;
       report.learning_rate = s.learning_rate_at(step);
       report.grad_norm = grad_norm;
-      report.elapsed_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      report.tokens_per_second =
-          report.elapsed_seconds > 0 ? static_cast<double>(tokens_seen) / report.elapsed_seconds : 0;
+      // Rate and ETA from this process's steps; elapsed on the run's clock.
+      const double here = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      report.elapsed_seconds = elapsed_before + here;
+      report.tokens_per_second = here > 0 ? static_cast<double>(tokens_seen) / here : 0;
       const std::int64_t done_here = step + 1 - result.resumed_from_step;
-      report.eta_seconds =
-          report.elapsed_seconds / static_cast<double>(done_here) * static_cast<double>(s.steps - step - 1);
+      report.eta_seconds = here / static_cast<double>(done_here) * static_cast<double>(s.steps - step - 1);
       report.peak_bytes = run_peak();
       report.activation_peak_bytes = activation_peak;
       const bool last = step + 1 == s.steps;
@@ -419,6 +426,7 @@ RunResult run(StageRun& r, const ProgressCallback& progress, const NoticeCallbac
         state.dropout_random = dropout.front();
         state.other_ranks_dropout_random.assign(dropout.begin() + 1, dropout.end());
         state.world_size = world;
+        state.elapsed_seconds = report.elapsed_seconds;
         state.world_size_history = extend_world_size_history(history_before, world, first_step, step + 1);
         // ZeRO-1 gathers the full moments: collective, every rank takes part.
         // Plain Adam's copy is only needed where it is written.

@@ -1,22 +1,26 @@
 // The metrics log of a run in progress across failures and resumes
 // (docs/pipelines.md, "Resume"): an append the disk cannot take leaves no
 // torn line, a torn last line is dropped on resume while damage in complete
-// lines is still refused.
+// lines is still refused, a missing log is refused like a damaged one, and
+// elapsed_seconds continues across a resume instead of restarting at 0.
 #include <signal.h>
 #include <sys/resource.h>
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "../../src/train/training_checkpoint.hpp"
 #include "message_of.hpp"
+#include "riftco_transformer/model_state.hpp"
 #include "riftco_transformer/pipelines.hpp"
 #include "scratch.hpp"
 #include "tiny_pretraining.hpp"
@@ -29,6 +33,7 @@ namespace {
 using rt_test::message_of;
 using rt_test::read_file;
 using stage::kPartialMetricsFile;
+using stage::kTrainingCheckpointFile;
 
 /// 6 steps, a checkpoint at step 3, interrupted after step 5 (rows 4 and 5
 /// are past the checkpoint).
@@ -118,4 +123,69 @@ TEST(MetricsLog, ResumeDropsATornLastLineAndStillRefusesDamagedCompleteLines) {
   ASSERT_TRUE(run_pretraining(c).completed);
   EXPECT_EQ(rows_of(c.output_dir / "metrics.jsonl").size(), 6U);
   fs::remove_all(c.output_dir.parent_path());
+}
+
+TEST(MetricsLog, ResumeWithTheMetricsLogMissingIsRefused) {
+  // Before: metrics.jsonl silently held steps 4 to 6 only.
+  PretrainingConfig c = interrupted("missing");
+  const fs::path partial = c.output_dir / kPartialMetricsFile;
+  const std::string good = read_file(partial);
+  fs::remove(partial);
+  const std::string message = message_of<Error>([&] { run_pretraining(c); });
+  EXPECT_NE(message.find(partial.string() + ": the metrics log is missing, but the training checkpoint is at step 3"),
+            std::string::npos)
+      << message;
+  EXPECT_NE(message.find("drop resume"), std::string::npos) << message;
+  EXPECT_TRUE(fs::exists(c.output_dir / kTrainingCheckpointFile));
+  EXPECT_FALSE(fs::exists(c.output_dir / "metrics.jsonl"));
+  write_bytes(partial, good);
+  ASSERT_TRUE(run_pretraining(c).completed);
+  EXPECT_EQ(rows_of(c.output_dir / "metrics.jsonl").size(), 6U);
+  fs::remove_all(c.output_dir.parent_path());
+}
+
+namespace {
+
+/// A run whose steps 1 and 2 take at least 0.3 s more each (in the callback,
+/// after their rows), interrupted after step 5 and resumed; its rows.
+std::vector<nlohmann::json> resumed_rows(const std::string& name, bool drop_recorded_elapsed) {
+  const fs::path dir = rt_test::fresh_dir("metrics_log", name);
+  PretrainingConfig c = rt_test::tiny_pretraining_checkpointed(dir);
+  c.output_dir = dir / "run";
+  run_pretraining(c, [](const StepReport& s) {
+    if (s.step <= 2) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    return s.step < 5;
+  });
+  if (drop_recorded_elapsed) {  // a checkpoint written before elapsed_seconds was recorded
+    const fs::path path = c.output_dir / kTrainingCheckpointFile;
+    TensorFile f = read_safetensors(path);
+    EXPECT_EQ(f.metadata.erase("elapsed_seconds"), 1U);
+    f.metadata["checksum"] = stage::checkpoint_checksum(f.metadata, f.tensors);
+    write_safetensors(path, f.tensors, f.metadata);
+  }
+  c.resume = true;
+  EXPECT_TRUE(run_pretraining(c).completed);
+  std::vector<nlohmann::json> rows = rows_of(c.output_dir / "metrics.jsonl");
+  fs::remove_all(dir);
+  return rows;
+}
+
+void expect_clock_continues(const std::vector<nlohmann::json>& rows) {
+  ASSERT_EQ(rows.size(), 6U);
+  EXPECT_GE(rows[2]["elapsed_seconds"].get<double>(), 0.6);
+  for (std::size_t i = 1; i < rows.size(); ++i) {
+    EXPECT_GE(rows[i]["elapsed_seconds"].get<double>(), rows[i - 1]["elapsed_seconds"].get<double>())
+        << "step " << i + 1 << " went back in time";
+  }
+}
+
+}  // namespace
+
+TEST(MetricsLog, ElapsedSecondsContinueFromTheCheckpointOnResume) {
+  // Before: step 4 (the first after the resume) restarted near 0.
+  expect_clock_continues(resumed_rows("elapsed", false));
+}
+
+TEST(MetricsLog, ElapsedSecondsOfAnOlderCheckpointContinueFromTheLastKeptRow) {
+  expect_clock_continues(resumed_rows("elapsed_old", true));
 }
