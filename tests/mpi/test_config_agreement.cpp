@@ -94,8 +94,8 @@ TEST(ConfigAgreement, ModelDimensionsDiffer) {
                  "'dimensions.layers' is 3 on rank 0 and 2 on rank 1");
 }
 
-// Rank 0 alone resuming would have removed the interrupted run (a fresh
-// start) while rank 1 loaded its checkpoint.
+// Rank 1 alone resuming: rank 0's fresh start would have removed the
+// interrupted run while rank 1 loaded its checkpoint.
 TEST(ConfigAgreement, ResumeOnOneRankOnly) {
   expect_refused("resume", [](PretrainingConfig& c) { c.resume = true; }, "'resume' is false on rank 0 and true on rank 1");
 }
