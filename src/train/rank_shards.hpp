@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <exception>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -23,6 +24,24 @@ namespace riftco_transformer::stage {
 /// every micro-batch evenly (batch must be a multiple of the world size), or
 /// when optimizer_in_backward meets more than one rank.
 void check_world(const StageSettings& s, const Communicator& comm, const char* op);
+
+/// The settings each rank may choose for itself: how it keeps activations
+/// (the bits and the collectives are the same either way). Every other
+/// field of a run's configuration must be the same on every rank.
+inline constexpr const char* kPerRankSettings[] = {"activation_checkpointing", "checkpoint_segment_blocks",
+                                                   "activation_memory_budget", "activation_offload"};
+
+/// What the ranks must agree on: `config` (a run's metadata.json "config",
+/// with its data, base-model and tokenizer fingerprints) without
+/// kPerRankSettings, plus the stage and resume.
+nlohmann::json agreed_config(const nlohmann::json& config, const std::string& stage, bool resume);
+
+/// The first collective of a run (config_agreement.cpp): every rank's
+/// `agreed` text is gathered (two all-gathers whose sizes do not depend on
+/// the configuration); when any rank's differs from rank 0's, every rank
+/// throws the same ValueError naming the first differing field and both
+/// ranks' values. Nothing at world size 1.
+void check_same_config(Communicator& comm, const nlohmann::json& agreed, const std::string& op);
 
 /// Rows [rank·b/world, (rank+1)·b/world) of a batch of b rows (b a multiple of world).
 TokenBatch rank_rows(const TokenBatch& batch, int rank, int world);

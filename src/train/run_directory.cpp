@@ -5,6 +5,7 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -77,6 +78,50 @@ RunLock::~RunLock() {
   if (fd_ >= 0) ::close(fd_);  // releases the lock
 }
 
+MetricsAppender::~MetricsAppender() { close(); }
+
+void MetricsAppender::open(const std::filesystem::path& path) {
+  close();
+  fd_ = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0666);
+  if (fd_ < 0) {
+    const int error = errno;
+    throw Error("[pipeline] cannot open " + path.string() + ": " + std::strerror(error));
+  }
+  path_ = path;
+}
+
+void MetricsAppender::close() {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+}
+
+void MetricsAppender::append(const std::string& line) {
+  const std::string data = line + '\n';
+  struct stat before {};
+  int error = ::fstat(fd_, &before) != 0 ? errno : 0;
+  std::size_t done = 0;
+  while (error == 0 && done < data.size()) {
+    const ssize_t n = ::write(fd_, data.data() + done, data.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      error = n < 0 ? errno : EIO;
+      break;
+    }
+    done += static_cast<std::size_t>(n);
+  }
+  if (error == 0) return;
+  // A partial write (the disk filled up inside it) would leave a torn line:
+  // the file goes back to the rows before this one.
+  std::string restored;
+  if (done > 0 && ::ftruncate(fd_, before.st_size) != 0) {
+    restored = std::string(" (and it could not be cut back to its ") + std::to_string(before.st_size) +
+               " bytes: " + std::strerror(errno) + "; --resume drops the torn last line)";
+  }
+  throw Error("[pipeline] cannot append to " + path_.string() + ": " + std::strerror(error) +
+              (error == ENOSPC ? " (the disk is full)" : "") + restored +
+              "; --resume continues from the last checkpoint");
+}
+
 /// Rows of a metrics file with step <= `keep` (a resumed run continues the
 /// log). Our own file, but read as untrusted: a damaged line is an error
 /// naming the file, the line and the field, never a raw JSON exception.
@@ -84,14 +129,22 @@ std::vector<nlohmann::json> read_metrics(const std::filesystem::path& path, std:
   std::vector<nlohmann::json> rows;
   std::string text;
   if (const auto why = read_regular_file(path, text, std::uint64_t{1} << 30)) {  // 1 GiB: millions of rows
-    if (!file_exists(path)) return rows;
+    if (!file_exists(path) && keep == 0) return rows;
+    if (!file_exists(path)) {
+      throw Error("[resume] " + path.string() + ": the metrics log is missing, but the training checkpoint is at "
+                  "step " + std::to_string(keep) + ": the rows of steps 1 to " + std::to_string(keep) +
+                  " are gone (put the log back, or start the run over: drop resume, or delete " +
+                  (path.parent_path() / kTrainingCheckpointFile).string() + ")");
+    }
     throw Error("[resume] " + path.string() + ": " + *why);
   }
   std::size_t pos = 0;
   std::int64_t line_number = 0;
   while (pos < text.size()) {
     std::size_t end = text.find('\n', pos);
-    if (end == std::string::npos) end = text.size();
+    // Every row is appended with its newline: a last line without one was
+    // torn by a crash or a full disk inside the append, so never written.
+    if (end == std::string::npos) break;
     const std::string_view line(text.data() + pos, end - pos);
     pos = end + 1;
     ++line_number;

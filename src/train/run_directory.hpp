@@ -33,9 +33,33 @@ class RunLock {
   int fd_ = -1;
 };
 
+/// The metrics log a run in progress appends to (metrics.partial.jsonl), one
+/// row per line. An append that fails (a full disk) cuts the file back to
+/// its length before it, so no torn line is left, and throws an Error
+/// naming the file and the reason ("--resume continues from the last
+/// checkpoint").
+class MetricsAppender {
+ public:
+  MetricsAppender() = default;
+  ~MetricsAppender();
+  MetricsAppender(const MetricsAppender&) = delete;
+  MetricsAppender& operator=(const MetricsAppender&) = delete;
+  void open(const std::filesystem::path& path);
+  /// `line` and a newline, whole or not at all.
+  void append(const std::string& line);
+  void close();
+
+ private:
+  std::filesystem::path path_;
+  int fd_ = -1;
+};
+
 /// Rows of a metrics file with step <= `keep` (a resumed run continues the
 /// log). Our own file, but read as untrusted: a damaged line is an Error
-/// naming the file, the line and the field, never a raw JSON exception.
+/// naming the file, the line and the field, never a raw JSON exception. A
+/// last line without its newline is an append that never completed (torn
+/// by a crash or a full disk): it was never written, and is dropped. A
+/// missing file is an Error when `keep` > 0 (its steps are gone).
 std::vector<nlohmann::json> read_metrics(const std::filesystem::path& path, std::int64_t keep);
 
 /// Every file a run may write in `r`'s output directory (the weights,

@@ -6,13 +6,10 @@
 #include "stage_loop.hpp"
 
 #include <algorithm>
-#include <cerrno>
 #include <chrono>
 #include <cmath>
-#include <cstring>
 #include <exception>
 #include <functional>
-#include <fstream>
 #include <limits>
 #include <optional>
 #include <unordered_map>
@@ -133,6 +130,10 @@ RunResult run(StageRun& r, const ProgressCallback& progress, const NoticeCallbac
   const std::filesystem::path metrics_path = dir / "metrics.jsonl";
   const std::filesystem::path partial_path = dir / kPartialMetricsFile;
   const std::filesystem::path metadata_path = dir / "metadata.json";
+  // Before anything else, and before any collective whose size depends on
+  // the settings: ranks started with different settings or data would hang
+  // or train wrongly (docs/distributed.md, "Every rank runs the same run").
+  check_same_config(comm, agreed_config(r.config, r.stage, s.resume), r.stage);
   check_world(s, comm, r.stage.c_str());
   if (s.resume && !file_exists(checkpoint_path) && file_exists(metadata_path)) {
     throw ValueError("[resume] " + dir.string() +
@@ -197,7 +198,7 @@ RunResult run(StageRun& r, const ProgressCallback& progress, const NoticeCallbac
   state.world_size = world;
   result.output_dir = dir;
   std::vector<nlohmann::json> rows;
-  std::ofstream metrics;
+  MetricsAppender metrics;
   // Setup: rank 0 prepares the directory; every rank reads the checkpoint.
   // A failure on one rank alone ends every rank (agree), never a wait.
   std::exception_ptr setup_error;
@@ -221,11 +222,11 @@ RunResult run(StageRun& r, const ProgressCallback& progress, const NoticeCallbac
       // The in-progress log. Without one, metrics.jsonl: a directory written
       // by an older build kept the log there while in progress, and a kill
       // between completion's last two removals leaves it complete there.
-      if (!writer) {
-      } else if (file_exists(partial_path)) {
-        rows = read_metrics(partial_path, state.step);
-      } else {
-        rows = read_metrics(metrics_path, state.step);
+      // Neither: the rows of the checkpoint's steps are gone (an Error
+      // naming the in-progress log).
+      if (writer) {
+        rows = read_metrics(file_exists(partial_path) || !file_exists(metrics_path) ? partial_path : metrics_path,
+                            state.step);
       }
     } else if (writer) {
       // A fresh start: an interrupted earlier run here is abandoned; a
@@ -237,8 +238,7 @@ RunResult run(StageRun& r, const ProgressCallback& progress, const NoticeCallbac
       std::string kept;
       for (const nlohmann::json& row : rows) kept += row.dump() + '\n';
       write_file_atomically(partial_path, kept);
-      metrics.open(partial_path, std::ios::app);
-      if (!metrics) throw Error("[pipeline] cannot open " + partial_path.string() + ": " + std::strerror(errno));
+      metrics.open(partial_path);
     }
   } catch (...) {
     setup_error = std::current_exception();
@@ -279,6 +279,13 @@ RunResult run(StageRun& r, const ProgressCallback& progress, const NoticeCallbac
     activation_peak = std::max(activation_peak, pass_meter.peak_bytes() - live_before_pass);
   };
   const auto start = std::chrono::steady_clock::now();
+  // The run's clock continues across a resume: the checkpoint's time, or
+  // (a checkpoint from before it recorded one) the last kept row's.
+  double elapsed_before = state.elapsed_seconds.value_or(0.0);
+  if (!state.elapsed_seconds && !rows.empty() && rows.back().contains("elapsed_seconds") &&
+      rows.back()["elapsed_seconds"].is_number() && std::isfinite(rows.back()["elapsed_seconds"].get<double>())) {
+    elapsed_before = std::max(0.0, rows.back()["elapsed_seconds"].get<double>());
+  }
   std::int64_t tokens_seen = 0;
   float last_loss = rows.empty() ? 0.0F : rows.back()["loss"].get<float>();
   float last_validation = 0.0F;
@@ -392,12 +399,12 @@ RunResult run(StageRun& r, const ProgressCallback& progress, const NoticeCallbac
       report.loss = last_loss;
       report.learning_rate = s.learning_rate_at(step);
       report.grad_norm = grad_norm;
-      report.elapsed_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      report.tokens_per_second =
-          report.elapsed_seconds > 0 ? static_cast<double>(tokens_seen) / report.elapsed_seconds : 0;
+      // Rate and ETA from this process's steps; elapsed on the run's clock.
+      const double here = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      report.elapsed_seconds = elapsed_before + here;
+      report.tokens_per_second = here > 0 ? static_cast<double>(tokens_seen) / here : 0;
       const std::int64_t done_here = step + 1 - result.resumed_from_step;
-      report.eta_seconds =
-          report.elapsed_seconds / static_cast<double>(done_here) * static_cast<double>(s.steps - step - 1);
+      report.eta_seconds = here / static_cast<double>(done_here) * static_cast<double>(s.steps - step - 1);
       report.peak_bytes = run_peak();
       report.activation_peak_bytes = activation_peak;
       const bool last = step + 1 == s.steps;
@@ -414,15 +421,7 @@ RunResult run(StageRun& r, const ProgressCallback& progress, const NoticeCallbac
                             {"peak_bytes", report.peak_bytes},
                             {"activation_peak_bytes", report.activation_peak_bytes}};
       if (report.validation_loss) row["validation_loss"] = *report.validation_loss;
-      if (writer) {
-        metrics << row.dump() << '\n' << std::flush;
-        if (!metrics) {
-          const int error = errno;
-          throw Error("[pipeline] cannot append to " + partial_path.string() + ": " +
-                      (error != 0 ? std::strerror(error) : "write failed") +
-                      (error == ENOSPC ? " (the disk is full)" : "") + "; --resume continues from the last checkpoint");
-        }
-      }
+      if (writer) metrics.append(row.dump());  // whole or not at all
       rows.push_back(std::move(row));
       if (s.checkpoint_interval > 0 && (step + 1) % s.checkpoint_interval == 0 && !last) {
         if (world > 1) {
@@ -436,6 +435,7 @@ RunResult run(StageRun& r, const ProgressCallback& progress, const NoticeCallbac
         state.dropout_random = dropout.front();
         state.other_ranks_dropout_random.assign(dropout.begin() + 1, dropout.end());
         state.world_size = world;
+        state.elapsed_seconds = report.elapsed_seconds;
         state.world_size_history = extend_world_size_history(history_before, world, first_step, step + 1);
         // ZeRO-1 gathers the full moments: collective, every rank takes part.
         // Plain Adam's copy is only needed where it is written.

@@ -80,6 +80,18 @@ std::int64_t parse_count(const std::string& text, const std::string& key, const 
   return value;
 }
 
+/// "elapsed_seconds": a plain decimal number of seconds in [0, 1e12].
+double parse_seconds(const std::string& text, const std::filesystem::path& path) {
+  double value = -1.0;
+  const bool plain = !text.empty() && text.find_first_not_of("0123456789.e+-") == std::string::npos;
+  const auto r = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (!plain || r.ec != std::errc() || r.ptr != text.data() + text.size() || !(value >= 0.0 && value <= 1e12)) {
+    throw ModelStateError("[load] " + path.string() + ": metadata 'elapsed_seconds' is '" + detail::quote(text) +
+                          "', not a number of seconds in [0, 1e12]");
+  }
+  return value;
+}
+
 const std::string& meta(const TensorFile& f, const std::string& key, const std::filesystem::path& path) {
   auto it = f.metadata.find(key);
   if (it == f.metadata.end()) throw ModelStateError("[load] " + path.string() + ": metadata '" + key + "' missing");
@@ -176,6 +188,11 @@ void save_training_checkpoint(const std::filesystem::path& path, const std::vect
   if (state.other_ranks_dropout_random.size() + 1 != static_cast<std::size_t>(state.world_size)) {
     throw ValueError("[save_training_checkpoint] " + std::to_string(state.other_ranks_dropout_random.size() + 1) +
                      " dropout streams for " + std::to_string(state.world_size) + " ranks");
+  }
+  if (state.elapsed_seconds) {
+    char text[32];
+    const auto r = std::to_chars(text, text + sizeof text, *state.elapsed_seconds);  // round-trips
+    metadata["elapsed_seconds"] = std::string(text, r.ptr);
   }
   for (std::size_t r = 0; r < state.other_ranks_dropout_random.size(); ++r) {
     metadata["dropout_random.rank" + std::to_string(r + 1)] = encode(state.other_ranks_dropout_random[r]);
@@ -296,6 +313,9 @@ void load_training_checkpoint(const std::filesystem::path& path, const std::vect
     throw ModelStateError(where + "step " + std::to_string(loaded.step) + " (Adam step " +
                           std::to_string(moments.steps) + ") does not fit a run of " + std::to_string(total) +
                           " steps");
+  }
+  if (const auto it = f.metadata.find("elapsed_seconds"); it != f.metadata.end()) {
+    loaded.elapsed_seconds = parse_seconds(it->second, path);
   }
   loaded.data_random = decode(meta(f, "data_random", path), path);
   loaded.world_size_history = read_world_size_history(f, loaded.step, saved_world, where);

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
@@ -27,6 +28,9 @@ struct TrainingState {
   /// {"world_size", "first_step", "last_step"}, contiguous from step 1
   /// (a run resumed at another N has several).
   nlohmann::json world_size_history = nlohmann::json::array();
+  /// Seconds the run had trained at `step` (metrics' elapsed_seconds);
+  /// absent in checkpoints written before it was recorded.
+  std::optional<double> elapsed_seconds;
 };
 
 /// `history` with steps first..last (1-based, inclusive) run at `world_size`

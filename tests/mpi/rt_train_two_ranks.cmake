@@ -88,4 +88,17 @@ endif()
 if(EXISTS ${WORK}/uneven)
   message(FATAL_ERROR "the refused run created its output directory")
 endif()
+# MPMD: the two ranks started with different --steps (this hung before the
+# ranks compared their settings): refused on every rank within seconds.
+set(mpmd pretrain --data ${WORK}/corpus.txt --context-length 32 --model-width 16 --heads 2 --layers 2
+         --feed-forward-width 32 --sequence-length 16 --batch 4 --output ${WORK}/mpmd)
+execute_process(COMMAND ${MPIEXEC} ${NP_FLAG} 1 --oversubscribe ${RT_TRAIN} ${mpmd} --steps 5
+                        : ${NP_FLAG} 1 ${RT_TRAIN} ${mpmd} --steps 6
+                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err TIMEOUT 30)
+if(rc EQUAL 0 OR rc MATCHES "timeout" OR NOT "${err}" MATCHES "different settings: 'steps' is 5 on rank 0 and 6 on rank 1")
+  message(FATAL_ERROR "ranks with --steps 5 and 6: expected the ValueError on both (exit ${rc}):\n${out}\n${err}")
+endif()
+if(EXISTS ${WORK}/mpmd)
+  message(FATAL_ERROR "the refused MPMD job created its output directory")
+endif()
 file(REMOVE_RECURSE ${WORK})

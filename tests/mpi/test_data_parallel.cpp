@@ -289,12 +289,20 @@ TEST(DataParallel, ParameterChecksumMismatchNamesRanksAndStep) {
 }
 
 TEST(DataParallel, ACheckpointOnlyOneRankResumesFromIsRefused) {
+  // No shared file system: the same relative output_dir names another
+  // folder on each rank (each works in its own directory), so rank 1 does
+  // not see rank 0's checkpoint. (The settings are the same on both ranks:
+  // a resume on one rank only is refused by the settings check.)
+  const fs::path here = fs::current_path();
+  const fs::path own = job_dir() / ("resume_one_rank_cwd" + std::to_string(world().rank()));
+  fs::create_directories(own);
+  fs::current_path(own);
   PretrainingConfig c = tiny("resume_one_rank");
+  c.output_dir = "run";
   c.steps = 6;
   c.checkpoint_interval = 2;
-  ASSERT_FALSE(run_pretraining(c, world(), [](const StepReport& r) { return r.step < 3; }).completed);
-  // As if rank 1 could not see the checkpoint (no shared file system).
-  c.resume = world().rank() == 0;
+  EXPECT_FALSE(run_pretraining(c, world(), [](const StepReport& r) { return r.step < 3; }).completed);
+  c.resume = true;
   try {
     run_pretraining(c, world());
     ADD_FAILURE() << "ranks starting at different steps were accepted";
@@ -302,4 +310,5 @@ TEST(DataParallel, ACheckpointOnlyOneRankResumesFromIsRefused) {
     const std::string what = e.what();
     EXPECT_NE(what.find("rank 0 starts at step 2, rank 1 at step 0"), std::string::npos) << what;
   }
+  fs::current_path(here);
 }
