@@ -103,7 +103,9 @@ std::vector<GenerationResult> generate_samples(const DecoderOnlyTransformer& mod
 /// The distribution one sampling step draws from, for inspection and tests:
 /// `logits` after the repetition penalty over `history`, temperature (> 0),
 /// top-k and top-p; candidates in descending probability order (ties: lower
-/// id first), probabilities normalized to sum to 1.
+/// id first), probabilities normalized to sum to 1. A logit of -inf masks
+/// its token (never a candidate, whatever the penalty); NaN, +inf, a row of
+/// -inf only and history ids outside the vocabulary are ValueErrors.
 struct SamplingCandidates {
   std::vector<std::int32_t> tokens;
   std::vector<double> probabilities;

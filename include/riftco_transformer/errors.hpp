@@ -1,6 +1,7 @@
 #pragma once
 // Typed errors. Every message starts with the operation in brackets, e.g.
 // "[matmul] lhs (4, 8) and rhs (7, 3): inner dimensions differ".
+#include <charconv>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -67,5 +68,14 @@ class PartialStepError : public Error {
 
 /// "(4, 8)" — used by every error message that carries a shape.
 std::string shape_string(const std::vector<std::int64_t>& shape);
+
+/// The shortest text that reads back as `value` ("1.0000001", "1e-45",
+/// "inf"), for messages: std::to_string's six decimals made "must be in
+/// (0, 1], got 1.000000" and "got 0.000000" for values it rounded.
+inline std::string float_text(float value) {
+  char buffer[32];
+  const auto r = std::to_chars(buffer, buffer + sizeof buffer, value);
+  return std::string(buffer, r.ptr);
+}
 
 }  // namespace riftco_transformer

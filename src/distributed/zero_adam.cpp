@@ -88,7 +88,7 @@ ShardedAdam::ShardedAdam(Communicator& communicator, std::vector<ParameterGroup>
     const float wd = g.weight_decay.value_or(options_.weight_decay);
     if (!(wd >= 0.0F) || !std::isfinite(wd)) {
       throw ValueError("[ShardedAdam] parameter group '" + g.name + "': weight_decay must be finite and >= 0, got " +
-                       std::to_string(wd));
+                       float_text(wd));
     }
     const std::size_t begin = params_.size();
     add_parameters(std::move(g.parameters));

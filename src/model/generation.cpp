@@ -47,7 +47,7 @@ void check_finite(const float* l, std::int64_t vocab, std::int64_t position) {
   for (std::int64_t i = 0; i < vocab; ++i) {
     if (!std::isfinite(l[i])) {
       throw ValueError("[generate] the logits after " + std::to_string(position) + " tokens are not finite (token " +
-                       std::to_string(i) + ": " + std::to_string(l[i]) + "): are the model's weights finite?");
+                       std::to_string(i) + ": " + float_text(l[i]) + "): are the model's weights finite?");
     }
   }
 }
@@ -164,15 +164,15 @@ std::string bytes_detokenizer(std::span<const std::int32_t> tokens) {
 void GenerationOptions::validate() const {
   if (max_new_tokens < 0) throw ValueError("[generate] max_new_tokens must be >= 0");
   if (!(temperature >= 0.0F) || !std::isfinite(temperature)) {
-    throw ValueError("[generate] temperature must be a finite number >= 0");
+    throw ValueError("[generate] temperature must be a finite number >= 0, got " + float_text(temperature));
   }
   if (top_k < 0) throw ValueError("[generate] top_k must be >= 0");
   if (!(top_p > 0.0F && top_p <= 1.0F)) {
-    throw ValueError("[generate] top_p must be in (0, 1] (1 = off), got " + std::to_string(top_p));
+    throw ValueError("[generate] top_p must be in (0, 1] (1 = off), got " + float_text(top_p));
   }
   if (!(repetition_penalty > 0.0F) || !std::isfinite(repetition_penalty)) {
     throw ValueError("[generate] repetition_penalty must be a finite number > 0 (1 = off), got " +
-                     std::to_string(repetition_penalty));
+                     float_text(repetition_penalty));
   }
   for (std::size_t i = 0; i < stop.size(); ++i) {
     if (stop[i].empty()) throw ValueError("[generate] stop string " + std::to_string(i) + " is empty");
@@ -184,7 +184,7 @@ void GenerationOptions::validate() const {
 
 void apply_repetition_penalty(std::span<float> logits, std::span<const std::int32_t> history, float penalty) {
   if (!(penalty > 0.0F) || !std::isfinite(penalty)) {
-    throw ValueError("[generate] repetition_penalty must be a finite number > 0, got " + std::to_string(penalty));
+    throw ValueError("[generate] repetition_penalty must be a finite number > 0, got " + float_text(penalty));
   }
   std::vector<char> done(logits.size(), 0);
   for (const std::int32_t t : history) {
@@ -197,6 +197,7 @@ void apply_repetition_penalty(std::span<float> logits, std::span<const std::int3
     const auto i = static_cast<std::size_t>(t);
     if (done[i] != 0) continue;
     done[i] = 1;
+    if (logits[i] == -std::numeric_limits<float>::infinity()) continue;  // a masked token stays masked
     // Saturated at the largest float: a penalty near 0 (1e-45) made a
     // repeated token's logit +inf, then the sampler's exp(inf - inf) NaN
     // and the least likely token came out.
@@ -212,13 +213,34 @@ SamplingCandidates sampling_candidates(std::span<const float> logits, std::span<
   if (logits.empty()) throw ValueError("[sampling_candidates] the logits are empty");
   const auto vocab = static_cast<std::int64_t>(logits.size());
   std::vector<float> work(logits.begin(), logits.end());
-  check_finite(work.data(), vocab, 0);
+  // -inf masks a token (Hugging Face's convention): probability 0, never a
+  // candidate. NaN, +inf and a row masked entirely are refused.
+  std::int64_t masked = 0;
+  for (std::int64_t i = 0; i < vocab; ++i) {
+    const float l = work[static_cast<std::size_t>(i)];
+    if (l == -std::numeric_limits<float>::infinity()) {
+      ++masked;
+    } else if (!std::isfinite(l)) {
+      throw ValueError("[sampling_candidates] logit " + std::to_string(i) + " is " + float_text(l) +
+                       " (finite values, or -inf to mask a token)");
+    }
+  }
+  if (masked == vocab) throw ValueError("[sampling_candidates] every logit is -inf: no token can be drawn");
+  for (const std::int32_t t : history) {  // checked whatever the penalty
+    if (t < 0 || t >= vocab) {
+      throw ValueError("[sampling_candidates] history token " + std::to_string(t) + " is outside the vocabulary of " +
+                       std::to_string(vocab));
+    }
+  }
   if (options.repetition_penalty != 1.0F) apply_repetition_penalty(work, history, options.repetition_penalty);
   std::vector<std::int32_t> order(logits.size());
   std::vector<double> probs(logits.size());
   const auto [keep, total] = distribution(work.data(), vocab, options, order, probs);
   SamplingCandidates out;
   for (std::int64_t i = 0; i < keep; ++i) {
+    if (work[static_cast<std::size_t>(order[static_cast<std::size_t>(i)])] == -std::numeric_limits<float>::infinity()) {
+      continue;  // a masked token
+    }
     out.tokens.push_back(order[static_cast<std::size_t>(i)]);
     out.probabilities.push_back(probs[static_cast<std::size_t>(i)] / total);
   }

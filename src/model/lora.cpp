@@ -105,7 +105,7 @@ std::string lora_targets_string(const std::vector<LoraTarget>& targets) {
 void LoraConfig::validate() const {
   if (rank <= 0) throw ValueError("[LoraConfig] rank must be > 0, got " + std::to_string(rank));
   if (!(alpha > 0.0F) || !std::isfinite(alpha)) {
-    throw ValueError("[LoraConfig] alpha must be finite and > 0, got " + std::to_string(alpha));
+    throw ValueError("[LoraConfig] alpha must be finite and > 0, got " + float_text(alpha));
   }
   if (targets.empty()) throw ValueError("[LoraConfig] targets must not be empty");
   for (std::size_t i = 0; i < targets.size(); ++i) {

@@ -287,7 +287,7 @@ std::int64_t DecoderOnlyTransformer::checkpoint_segment_blocks() const {
 
 void DecoderOnlyTransformer::set_dropout(float p, std::uint64_t seed) {
   if (!(p >= 0.0F && p < 1.0F)) {
-    throw ValueError("[set_dropout] probability must be in [0, 1), got " + std::to_string(p));
+    throw ValueError("[set_dropout] probability must be in [0, 1), got " + float_text(p));
   }
   core_->dropout_probability = p;
   core_->dropout_random = Random(seed);

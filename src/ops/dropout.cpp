@@ -14,7 +14,7 @@ using namespace ops_detail;
 
 Variable dropout(const Variable& x, float p, Random& random) {
   check_defined("dropout", "input", x);
-  if (!(p >= 0.0F && p < 1.0F)) throw ValueError("[dropout] probability must be in [0, 1), got " + std::to_string(p));
+  if (!(p >= 0.0F && p < 1.0F)) throw ValueError("[dropout] probability must be in [0, 1), got " + float_text(p));
   if (p == 0.0F) return x;
   const backend::Kernels& kernels = backend::kernels_for("dropout", x.value());
   announce_random_use(random);  // checkpoint replays draw the same key

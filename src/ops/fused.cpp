@@ -108,7 +108,7 @@ Variable norm_linear_packed(const Variable& h, const Variable& norm_weight, floa
     throw ShapeError(tag(op) + "input " + shape_string(h.shape()) + " and norm weight " +
                      shape_string(norm_weight.shape()) + ": weight must be 1-D with the input's last dimension");
   }
-  if (!(eps > 0.0F)) throw ValueError(tag(op) + "eps must be positive, got " + std::to_string(eps));
+  if (!(eps > 0.0F)) throw ValueError(tag(op) + "eps must be positive, got " + float_text(eps));
   std::int64_t total = 0;
   const std::vector<std::int64_t> widths = packed_widths(op, h, weights, total);
   const Tensor hv = h.value();

@@ -13,7 +13,7 @@ Variable rms_norm(const Variable& x, const Variable& weight, float eps) {
     throw ShapeError(tag(op) + "input " + shape_string(x.shape()) + " and weight " + shape_string(weight.shape()) +
                      ": weight must be 1-D with the input's last dimension");
   }
-  if (!(eps > 0.0F)) throw ValueError(tag(op) + "eps must be positive, got " + std::to_string(eps));
+  if (!(eps > 0.0F)) throw ValueError(tag(op) + "eps must be positive, got " + float_text(eps));
   const Tensor xv = x.value();
   const Tensor wv = weight.value();
   Tensor rstd;

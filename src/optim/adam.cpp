@@ -15,7 +15,7 @@ namespace riftco_transformer {
 
 void AdamOptions::validate() const {
   auto bad = [](const char* field, float value, const char* rule) {
-    throw ValueError(std::string("[Adam] ") + field + " must be " + rule + ", got " + std::to_string(value));
+    throw ValueError(std::string("[Adam] ") + field + " must be " + rule + ", got " + float_text(value));
   };
   if (!(learning_rate >= 0.0F) || !std::isfinite(learning_rate)) bad("learning_rate", learning_rate, "finite and >= 0");
   if (!(beta1 >= 0.0F && beta1 < 1.0F)) bad("beta1", beta1, "in [0, 1)");
@@ -55,7 +55,7 @@ Adam::Adam(std::vector<ParameterGroup> groups, AdamOptions options) : options_(o
     const float wd = g.weight_decay.value_or(options_.weight_decay);
     if (!(wd >= 0.0F) || !std::isfinite(wd)) {
       throw ValueError("[Adam] parameter group '" + g.name + "': weight_decay must be finite and >= 0, got " +
-                       std::to_string(wd));
+                       float_text(wd));
     }
     const std::size_t begin = params_.size();
     add_parameters(std::move(g.parameters));
@@ -254,7 +254,7 @@ void check_adam_state_values(std::string_view op, const Adam::State& state, cons
         // finite gradient whose square overflows), never NaN or below 0.
         if (second ? values[k] >= 0.0F : std::isfinite(values[k])) continue;
         throw ValueError(tag + "state for '" + parameters[i].name() + "': its " + (second ? "second" : "first") +
-                         " moment holds " + std::to_string(values[k]) + " at element " + std::to_string(k) +
+                         " moment holds " + float_text(values[k]) + " at element " + std::to_string(k) +
                          (second ? " (a second moment is >= 0)" : " (a first moment is finite)"));
       }
     }

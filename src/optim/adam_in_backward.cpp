@@ -166,7 +166,7 @@ std::string message_of(const std::exception_ptr& error) {
 
 float Adam::backward_and_step(const Variable& loss, GraphAfterBackward graph) {
   if (options_.max_grad_norm > 0.0F) {
-    throw ValueError("[Adam::backward_and_step] max_grad_norm is " + std::to_string(options_.max_grad_norm) +
+    throw ValueError("[Adam::backward_and_step] max_grad_norm is " + float_text(options_.max_grad_norm) +
                      ": clipping scales every gradient by the global norm, known only once every gradient is; "
                      "use backward() and step(), or max_grad_norm 0");
   }

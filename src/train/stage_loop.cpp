@@ -369,7 +369,7 @@ RunResult run(StageRun& r, const ProgressCallback& progress, const NoticeCallbac
           const float value = loss.value().item();
           if (!std::isfinite(value)) {
             throw diverged("the training loss of micro-batch " + std::to_string(k + 1) + " of " +
-                           std::to_string(micro_batches) + " is " + std::to_string(value));
+                           std::to_string(micro_batches) + " is " + float_text(value));
           }
           loss.backward(GraphAfterBackward::Release);
           end_pass();

@@ -89,7 +89,7 @@ void validate_settings(const StageSettings& s, std::int64_t context_length, cons
         std::to_string(s.sequence_length));
   }
   if (!(s.learning_rate > 0.0F) || !std::isfinite(s.learning_rate)) {
-    bad("learning_rate must be a finite number > 0, got " + std::to_string(s.learning_rate));
+    bad("learning_rate must be a finite number > 0, got " + float_text(s.learning_rate));
   }
   if (s.warmup_steps < 0) bad("warmup_steps must be >= 0");
   if (!(s.min_learning_rate_ratio >= 0.0F && s.min_learning_rate_ratio <= 1.0F)) {
@@ -141,7 +141,7 @@ void check_optimizer_in_backward(const StageSettings& s, int world, const char* 
   const std::string off = ", or leave optimizer_in_backward off";
   if (s.max_grad_norm > 0.0F) {
     throw ValueError(head + "gradient clipping needs the global norm of every gradient first, so it needs "
-                            "max_grad_norm 0 (got " + std::to_string(s.max_grad_norm) +
+                            "max_grad_norm 0 (got " + float_text(s.max_grad_norm) +
                      "; the pipelines default to 1.0): set max_grad_norm to 0 (--max-grad-norm 0)" + off);
   }
   if (s.gradient_accumulation_steps > 1) {

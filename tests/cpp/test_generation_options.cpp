@@ -211,3 +211,42 @@ TEST(GenerationOptions, BadOptionsAreValueErrorsNamingTheOption) {
   EXPECT_NE(with([](GenerationOptions& o) { o.num_samples = 0; }).find("num_samples must be"), std::string::npos);
   EXPECT_NE(with([](GenerationOptions& o) { o.num_samples = 2; }).find("use generate_samples()"), std::string::npos);
 }
+
+// Messages show the value as given: to_string's six decimals made top_p
+// 1.0000001 read "must be in (0, 1], got 1.000000".
+TEST(GenerationOptions, MessagesShowTheValueThatWasGiven) {
+  Random init(22);
+  DecoderOnlyTransformer model(dims(), init);
+  const std::vector<std::int32_t> prompt{1};
+  GenerationOptions o;
+  o.top_p = 1.0000001F;
+  EXPECT_NE(error_of([&] { generate(model, prompt, o); }).find("got 1.0000001"), std::string::npos);
+  o = GenerationOptions{};
+  o.temperature = -2.5F;
+  EXPECT_NE(error_of([&] { generate(model, prompt, o); }).find("got -2.5"), std::string::npos);
+  o = GenerationOptions{};
+  o.repetition_penalty = -1e-45F;
+  EXPECT_NE(error_of([&] { generate(model, prompt, o); }).find("got -1e-45"), std::string::npos);
+}
+
+// -inf masks a token, as in Hugging Face's logits processors; it was a
+// ValueError asking whether the model's weights were finite.
+TEST(GenerationOptions, MinusInfinityMasksATokenInSamplingCandidates) {
+  const float inf = std::numeric_limits<float>::infinity();
+  GenerationOptions o;
+  const std::vector<float> logits{1.0F, -inf, 2.0F, -inf};
+  const SamplingCandidates c = sampling_candidates(logits, {}, o);
+  EXPECT_EQ(c.tokens, (std::vector<std::int32_t>{2, 0}));
+  o.repetition_penalty = 1e-30F;  // a penalized masked token stays masked (token 0 now leads)
+  const std::vector<std::int32_t> history{1, 3, 0};
+  EXPECT_EQ(sampling_candidates(logits, history, o).tokens, (std::vector<std::int32_t>{0, 2}));
+  o.repetition_penalty = 1.0F;
+  for (const float bad : {inf, std::nanf("")}) {
+    EXPECT_NE(error_of([&] { sampling_candidates(std::vector<float>{0.0F, bad}, {}, o); }).find("logit 1 is"),
+              std::string::npos);
+  }
+  EXPECT_NE(error_of([&] { sampling_candidates(std::vector<float>{-inf, -inf}, {}, o); }).find("every logit is -inf"),
+            std::string::npos);
+  const std::vector<std::int32_t> outside{7};
+  EXPECT_NE(error_of([&] { sampling_candidates(logits, outside, o); }).find("history token 7"), std::string::npos);
+}
