@@ -98,15 +98,24 @@ def _check_replaceable(output: pathlib.Path) -> None:
 
 
 def _write_atomically(output: pathlib.Path, write) -> None:
-    """write(file) into a temporary of its own beside `output` (".<name>.tmp.<pid>.<random>", created
+    """write(file) into a temporary of its own beside `output` (".<name>.tmp.<pid>.<digits>", created
     with O_EXCL, so concurrent writers never share one; mode 0666 less the umask, as open() gives),
     fsync, os.replace over `output`, fsync the directory. The temporary is removed on any failure
     (KeyboardInterrupt included); `output` is then the old file or absent, never a partial one."""
     _check_replaceable(output)
     directory = output.parent
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+    # The C++ writer's names (src/io/atomic_file.cpp): at most 228 bytes of the
+    # target's name, cut between characters, so any valid name fits NAME_MAX;
+    # digits only after ".tmp.", so remove_stale_temporaries recognises one a
+    # killed plot left.
+    name = os.fsencode(output.name)
+    cut = min(len(name), 228)
+    while 0 < cut < len(name) and (name[cut] & 0xC0) == 0x80:
+        cut -= 1
     for _ in range(100):
-        temporary = directory / f".{output.name}.tmp.{os.getpid()}.{secrets.token_hex(6)}"
+        suffix = f".tmp.{os.getpid()}.{secrets.randbelow(10**12)}".encode()
+        temporary = directory / os.fsdecode(b"." + name[:cut] + suffix)
         try:
             fd = os.open(temporary, flags, 0o666)
             break

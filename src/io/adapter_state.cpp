@@ -37,7 +37,18 @@ void save_adapter_state(const DecoderOnlyTransformer& model, const std::filesyst
   model.validate_parameters();
   std::vector<std::pair<std::string, Tensor>> tensors;
   for (const NamedParameter& p : model.lora_parameters()) tensors.emplace_back(p.name, p.variable.value());
-  const LoraConfig& c = model.lora_config();
+  const LoraConfig c = model.lora_config();
+  // Three reads: another thread replacing the adapters between them would
+  // pair these tensors with another config (a file that never loads).
+  const auto layout = model.lora_parameter_layout(c);
+  bool same = layout.size() == tensors.size();
+  for (std::size_t i = 0; same && i < layout.size(); ++i) {
+    same = layout[i].first == tensors[i].first && layout[i].second == tensors[i].second.shape();
+  }
+  if (!same) {
+    throw ValueError("[save_adapter_state] the model's adapters changed while they were saved (another thread "
+                     "replaced them?): nothing was written; save again");
+  }
   write_safetensors(path, tensors,
                     {{"format", kAdapterStateFormat},
                      {"schema_version", "2"},

@@ -361,7 +361,10 @@ void TransformerCore::check_parameters(const char* op) const {
   check(lm_head, {v, c});
 }
 
-void DecoderOnlyTransformer::validate_parameters() const { core_->check_parameters("validate_parameters"); }
+void DecoderOnlyTransformer::validate_parameters() const {
+  const StructureReadLock structure(*core_);  // it walks the adapters
+  core_->check_parameters("validate_parameters");
+}
 
 Backend DecoderOnlyTransformer::backend() const { return core_->token_embedding.backend(); }
 

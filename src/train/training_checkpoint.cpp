@@ -213,6 +213,49 @@ void load_training_checkpoint(const std::filesystem::path& path, const std::vect
                               const std::function<void(const Adam::State&)>& set_state, TrainingState& state,
                               const nlohmann::json& config, std::int64_t world_size, std::int64_t rank) {
   const std::string where = "[load] " + path.string() + ": ";
+  // The saved run configuration against this run's (the first differing
+  // field named): from the header, before the tensor layout, whose
+  // difference would only name a tensor.
+  nlohmann::json expected = config;
+  const auto compare_config = [&](const std::string& saved_text) {
+    nlohmann::json saved;
+    try {
+      saved = nlohmann::json::parse(detail::parse_untrusted_json(saved_text).dump());
+    } catch (const detail::JsonReadError& e) {
+      throw ModelStateError(where + "metadata 'config': " + e.what());
+    }
+    // Execution policy and logistics may change on resume (e.g. switch to
+    // block checkpointing after running out of memory: the gradients are the
+    // same); everything that decides the numbers must not.
+    for (auto* j : {&saved, &expected}) {
+      for (const char* key : {"resume", "output_dir", "activation_checkpointing", "checkpoint_segment_blocks",
+                              "activation_memory_budget", "activation_offload", "zero_stage",
+                              "gradient_bucket_mib", "device", "optimizer_in_backward",
+                              "attention", "eval_interval", "eval_batches", "checkpoint_interval",
+                              "allow_non_finite"}) {
+        j->erase(key);
+      }
+    }
+    if (saved.value("gradient_accumulation_steps", nlohmann::json(1)) != expected["gradient_accumulation_steps"]) {
+      // Checkpoints are written between optimizer steps only, so a run could
+      // continue with another K, but its effective batch (and numbers) change.
+      throw ModelStateError(where + "made with gradient_accumulation_steps " +
+                            saved.value("gradient_accumulation_steps", nlohmann::json(1)).dump() + ", this run asks for " +
+                            expected["gradient_accumulation_steps"].dump() +
+                            "; resume with the same value or use a new output directory");
+    }
+    if (saved != expected) {
+      std::string field = "?";
+      for (auto it = expected.begin(); it != expected.end(); ++it) {
+        if (!saved.contains(it.key()) || saved[it.key()] != it.value()) {
+          field = it.key();
+          break;
+        }
+      }
+      throw ModelStateError(where + "made with a different configuration (first difference: '" + field +
+                            "'); resume with the same settings or use a new output directory");
+    }
+  };
   // The format and every tensor's name and shape are checked from the
   // header, before any tensor data is read (a sparse file can claim gigabytes).
   const TensorFile f = detail::read_safetensors_checked(path, [&](const detail::SafetensorsHeader& header) {
@@ -220,13 +263,16 @@ void load_training_checkpoint(const std::filesystem::path& path, const std::vect
     if (format == header.metadata.end() || format->second != kFormat) {
       throw ModelStateError(where + "not a riftco training checkpoint");
     }
-    std::vector<std::pair<std::string, Shape>> expected;
+    const auto saved_config = header.metadata.find("config");
+    if (saved_config == header.metadata.end()) throw ModelStateError(where + "metadata 'config' missing");
+    compare_config(saved_config->second);
+    std::vector<std::pair<std::string, Shape>> layout;
     for (const NamedParameter& p : trainable) {
       for (const char* prefix : {"param.", "adam.m.", "adam.v."}) {
-        expected.emplace_back(prefix + p.name, p.variable.shape());
+        layout.emplace_back(prefix + p.name, p.variable.shape());
       }
     }
-    detail::check_tensor_layout(path, detail::tensor_layout(header), expected, "the run");
+    detail::check_tensor_layout(path, detail::tensor_layout(header), layout, "the run");
   });
   // Before anything in it is believed: a flipped bit or an edited field.
 #ifndef FUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION  // fuzz builds only: let mutated inputs reach the parsers below
@@ -235,44 +281,6 @@ void load_training_checkpoint(const std::filesystem::path& path, const std::vect
                                   "resume from a copy, or start the run over");
   }
 #endif
-  nlohmann::json saved;
-  try {
-    saved = nlohmann::json::parse(detail::parse_untrusted_json(meta(f, "config", path)).dump());
-  } catch (const detail::JsonReadError& e) {
-    throw ModelStateError(where + "metadata 'config': " + e.what());
-  }
-  nlohmann::json expected = config;
-  // Execution policy and logistics may change on resume (e.g. switch to
-  // block checkpointing after running out of memory: the gradients are the
-  // same); everything that decides the numbers must not.
-  for (auto* j : {&saved, &expected}) {
-    for (const char* key : {"resume", "output_dir", "activation_checkpointing", "checkpoint_segment_blocks",
-                            "activation_memory_budget", "activation_offload", "zero_stage",
-                            "gradient_bucket_mib", "device", "optimizer_in_backward",
-                            "attention", "eval_interval", "eval_batches", "checkpoint_interval",
-                            "allow_non_finite"}) {
-      j->erase(key);
-    }
-  }
-  if (saved.value("gradient_accumulation_steps", nlohmann::json(1)) != expected["gradient_accumulation_steps"]) {
-    // Checkpoints are written between optimizer steps only, so a run could
-    // continue with another K, but its effective batch (and numbers) change.
-    throw ModelStateError(where + "made with gradient_accumulation_steps " +
-                          saved.value("gradient_accumulation_steps", nlohmann::json(1)).dump() + ", this run asks for " +
-                          expected["gradient_accumulation_steps"].dump() +
-                          "; resume with the same value or use a new output directory");
-  }
-  if (saved != expected) {
-    std::string field = "?";
-    for (auto it = expected.begin(); it != expected.end(); ++it) {
-      if (!saved.contains(it.key()) || saved[it.key()] != it.value()) {
-        field = it.key();
-        break;
-      }
-    }
-    throw ModelStateError(where + "made with a different configuration (first difference: '" + field +
-                          "'); resume with the same settings or use a new output directory");
-  }
   // Another number of ranks: the data order is the same at any N (every
   // rank draws the whole global batch from one generator) and the Adam state
   // is the full one, but each rank draws its own dropout masks.

@@ -108,6 +108,16 @@ TEST(Pipelines, ResumeAfterInterruptionIsBitIdentical) {
   c.resume = true;
   c.learning_rate *= 2;
   EXPECT_THROW(run_pretraining(c), ModelStateError);
+  // Another architecture is named by its field (the header's tensors, checked
+  // first since the loaders read headers first, named only a missing tensor).
+  c.learning_rate /= 2;
+  c.dimensions.layers = 3;
+  try {
+    run_pretraining(c);
+    ADD_FAILURE() << "resumed with another architecture";
+  } catch (const ModelStateError& e) {
+    EXPECT_NE(std::string(e.what()).find("first difference: 'dimensions'"), std::string::npos) << e.what();
+  }
 }
 
 TEST(Pipelines, ResumeMayChangeThePolicyButNotTheData) {

@@ -520,3 +520,23 @@ def test_pipeline_keeps_its_result_when_the_plot_fails(tmp_path):
     assert result.completed and result.steps == 4
     assert {"weights", "metadata", "metrics"} <= set(result.files)
     assert not [p.name for p in (tmp_path / "run").iterdir() if ".tmp" in p.name]
+
+
+def test_loss_curve_temporary_is_named_as_the_cpp_writer_names_its_own(tmp_path, monkeypatch):
+    # ".<name>.tmp.<pid>.<digits>" with at most 228 bytes of the name: the
+    # C++ remove_stale_temporaries recognises one a killed plot left (it
+    # reads digits only), and a 255-byte target name still fits NAME_MAX.
+    pytest.importorskip("matplotlib")
+    import os
+    import re
+    from riftco import plot
+    run = _metrics_run(tmp_path / "run")
+    seen = []
+    real_replace = os.replace
+    monkeypatch.setattr(os, "replace", lambda src, dst: (seen.append(os.path.basename(src)), real_replace(src, dst))[1])
+    plot.write_loss_curve(run)
+    assert re.fullmatch(r"\.loss_curve\.png\.tmp\.%d\.\d+" % os.getpid(), seen[-1]), seen
+    long_name = "é" * 100 + "x" * 51 + ".png"  # 255 bytes
+    png = plot.write_loss_curve(run, output=run / long_name)
+    assert png.name == long_name and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert len(os.fsencode(seen[-1])) <= 255 and os.fsencode(seen[-1]).startswith(b"." + ("é" * 100).encode()[:228])
