@@ -201,16 +201,8 @@ void ShardedAdam::zero_grad() {
 }
 
 float ShardedAdam::step(Gradients kind) {
-  static const Tensor none;  // undefined: skips the parameter
-  std::vector<const Tensor*> gradients;
   std::vector<std::uint64_t> serials;
-  gradients.reserve(params_.size());
-  serials.reserve(params_.size());
-  for (std::size_t i = 0; i < params_.size(); ++i) {
-    serials.push_back(params_[i].grad_serial());
-    gradients.push_back(serials[i] == stepped_serial_[i] ? &none : &params_[i].grad());  // already used
-  }
-  const float norm = update(gradients, kind);
+  const float norm = update(detail::fresh_gradients(params_, stepped_serial_, serials), kind);
   stepped_serial_ = std::move(serials);  // only once the step succeeded
   return norm;
 }

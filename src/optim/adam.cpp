@@ -95,16 +95,8 @@ void Adam::set_learning_rate(float lr) {
 }
 
 float Adam::step() {
-  static const Tensor none;  // undefined: skips the parameter
-  std::vector<const Tensor*> gradients;
   std::vector<std::uint64_t> serials;
-  gradients.reserve(params_.size());
-  serials.reserve(params_.size());
-  for (std::size_t i = 0; i < params_.size(); ++i) {
-    serials.push_back(params_[i].grad_serial());
-    gradients.push_back(serials[i] == stepped_serial_[i] ? &none : &params_[i].grad());  // already used
-  }
-  const float norm = update(gradients);
+  const float norm = update(detail::fresh_gradients(params_, stepped_serial_, serials));
   stepped_serial_ = std::move(serials);  // only once the step succeeded
   return norm;
 }
@@ -240,6 +232,21 @@ void Adam::set_state(const State& state) {
 }
 
 namespace detail {
+
+std::vector<const Tensor*> fresh_gradients(const std::vector<Variable>& parameters,
+                                           const std::vector<std::uint64_t>& stepped,
+                                           std::vector<std::uint64_t>& serials) {
+  static const Tensor none;  // undefined: skips the parameter
+  std::vector<const Tensor*> gradients;
+  gradients.reserve(parameters.size());
+  serials.clear();
+  serials.reserve(parameters.size());
+  for (std::size_t i = 0; i < parameters.size(); ++i) {
+    serials.push_back(parameters[i].grad_serial());
+    gradients.push_back(serials[i] == stepped[i] ? &none : &parameters[i].grad());  // already used
+  }
+  return gradients;
+}
 
 void check_adam_state_values(std::string_view op, const Adam::State& state, const std::vector<Variable>& parameters) {
   const std::string tag = std::string("[").append(op).append("] ");  // (GCC 12 warns falsely on "[" + string&&)
