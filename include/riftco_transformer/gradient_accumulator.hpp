@@ -23,9 +23,7 @@ class GradientAccumulator {
   explicit GradientAccumulator(std::vector<Variable> parameters);
 
   /// buffer_i += weight · grad_i for every parameter with a committed
-  /// gradient that no earlier add() took (others add nothing: a parameter
-  /// the last pass did not reach still holds an older pass's gradient,
-  /// Variable::grad_serial), element by element in a fixed order, so
+  /// gradient (others add nothing), element by element in a fixed order, so
   /// the sums are deterministic (for any thread count). The first add into an
   /// empty buffer stores weight · grad (weight 1: an exact copy). Checks every gradient's shape
   /// and backend (ShapeError) and the weight (finite, ValueError) before any
@@ -45,7 +43,6 @@ class GradientAccumulator {
  private:
   std::vector<Variable> params_;
   std::vector<Tensor> sums_;
-  std::vector<std::uint64_t> added_serial_;  // per parameter: the grad_serial() last added
   std::int64_t count_ = 0;
 };
 

@@ -8,7 +8,7 @@
 namespace riftco_transformer {
 
 GradientAccumulator::GradientAccumulator(std::vector<Variable> parameters)
-    : params_(std::move(parameters)), sums_(params_.size()), added_serial_(params_.size(), 0) {
+    : params_(std::move(parameters)), sums_(params_.size()) {
   for (std::size_t i = 0; i < params_.size(); ++i) {
     if (!params_[i].defined()) throw ValueError("[GradientAccumulator] parameter " + std::to_string(i) + " is undefined");
   }
@@ -18,11 +18,9 @@ void GradientAccumulator::add(float weight) {
   if (!std::isfinite(weight)) {
     throw ValueError("[GradientAccumulator] weight must be finite, got " + float_text(weight));
   }
-  std::vector<std::uint64_t> serials(params_.size());
   for (std::size_t i = 0; i < params_.size(); ++i) {
-    serials[i] = params_[i].grad_serial();
     const Tensor& g = params_[i].grad();
-    if (!g.defined() || serials[i] == added_serial_[i]) continue;  // none, or one an earlier add took
+    if (!g.defined()) continue;
     const Tensor& sum = sums_[i];
     if (sum.defined() && sum.backend() != g.backend()) {
       throw BackendError("[GradientAccumulator] the gradient of '" + params_[i].name() + "' is on " +
@@ -36,8 +34,7 @@ void GradientAccumulator::add(float weight) {
   }
   for (std::size_t i = 0; i < params_.size(); ++i) {
     const Tensor& g = params_[i].grad();
-    if (!g.defined() || serials[i] == added_serial_[i]) continue;
-    added_serial_[i] = serials[i];
+    if (!g.defined()) continue;
     // Elementwise on g's backend: the bits do not depend on the thread count.
     const backend::Kernels& kernels = backend::kernels(g.backend(), "GradientAccumulator");
     if (!sums_[i].defined()) {

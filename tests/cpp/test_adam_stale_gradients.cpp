@@ -11,7 +11,6 @@
 
 #include "riftco_transformer/adam.hpp"
 #include "riftco_transformer/distributed.hpp"
-#include "riftco_transformer/gradient_accumulator.hpp"
 #include "riftco_transformer/ops.hpp"
 #include "riftco_transformer/zero_adam.hpp"
 
@@ -145,22 +144,4 @@ TEST(AdamStaleGradients, AFusedStepOverNoParametersCountsNoStep) {
   loss_of({x}).backward();
   none.step();
   EXPECT_EQ(none.step_count(), 0);  // the same as backward() then step()
-}
-
-TEST(AdamStaleGradients, AnAccumulatorAddsEachCommittedGradientOnce) {
-  // Two micro-batches without zero_grad between them, the second not
-  // reaching b: b's first gradient is summed once, not twice.
-  Variable a = param(1.0F, "a");
-  Variable b = param(2.0F, "b");
-  GradientAccumulator acc({a, b});
-  loss_of({a, b}).backward();
-  acc.add();
-  loss_of({a}).backward();
-  acc.add();
-  EXPECT_EQ(acc.gradients()[0].to_vector(), std::vector<float>(3, 4.0F));  // 2a twice
-  EXPECT_EQ(acc.gradients()[1].to_vector(), std::vector<float>(3, 4.0F));  // 2b once
-  acc.clear();
-  acc.add();  // nothing new since: nothing added
-  EXPECT_FALSE(acc.gradients()[0].defined());
-  EXPECT_FALSE(acc.gradients()[1].defined());
 }
