@@ -67,24 +67,24 @@ TEST(ModelThreads, AddingAndRemovingAdaptersWhileAnotherThreadRunsTheModelIsSafe
       changes.fetch_add(1);
     }
   });
-  try {
-  for (int i = 0; i < 60 || changes.load() < 20; ++i) {
-    const bool logits_same = same_bits(model.forward(b.tokens, 2).value().to_vector(), reference);
-    bool tokens_same = true;
-    try {
-      tokens_same = generate(model, prompt, options).tokens == tokens;
-    } catch (const StaleGraphError&) {  // adapters changed between two of its tokens: its cache is stale
+  try {  // an unexpected throw must still reach join() below
+    for (int i = 0; i < 60 || changes.load() < 20; ++i) {
+      const bool logits_same = same_bits(model.forward(b.tokens, 2).value().to_vector(), reference);
+      bool tokens_same = true;
+      try {
+        tokens_same = generate(model, prompt, options).tokens == tokens;
+      } catch (const StaleGraphError&) {  // adapters changed between two of its tokens: its cache is stale
+      }
+      Variable loss = model.loss(b.tokens, b.targets, 2);
+      try {
+        loss.backward();  // a replay reads the adapters again: a change since is refused
+      } catch (const StaleGraphError&) {            // before the pass
+      } catch (const CheckpointContractError&) {  // during the pass (the replay's boundary changed)
+      }
+      EXPECT_TRUE(logits_same) << i;
+      EXPECT_TRUE(tokens_same) << i;
+      if (!logits_same || !tokens_same) break;
     }
-    Variable loss = model.loss(b.tokens, b.targets, 2);
-    try {
-      loss.backward();  // a replay reads the adapters again: a change since is refused
-    } catch (const StaleGraphError&) {            // before the pass
-    } catch (const CheckpointContractError&) {  // during the pass (the replay's boundary changed)
-    }
-    EXPECT_TRUE(logits_same) << i;
-    EXPECT_TRUE(tokens_same) << i;
-    if (!logits_same || !tokens_same) break;
-  }
   } catch (const std::exception& e) {
     ADD_FAILURE() << e.what();
   }
