@@ -70,12 +70,14 @@ TracedCall traced_call(const std::function<Variable(const Variable&)>& recompute
   // grad or not (a constant input gives constants, as outside).
   call.fresh = Variable(input_value, input_requires_grad, where + " input");
   call.fresh.node()->read_only = kReadOnlyInput;
+  call.fresh.node()->checkpoint_private = where;
   const std::vector<checkpoint_contract::BoundaryVersion> before =
       checkpoint_contract::boundary_versions(call.fresh, dependencies);
   const std::uint64_t first_inside = next_node_id();
   TraceGuard trace;  // its constants drop their traced inputs when this returns
   {
     OutsideWriteWatch writes;
+    OutsideLeafWatch leaf_changes;
     {
       ReplayingScope replay_flag(replaying);
       call.out = recompute(call.fresh);
@@ -89,6 +91,12 @@ TracedCall traced_call(const std::function<Variable(const Variable&)>& recompute
           "[checkpoint] " + where + ": the callable wrote into a buffer of " + std::to_string(writes.numel()) +
               " elements made outside it (" + writes.why() +
               "); a checkpoint callable may write only into buffers it makes: its replay would run the write again");
+    }
+    if (leaf_changes.tripped()) {
+      throw CheckpointContractError(
+          CheckpointContractError::Violation::BoundaryModified,
+          "[checkpoint] " + where + ": the callable changed a variable made outside it (" + leaf_changes.what() +
+              "); a checkpoint callable may change only variables it makes: its replay would change it again");
     }
   }
   if (!call.out.defined()) {
@@ -186,6 +194,12 @@ Variable checkpoint(const Variable& input, std::span<const Variable> dependencie
     // has it final, not after it (NestedPassHooks); a gradient they consume
     // is freed right there and its slot stays undefined.
     NestedPassHooks forward_final(final_inside);
+    // This pass alone may reach the replay's own input leaf.
+    struct OpenPrivate {
+      Node* node;
+      ~OpenPrivate() { node->private_open = false; }
+    } open{replay.fresh.node()};
+    open.node->private_open = true;
     PassResult pass = run_backward_pass(replay.out, grad_output, "checkpoint replay", forward_final.active(),
                                         GraphAfterBackward::Release);
     auto extract = [&](std::size_t slot, const Variable& leaf) {

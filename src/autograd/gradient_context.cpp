@@ -5,6 +5,7 @@
 #include <unordered_set>
 
 #include "../backend/kernels.hpp"
+#include "riftco_transformer/checkpoint.hpp"
 #include "donation.hpp"
 
 namespace riftco_transformer {
@@ -112,6 +113,14 @@ void check_watched(const Node& node, const char* op) {
 
 void validate_versions(const std::vector<std::shared_ptr<Node>>& order, const char* op) {
   for (const std::shared_ptr<Node>& node : order) {
+    if (!node->checkpoint_private.empty() && !node->private_open && node->requires_grad) {
+      throw CheckpointContractError(
+          CheckpointContractError::Violation::InternalValueEscaped,
+          std::string("[") + op + "] a value computed inside checkpoint '" + node->checkpoint_private +
+              "' is used outside it (the callable kept or handed out a variable of its own graph): its gradient "
+              "would reach the callable's private input, not the checkpoint's input. Return it as (part of) the "
+              "checkpoint's output, or compute it outside the callable");
+    }
     if (node->released) {
       throw BackwardError(std::string("[") + op + "] " + node->label() +
                           " was released by an earlier backward(GraphAfterBackward::Release): its saved tensors "

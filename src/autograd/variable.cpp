@@ -124,6 +124,19 @@ void commit_pass(PassResult pass, std::vector<std::pair<Variable, Tensor>> repla
 
 }  // namespace
 
+namespace {
+thread_local std::vector<OutsideLeafWatch*> t_leaf_watches;
+}  // namespace
+
+OutsideLeafWatch::OutsideLeafWatch() : first_id_(g_next_node_id.load()) { t_leaf_watches.push_back(this); }
+OutsideLeafWatch::~OutsideLeafWatch() { std::erase(t_leaf_watches, this); }
+
+void note_leaf_change(const Node& node) {
+  for (OutsideLeafWatch* watch : t_leaf_watches) {
+    if (watch->what_.empty() && node.id < watch->first_id_) watch->what_ = node.label() + ": " + node.last_change;
+  }
+}
+
 Node::Node() : id(g_next_node_id.fetch_add(1)) {}
 
 std::uint64_t next_node_id() { return g_next_node_id.load(); }
@@ -231,6 +244,7 @@ void Variable::set_requires_grad(bool requires_grad) {
     ++n.flag_changes;
     ++n.structural_changes;
     n.last_change = requires_grad ? "requires_grad turned on" : "requires_grad turned off (frozen)";
+    note_leaf_change(n);
   }
 }
 

@@ -646,3 +646,109 @@ TEST(CheckpointAttack, ConstantInputSeenAsRequiringGradInside) {
     ADD_FAILURE() << "nested rejects what un-nested accepts: " << e.what();
   }
 }
+
+// ---- third pass: values that leave the callable, leaves it changes ----
+// A value computed inside the callable and used outside it (an auxiliary
+// loss handed out through a side variable) led to the callable's private
+// input leaf: the pass committed that part of the gradient there and the
+// real input silently missed it (max difference 4.05). Every pass that
+// reaches such a value is refused before any gradient changes.
+TEST(CheckpointAttack, AValueThatLeavesTheCallableIsRefusedByTheBackward) {
+  Variable w(randn({3, 3}, 2), true, "w");
+  Variable aux;  // the side channel
+  const Fn block = [&](const Variable& h) {
+    Variable y = matmul(h, w);
+    aux = sum(mul(y, y));
+    return silu(y);
+  };
+  for (const GraphAfterBackward graph : {GraphAfterBackward::Keep, GraphAfterBackward::Release}) {
+    Variable x(randn({2, 3}, 1), true, "x");
+    Variable y = checkpoint(scale(x, 1.0F), std::vector<Variable>{w}, block, {.name = "blockA"});
+    Variable loss = add(sum(y), aux);
+    const std::uint64_t wserial = w.grad_serial();
+    try {
+      loss.backward(graph);
+      ADD_FAILURE() << "the escaped value was not refused";
+    } catch (const CheckpointContractError& e) {
+      EXPECT_EQ(e.violation(), Violation::InternalValueEscaped);
+      EXPECT_NE(std::string(e.what()).find("blockA"), std::string::npos) << e.what();
+    }
+    EXPECT_FALSE(x.grad().defined());  // nothing committed
+    EXPECT_EQ(w.grad_serial(), wserial);
+  }
+  // The same value kept only inside (not used by the loss) is fine, and the
+  // checkpointed gradients equal the ordinary ones.
+  Variable x(randn({2, 3}, 1), true, "x");
+  sum(block(x)).backward();
+  const Tensor gx = x.grad().clone();
+  const Tensor gw = w.grad().clone();
+  sum(checkpoint(x, std::vector<Variable>{w}, block)).backward();
+  EXPECT_TRUE(bit_equal(x.grad(), gx));
+  EXPECT_TRUE(bit_equal(w.grad(), gw));
+}
+
+// A callable that replaced an outside variable's value with set_value (a
+// running statistic, a step counter) was not noticed: every replay replaced
+// it again (a counter of forwards read 2 after one checkpointed step). The
+// in-place form was already refused; now every structural change of a
+// variable made outside the callable is (set_value, to(), mark_changed,
+// set_requires_grad), at the forward, and the variable is as it was after it.
+TEST(CheckpointAttack, ACallableThatChangesAnOutsideVariableIsRefused) {
+  Variable w(Tensor::from_data({2}, {1, 1}), true, "w");
+  Variable running(Tensor::from_data({1}, {0}), false, "running_count");
+  const std::vector<std::function<void()>> changes = {
+      [&] { running.set_value(Tensor::from_data({1}, {running.value().at({0}) + 1})); },
+      [&] { running.mark_changed("counted"); },
+      [&] { running.set_requires_grad(true); },
+  };
+  for (const auto& change : changes) {
+    running.set_requires_grad(false);
+    const Fn f = [&](const Variable& in) {
+      change();
+      return mul(in, w);
+    };
+    Variable x(Tensor::from_data({2}, {1, 2}), true, "x");
+    try {
+      sum(checkpoint(x, std::vector<Variable>{w}, f)).backward();
+      ADD_FAILURE() << "the change was not refused";
+    } catch (const CheckpointContractError& e) {
+      EXPECT_EQ(e.violation(), Violation::BoundaryModified);
+      EXPECT_NE(std::string(e.what()).find("running_count"), std::string::npos) << e.what();
+    }
+  }
+  // Variables the callable makes may change as they like.
+  const Fn own = [&](const Variable& in) {
+    Variable local(Tensor::from_data({2}, {2, 2}), false, "local");
+    local.set_value(Tensor::from_data({2}, {3, 3}));
+    return mul(mul(in, w), local);
+  };
+  Variable x(Tensor::from_data({2}, {1, 2}), true, "x");
+  sum(checkpoint(x, std::vector<Variable>{w}, own)).backward();
+  EXPECT_EQ(x.grad().to_vector(), (std::vector<float>{3, 3}));
+}
+
+// What "behaves exactly as the ordinary graph" means for a leaf used twice
+// inside one checkpoint that also gets gradient from another: the same sum,
+// in the nested context's order (the replay's own contributions first), so
+// equal up to rounding; used once per checkpoint, bit for bit.
+TEST(CheckpointAttack, ALeafUsedTwiceInsideGetsTheSameSumInAnotherOrder) {
+  Variable w(randn({4, 4}, 3), true, "w");
+  const Fn twice = [&](const Variable& h) { return add(h, matmul(silu(matmul(h, w)), w)); };
+  const Fn once = [&](const Variable& h) { return add(h, silu(matmul(h, w))); };
+  for (const bool use_twice : {true, false}) {
+    const Fn& f = use_twice ? twice : once;
+    Variable x(randn({3, 4}, 4), true, "x");
+    sum(f(f(x))).backward();
+    const Tensor gw = w.grad().clone();
+    const Tensor gx = x.grad().clone();
+    const std::vector<Variable> deps{w};
+    sum(checkpoint(checkpoint(x, deps, f), deps, f)).backward();
+    if (use_twice) {
+      EXPECT_LT(max_abs_diff(w.grad(), gw), 1e-5F);
+      EXPECT_LT(max_abs_diff(x.grad(), gx), 1e-5F);
+    } else {
+      EXPECT_TRUE(bit_equal(w.grad(), gw));
+      EXPECT_TRUE(bit_equal(x.grad(), gx));
+    }
+  }
+}
