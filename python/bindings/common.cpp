@@ -4,6 +4,7 @@
 #include <charconv>
 #include <cstdlib>
 #include <limits>
+#include <shared_mutex>
 #include <utility>
 
 #include "riftco_transformer/errors.hpp"
@@ -103,6 +104,53 @@ std::vector<rt::Variable> variables_from_python(nb::iterable values, const char*
     out.push_back(nb::cast<rt::Variable>(v));
   }
   return out;
+}
+
+namespace {
+std::shared_mutex& variables_lock() {
+  static std::shared_mutex lock;
+  return lock;
+}
+thread_local int t_computing = 0;  // ComputeWithoutGil scopes open on this thread
+thread_local int t_changing = 0;   // ExclusiveChange scopes open on this thread
+}  // namespace
+
+ComputeWithoutGil::ComputeWithoutGil() {
+  if (t_computing == 0 && t_changing == 0) {
+    variables_lock().lock_shared();
+    held_ = true;
+  }
+  ++t_computing;
+}
+
+ComputeWithoutGil::~ComputeWithoutGil() {
+  --t_computing;
+  if (held_) variables_lock().unlock_shared();
+}
+
+ExclusiveChange::ExclusiveChange(const char* op) {
+  if (t_computing > 0) {
+    throw rt::ValueError(std::string("[") + op +
+                         "] called from code that runs inside a forward, backward, optimizer step or generation "
+                         "on this thread (a checkpoint function, a hook): change variables between those calls");
+  }
+  if (t_changing == 0) {
+    nb::gil_scoped_release wait;  // readers may need the GIL to finish
+    variables_lock().lock();
+    held_ = true;
+  }
+  ++t_changing;
+}
+
+ExclusiveChange::~ExclusiveChange() {
+  --t_changing;
+  if (held_) variables_lock().unlock();
+}
+
+nb::str str_of_bytes(std::string_view bytes) {
+  PyObject* text = PyUnicode_DecodeUTF8(bytes.data(), static_cast<Py_ssize_t>(bytes.size()), "backslashreplace");
+  if (text == nullptr) throw nb::python_error();
+  return nb::steal<nb::str>(text);
 }
 
 std::string utf8_of(nb::handle text, const std::string& what) {

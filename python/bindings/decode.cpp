@@ -142,7 +142,7 @@ void init_decode(nb::module_& m) {
           [](rt::DecodeSession& s, std::int32_t token) {
             rt::Tensor logits;
             {
-              nb::gil_scoped_release release;
+              ComputeWithoutGil release;
               logits = s.decode_token(token);
             }
             return to_numpy(logits);
@@ -177,7 +177,7 @@ void init_decode(nb::module_& m) {
         use_tokenizer(options, tokenizer);
         rt::GenerationResult r;
         {
-          nb::gil_scoped_release release;
+          ComputeWithoutGil release;
           r = rt::generate(model, ids, options);
         }
         return to_python(r, tokenizer, with_text);
@@ -202,7 +202,7 @@ void init_decode(nb::module_& m) {
         use_tokenizer(options, tokenizer);
         std::vector<rt::GenerationResult> r;
         {
-          nb::gil_scoped_release release;
+          ComputeWithoutGil release;
           r = rt::generate_samples(model, ids, options);
         }
         std::vector<Generated> out;

@@ -76,25 +76,25 @@ void init_io(nb::module_& m) {
   method("fingerprint", [](const DecoderOnlyTransformer& model) { return rt::model_fingerprint(model); },
          "model_fingerprint(self): a hash of the base weights.");
   method("save", [](const DecoderOnlyTransformer& model, const path& file) {
-    nb::gil_scoped_release release;
+    ComputeWithoutGil release;
     rt::save_model_state(model, file);
   }, "path"_a, "Writes the weights and dimensions (safetensors; atomic).");
   method("save_hf", [](const DecoderOnlyTransformer& model, const path& directory) {
-    nb::gil_scoped_release release;
+    ComputeWithoutGil release;
     rt::save_hf_llama(model, directory);
   }, "directory"_a, "Writes a transformers Llama checkpoint (config.json, model.safetensors; atomic files).");
   method("load_state", [](DecoderOnlyTransformer& model, const path& file, bool allow_non_finite) {
-    nb::gil_scoped_release release;
+    const ExclusiveChange change("load_state");  // replaces every weight: with the GIL, no reader running
     rt::load_model_state(model, file, rt::LoadOptions{allow_non_finite, false});
   }, "path"_a, nb::kw_only(), "allow_non_finite"_a = false,
      "Validates the whole file against this model, then sets every weight. On error the model is untouched.");
   method("save_adapter", [](const DecoderOnlyTransformer& model, const path& file) {
-    nb::gil_scoped_release release;
+    ComputeWithoutGil release;
     rt::save_adapter_state(model, file);
   }, "path"_a, "Writes the LoRA adapters alone (ValueError without adapters).");
   method("load_adapter", [](DecoderOnlyTransformer& model, const path& file, bool allow_non_finite,
                             bool allow_base_mismatch) {
-    nb::gil_scoped_release release;
+    const ExclusiveChange change("load_adapter");
     rt::load_adapter_state(model, file, rt::LoadOptions{allow_non_finite, allow_base_mismatch});
   }, "path"_a, nb::kw_only(), "allow_non_finite"_a = false, "allow_base_mismatch"_a = false,
      "Adds the file's adapters (active). The file's base fingerprint must match unless allowed.");

@@ -87,6 +87,13 @@ ConfigClass<C>& stage_fields(ConfigClass<C>& c) {
 
 template <class Run>
 rt::RunResult run_stage(nb::object progress, Run run) {
+  // Before the run: a progress that is not callable was found after step 1,
+  // with the run's files written.
+  if (!progress.is_none() && PyCallable_Check(progress.ptr()) == 0) {
+    throw nb::type_error(("progress must be a callable (report -> bool | None) or None, got " +
+                          std::string(nb::type_name(progress.type()).c_str()))
+                             .c_str());
+  }
   std::optional<nb::python_error> failure;
   const rt::ProgressCallback callback = [&](const rt::StepReport& report) -> bool {
     nb::gil_scoped_acquire gil;
@@ -188,10 +195,10 @@ void init_pipelines(nb::module_& m) {
                    "The run's files that exist, by role: weights, metadata, metrics, loss_curve_svg, "
                    "loss_curve_png, training_checkpoint.")
       .def("__repr__", [](const rt::RunResult& r) {
-        return std::string("RunResult(completed=") + (r.completed ? "True" : "False") +
+        return str_of_bytes(std::string("RunResult(completed=") + (r.completed ? "True" : "False") +
                ", steps=" + std::to_string(r.steps) + ", final_train_loss=" + std::to_string(r.final_train_loss) +
                ", final_validation_loss=" + std::to_string(r.final_validation_loss) + ", output_dir='" +
-               r.output_dir.string() + "')";
+               r.output_dir.string() + "')");
       });
 
   m.def("run_pretraining",

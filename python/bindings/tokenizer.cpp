@@ -45,7 +45,7 @@ void init_tokenizer(nb::module_& m) {
         if (t.is_bytes()) return std::nullopt;
         return t.path();
       })
-      .def("__repr__", [](const rt::Tokenizer& t) { return "Tokenizer(" + t.description() + ")"; });
+      .def("__repr__", [](const rt::Tokenizer& t) { return str_of_bytes("Tokenizer(" + t.description() + ")"); });
 
   m.def(
       "train_tokenizer",
@@ -83,7 +83,7 @@ void init_tokenizer(nb::module_& m) {
         o.batch = batch;
         o.sequence_length = sequence_length;
         const rt::Tokenizer t = tokenizer.value_or(rt::Tokenizer{});
-        nb::gil_scoped_release release;
+        ComputeWithoutGil release;
         return rt::evaluate(model, text, t, o);
       },
       "model"_a, "text"_a, "tokenizer"_a = nb::none(), "batch"_a = 8, "sequence_length"_a = 0,

@@ -108,6 +108,33 @@ def test_a_progress_answer_without_truth_value_raises_its_own_error(tmp_path):
     assert not isinstance(e.value, SystemError)
 
 
+@pytest.mark.parametrize("progress", [5, "x", [print]])
+def test_a_progress_that_is_not_callable_is_refused_before_the_run(tmp_path, progress):
+    # Before: step 1 ran and the run's files were written, then TypeError.
+    (tmp_path / "data.txt").write_text(("the quick brown fox jumps over the lazy dog. " * 20 + "\n") * 50)
+    config = riftco.PretrainingConfig(model=riftco.TransformerConfig(**TINY), steps=3, batch=2,
+                                      sequence_length=16, data=tmp_path / "data.txt", output_dir=tmp_path / "run",
+                                      eval_interval=0, eval_batches=1, warmup_steps=1)
+    with pytest.raises(TypeError, match="progress must be a callable"):
+        riftco.pretrain(config, progress=progress)
+    assert not (tmp_path / "run").exists()
+
+
+# --- derived sizes of a config -----------------------------------------------
+
+@pytest.mark.parametrize("fields", [dict(heads=0), dict(heads=-1, model_width=-2**63),
+                                    dict(vocab_size=2**31 - 1, model_width=2**31 - 1, layers=2**31 - 1,
+                                         feed_forward_width=2**31 - 1, heads=1)])
+def test_derived_sizes_of_an_invalid_config_are_value_errors(fields):
+    # Before: heads=0 killed the interpreter (SIGFPE in head_width); huge sizes overflowed int64.
+    config = riftco.TransformerConfig(**{**TINY, **fields})
+    with pytest.raises(riftco.ValueError, match="TransformerDimensions"):
+        config.head_width
+    with pytest.raises(riftco.ValueError, match="TransformerDimensions"):
+        config.parameter_count()
+    assert riftco.TransformerConfig(**TINY).head_width == 8
+
+
 # --- generate() --------------------------------------------------------------
 
 def test_generate_without_tokenizer_refuses_a_non_byte_vocabulary_where_it_needs_text():
@@ -344,3 +371,42 @@ def test_a_checkpoint_function_that_captures_only_its_weight_is_freed():
         del block
         gc.collect()
     assert riftco.memory_stats().live_bytes == base
+
+
+# --- numpy operands on the left ----------------------------------------------
+
+def test_numpy_operands_on_the_left_keep_the_graph():
+    # Before: numpy's operator ran first and returned a numpy value through
+    # __array__, detached from autograd.
+    w = riftco.Variable(np.array([1.0, 2.0, 3.0], dtype=np.float32), requires_grad=True)
+    for left in (np.float64(0.5), np.float32(0.5), np.ones(()) * 0.5, np.full(3, 0.5)):
+        for y in (left * w, left + w, left - w):
+            assert isinstance(y, riftco.Variable), type(y)
+        riftco.sum(left * w).backward()
+        np.testing.assert_array_equal(w.grad, np.full(3, 0.5, dtype=np.float32))
+    m = riftco.Variable(np.eye(3, dtype=np.float32), requires_grad=True)
+    y = np.ones((2, 3), dtype=np.float32) @ m
+    assert isinstance(y, riftco.Variable) and y.numpy().shape == (2, 3)
+    assert np.asarray(w).shape == (3,)  # __array__ still converts explicitly
+
+
+# --- paths that are not UTF-8 ------------------------------------------------
+
+def test_a_path_that_is_not_utf8_is_refused_before_the_run_and_shown_escaped(tmp_path):
+    # Before: the run trained, wrote its weights, then raised nlohmann's
+    # RuntimeError writing metadata.json (no metadata, no checkpoint).
+    data = os.fsdecode(bytes(tmp_path) + b"/data\xff.txt")
+    with open(data, "w") as f:
+        f.write(("the quick brown fox jumps over the lazy dog. " * 20 + "\n") * 50)
+    for field, value in (("data", data), ("output_dir", os.fsdecode(bytes(tmp_path) + b"/run\xff"))):
+        kwargs = dict(data=tmp_path / "ok.txt", output_dir=tmp_path / "run")
+        kwargs[field] = value
+        config = riftco.PretrainingConfig(model=riftco.TransformerConfig(**TINY), steps=2, batch=2,
+                                          sequence_length=16, eval_batches=1, **kwargs)
+        with pytest.raises(riftco.ValueError, match=f"{field} is not valid UTF-8"):
+            riftco.pretrain(config)
+        assert not os.path.exists(kwargs["output_dir"])
+    # A tokenizer whose path is not UTF-8 loads, and its repr escapes the byte.
+    tok = os.fsdecode(bytes(tmp_path) + b"/tok\xff.model")
+    riftco.train_tokenizer(("the quick brown fox jumps over the lazy dog. " * 20 + "\n") * 50, tok, vocab_size=300)
+    assert "\\xff" in repr(riftco.Tokenizer.load(tok))
