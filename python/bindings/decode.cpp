@@ -28,7 +28,9 @@ nb::str text_of_bytes(const std::string& bytes) {
 }
 
 std::string repr_of(const Generated& g) {
-  const std::string text = g.text ? nb::cast<std::string>(nb::repr(nb::str(g.text->c_str()))) : "None";
+  // The whole text (a NUL is common in a small model's output; c_str() cut it there).
+  const std::string text =
+      g.text ? nb::cast<std::string>(nb::repr(nb::str(g.text->data(), g.text->size()))) : "None";
   return "GenerationResult(text=" + text + ", tokens=" + std::to_string(g.tokens.size()) +
          ", reached_context=" + (g.reached_context ? "True" : "False") +
          (g.stop_index ? ", stop_index=" + std::to_string(*g.stop_index) : std::string()) + ")";

@@ -202,13 +202,18 @@ void init_pipelines(nb::module_& m) {
       });
 
   m.def("run_pretraining",
-        [](const Pre& config, nb::object progress) {
+        [](const Pre& live, nb::object progress) {
+          // A copy: the run must not read the caller's object while the GIL is
+          // released (a progress callback or a thread setting cfg.steps = 40
+          // made a 2-step run train 40 steps while metadata.json said 2).
+          const Pre config = live;
           return run_stage(std::move(progress), [&](const rt::ProgressCallback& cb) { return rt::run_pretraining(config, cb); });
         },
         "config"_a, "progress"_a = nb::none(),
         "The pretraining pipeline (riftco.pretrain adds the PNG loss curve). progress(StepReport) -> bool | None.");
   m.def("run_post_training",
-        [](const Post& config, nb::object progress) {
+        [](const Post& live, nb::object progress) {
+          const Post config = live;  // as above
           return run_stage(std::move(progress), [&](const rt::ProgressCallback& cb) { return rt::run_post_training(config, cb); });
         },
         "config"_a, "progress"_a = nb::none(), "The post-training pipeline (riftco.post_train adds the PNG loss curve).");

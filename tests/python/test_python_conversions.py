@@ -120,6 +120,26 @@ def test_a_progress_that_is_not_callable_is_refused_before_the_run(tmp_path, pro
     assert not (tmp_path / "run").exists()
 
 
+def test_a_run_uses_the_config_as_it_was_when_called(tmp_path):
+    # Before: the run read the caller's object with the GIL released; a
+    # callback setting steps = 40 made a 2-step run train 40 steps.
+    (tmp_path / "data.txt").write_text(("the quick brown fox jumps over the lazy dog. " * 20 + "\n") * 50)
+    config = riftco.PretrainingConfig(model=riftco.TransformerConfig(**TINY), steps=2, batch=2,
+                                      sequence_length=16, data=tmp_path / "data.txt", output_dir=tmp_path / "run",
+                                      eval_interval=0, eval_batches=1, warmup_steps=1)
+    seen = []
+
+    def progress(report):
+        seen.append(report.step)
+        config.steps = 40
+        config.output_dir = tmp_path / "elsewhere"
+
+    result = riftco.pretrain(config, progress=progress, plot=False)
+    assert seen == [1, 2] and result.steps == 2
+    assert json.loads((tmp_path / "run" / "metadata.json").read_text())["config"]["steps"] == 2
+    assert not (tmp_path / "elsewhere").exists()
+
+
 # --- derived sizes of a config -----------------------------------------------
 
 @pytest.mark.parametrize("fields", [dict(heads=0), dict(heads=-1, model_width=-2**63),
@@ -341,12 +361,28 @@ def test_lone_surrogates_are_value_errors(tmp_path):
 # --- riftco.plot -------------------------------------------------------------
 
 @pytest.mark.parametrize("row", ['{"step": 1, "loss": "abc"}', '{"step": 1e999}', '{"step": 1, "loss": [1]}',
-                                 '{"step": 1, "validation_loss": "x"}', '[1]', '{"loss": 1}', 'not json'])
+                                 '{"step": 1, "validation_loss": "x"}', '[1]', '{"loss": 1}', 'not json',
+                                 # Before: read as steps 1 and 2 with losses 1.5 and 1.0; a RecursionError.
+                                 '{"step": true, "loss": 1.0}', '{"step": 2.9, "loss": 1.0}',
+                                 '{"step": 2, "loss": "1.5"}', '{"step": 2, "loss": true}',
+                                 '{"step": 2, "loss": ' + '[' * 100000 + ']' * 100000 + '}'])
 def test_read_metrics_names_file_and_line_for_a_bad_row(tmp_path, row):
     from riftco import plot
     (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 0, "loss": 1.0}) + "\n" + row + "\n")
     with pytest.raises(ValueError, match=r"metrics.jsonl: line 2: not a metrics row"):
         plot.read_metrics(tmp_path)
+
+
+def test_plot_refuses_a_fifo_instead_of_waiting_forever(tmp_path):
+    from riftco import plot
+    os.mkfifo(tmp_path / "metrics.jsonl")
+    with pytest.raises(OSError, match="not a regular file"):
+        plot.read_metrics(tmp_path)
+    os.remove(tmp_path / "metrics.jsonl")
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 1, "loss": 1.0}) + "\n")
+    os.mkfifo(tmp_path / "metadata.json")  # only the title: the default one, at once
+    if plot.matplotlib_available():
+        assert plot.write_loss_curve(tmp_path).exists()
 
 
 # --- checkpoint lifetime -----------------------------------------------------
