@@ -166,9 +166,10 @@ Variable checkpoint(const Variable& input, std::span<const Variable> dependencie
   }
   Random* random = options.random;
   const bool input_requires_grad = input.requires_grad();
+  const std::vector<bool> reached = scan.differentiable;  // input, then dependencies
 
   BackwardFn backward = [recompute = std::move(recompute), saved_input, deps, final_inside = std::move(final_inside), where, out_shape, out_backend, random,
-                         forward_state, streams = std::move(streams), input_requires_grad,
+                         forward_state, streams = std::move(streams), input_requires_grad, reached,
                          parent_count](const Tensor& grad_output, const std::vector<bool>& needs) {
     g_replays.fetch_add(1);
     // Fresh leaf from the saved input; the same callable again, with grad
@@ -183,6 +184,13 @@ Variable checkpoint(const Variable& input, std::span<const Variable> dependencie
       replay = traced_call(recompute, saved_input, input_requires_grad, deps, where + " replay", true);
     }
     checkpoint_contract::check_replay_output(replay.out, out_shape, out_backend, where + " replay");
+    if (replay.scan.differentiable != reached) {
+      throw CheckpointContractError(
+          CheckpointContractError::Violation::OutputChanged,
+          "[checkpoint] " + where + " replay: the replay reads its input or a dependency with gradient where the "
+              "forward read it without (NoGradGuard), or the other way round; a checkpoint callable must do the same "
+              "at every call");
+    }
     std::vector<Tensor> grads(parent_count);  // constants' slots stay undefined
     // Local VJP in a nested, isolated context. The replay graph is this
     // closure's alone, so the pass frees it as it goes: each replayed node's
@@ -213,6 +221,12 @@ Variable checkpoint(const Variable& input, std::span<const Variable> dependencie
   };
   Variable node = Variable::from_op("checkpoint", std::move(output_value), std::move(parents), std::move(backward),
                                     {saved_input});
+  // The input or a dependency the callable read only without gradient: no
+  // pass follows its edge (the ordinary graph has none); its version is
+  // still checked.
+  for (std::size_t i = 0; i < reached.size() && !node.is_leaf(); ++i) {
+    node.node()->parents[i].differentiable = reached[i];
+  }
   if (!node.is_leaf()) node.node()->watched = std::move(scan.watched);
   return node;
 }

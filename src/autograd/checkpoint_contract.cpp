@@ -92,6 +92,28 @@ BoundaryScan check_boundary(const Variable& output, const Variable& input, std::
   if (!boundary[input.node()]) {
     fail(Violation::InputUnused, where, "the output does not depend on the input " + describe(*input.node()));
   }
+  // Which of them a gradient reaches: through the callable's non-leaf nodes
+  // (ops with an input that requires grad) only; a constant it computed
+  // from one under NoGradGuard leads back to it through trace_parents alone.
+  std::unordered_set<const Node*> differentiable;
+  {
+    std::unordered_set<const Node*> walked{output.node()};
+    std::vector<const Node*> todo{output.node()};
+    while (!todo.empty()) {
+      const Node* n = todo.back();
+      todo.pop_back();
+      if (boundary.contains(n)) {
+        differentiable.insert(n);
+        continue;
+      }
+      if (n->is_leaf || n->id < first_inside_id) continue;
+      for (const Edge& e : n->parents) {
+        if (e.differentiable && e.node->requires_grad && walked.insert(e.node.get()).second) todo.push_back(e.node.get());
+      }
+    }
+  }
+  scan.differentiable.push_back(differentiable.contains(input.node()));
+  for (const Variable& d : dependencies) scan.differentiable.push_back(differentiable.contains(d.node()));
   for (std::size_t i = 0; i < dependencies.size(); ++i) {
     if (!boundary[dependencies[i].node()]) {
       fail(Violation::DependencyUnused, where,

@@ -21,6 +21,10 @@ struct BoundaryScan {
   /// later calls, a leaf over a captured Tensor): watched without being kept
   /// alive, so a later in-place write to one that survives is a stale graph.
   std::vector<WatchedStorage> watched;
+  /// The input, then each dependency: whether the output reaches it through
+  /// a differentiable path (not only through values computed from it
+  /// without gradient).
+  std::vector<bool> differentiable;
 };
 
 /// Walks the graph of `output` back to the boundary {input} ∪ dependencies.

@@ -54,8 +54,11 @@ std::vector<std::shared_ptr<Node>> topological_order(const std::shared_ptr<Node>
     Frame& frame = stack.back();
     Node& node = **frame.node;
     if (frame.next_parent < node.parents.size()) {
-      const std::shared_ptr<Node>& parent = node.parents[frame.next_parent++].node;
-      if (parent->requires_grad && visited.insert(parent.get()).second) stack.push_back({&parent, 0});
+      const Edge& edge = node.parents[frame.next_parent++];
+      const std::shared_ptr<Node>& parent = edge.node;
+      if (edge.differentiable && parent->requires_grad && visited.insert(parent.get()).second) {
+        stack.push_back({&parent, 0});
+      }
     } else {
       order.push_back(*frame.node);
       stack.pop_back();
@@ -148,7 +151,7 @@ class Finality {
     for (const std::shared_ptr<Node>& node : order) {
       if (node->is_leaf) continue;
       for (const Edge& e : node->parents) {
-        if (e.node->is_leaf && e.node->requires_grad) {
+        if (e.differentiable && e.node->is_leaf && e.node->requires_grad) {
           auto [it, fresh] = pending_.try_emplace(e.node.get(), Entry{e.node, 0});
           ++it->second.consumers;
         }
@@ -159,6 +162,7 @@ class Finality {
   void consumed(const Node* node) {
     if (hooks_ == nullptr) return;
     for (const Edge& e : node->parents) {
+      if (!e.differentiable) continue;
       auto it = pending_.find(e.node.get());
       if (it == pending_.end() || --it->second.consumers > 0) continue;
       const std::shared_ptr<Node> leaf = std::move(it->second.leaf);
@@ -175,7 +179,7 @@ class Finality {
     const auto it = pending_.find(leaf);
     if (hooks_ == nullptr || it == pending_.end() || result_.context.find(leaf) != nullptr) return false;
     const auto edges = std::count_if(node.parents.begin(), node.parents.end(),
-                                     [&](const Edge& e) { return e.node.get() == leaf; });
+                                     [&](const Edge& e) { return e.differentiable && e.node.get() == leaf; });
     if (it->second.consumers != static_cast<int>(edges)) return false;  // used outside the node too (a tied weight)
     const std::shared_ptr<Node> held = std::move(it->second.leaf);
     pending_.erase(it);
@@ -267,7 +271,9 @@ void run_node(Node& node_ref, GradientContext& ctx, std::vector<bool>& needs, co
   {
     const Tensor grad = node->retain_grad ? *grad_ptr : ctx.take(node);  // freed with this scope unless retained
     needs.assign(node->parents.size(), false);
-    for (std::size_t i = 0; i < node->parents.size(); ++i) needs[i] = node->parents[i].node->requires_grad;
+    for (std::size_t i = 0; i < node->parents.size(); ++i) {
+      needs[i] = node->parents[i].differentiable && node->parents[i].node->requires_grad;
+    }
     parent_grads = node->backward(grad, needs);
   }
   if (parent_grads.size() != node->parents.size()) {

@@ -13,6 +13,11 @@ struct Edge {
   std::shared_ptr<Node> node;
   std::uint64_t version = 0;     // parent's version() when this node was made
   std::uint64_t structural = 0;  // parent's structural_changes then (to word the stale-graph message)
+  /// False for a checkpoint's input or dependency its callable read only
+  /// without gradient (under NoGradGuard, detached): the edge keeps the
+  /// version check, but no pass follows it, as no pass reaches a value read
+  /// that way in the ordinary graph (no gradient, grad_serial unmoved).
+  bool differentiable = true;
 };
 
 /// A constant a checkpoint callable made itself and read, watched without

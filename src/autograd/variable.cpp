@@ -385,7 +385,7 @@ std::vector<Variable> Variable::leaves() const {
     const std::size_t first_pushed = stack.size();
     for (const Edge& e : n->parents) {
       Node* p = e.node.get();
-      if (!p->requires_grad || seen.contains(p)) continue;
+      if (!e.differentiable || !p->requires_grad || seen.contains(p)) continue;
       if (p->is_leaf) {
         seen.insert(p);
         found.push_back(e.node);

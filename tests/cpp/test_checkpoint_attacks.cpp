@@ -752,3 +752,64 @@ TEST(CheckpointAttack, ALeafUsedTwiceInsideGetsTheSameSumInAnotherOrder) {
     }
   }
 }
+
+// A dependency (or the input) the callable reads only without gradient (a
+// teacher or EMA weight, a detached scale) must be declared, and then got a
+// committed zero gradient with a new grad_serial, where the ordinary graph
+// does not reach it: Adam stepped it in the checkpointed run only (6.7e-4
+// apart after one step). Its edge now keeps the version check and no pass
+// follows it: no gradient, serial unmoved, the same Adam steps.
+TEST(CheckpointAttack, ADependencyReadOnlyWithoutGradientGetsNoGradient) {
+  const auto run = [](bool checkpointed) {
+    Variable x(randn({2, 3}, 1), true, "x");
+    Variable w(randn({3, 3}, 2), true, "w");
+    Variable t(randn({3, 3}, 3), true, "t");
+    Adam adam({w, t});
+    sum(matmul(matmul(x, w), t)).backward();  // step 1: t trains
+    adam.step();
+    const Fn block = [&](const Variable& h) {  // step 2: t read detached, and h too in one factor
+      Variable td;
+      Variable hd;
+      {
+        NoGradGuard no_grad;
+        td = scale(t, 1.0F);
+        hd = scale(h, 0.5F);
+      }
+      return add(matmul(matmul(h, w), td), hd);
+    };
+    const std::uint64_t serial = t.grad_serial();
+    Variable loss = checkpointed ? sum(checkpoint(x, std::vector<Variable>{w, t}, block)) : sum(block(x));
+    EXPECT_EQ(loss.leaves().size(), 2U);  // x and w: t is not a leaf of this graph
+    loss.backward();
+    EXPECT_EQ(t.grad_serial(), serial) << checkpointed;
+    const Tensor gx = x.grad().clone();
+    adam.step();
+    return std::pair{t.value().clone(), gx};
+  };
+  const auto [ordinary_t, ordinary_gx] = run(false);
+  const auto [checkpointed_t, checkpointed_gx] = run(true);
+  EXPECT_TRUE(bit_equal(ordinary_t, checkpointed_t));
+  EXPECT_TRUE(bit_equal(ordinary_gx, checkpointed_gx));
+}
+
+// Only the input read without gradient: the checkpoint passes no gradient to
+// it, as the ordinary graph (whose only path to it is detached) does not.
+TEST(CheckpointAttack, AnInputReadOnlyWithoutGradientGetsNoGradient) {
+  Variable w(randn({3, 3}, 2), true, "w");
+  const Fn block = [&](const Variable& h) {
+    Variable hd;
+    {
+      NoGradGuard no_grad;
+      hd = scale(h, 2.0F);
+    }
+    return matmul(hd, w);
+  };
+  Variable x(randn({2, 3}, 1), true, "x");
+  sum(block(x)).backward();
+  EXPECT_FALSE(x.has_grad());
+  const Tensor gw = w.grad().clone();
+  Variable x2(randn({2, 3}, 1), true, "x2");
+  sum(checkpoint(x2, std::vector<Variable>{w}, block)).backward();
+  EXPECT_FALSE(x2.has_grad());
+  EXPECT_TRUE(bit_equal(w.grad(), gw));
+}
