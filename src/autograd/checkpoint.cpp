@@ -1,6 +1,7 @@
 // checkpoint(): the mechanics. Contract checks live in checkpoint_contract.cpp.
 #include "riftco_transformer/checkpoint.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <optional>
 
@@ -167,9 +168,17 @@ Variable checkpoint(const Variable& input, std::span<const Variable> dependencie
   Random* random = options.random;
   const bool input_requires_grad = input.requires_grad();
   const std::vector<bool> reached = scan.differentiable;  // input, then dependencies
+  // Every constant the forward read (made outside it, or made by it and
+  // cached): a replay may read no other constant made before it started.
+  std::vector<std::uint64_t> constants_read = scan.constant_ids;
+  for (const WatchedStorage& w : scan.watched) {  // an inner checkpoint's too
+    if (const std::shared_ptr<Node> n = w.node.lock()) constants_read.push_back(n->id);
+  }
+  std::sort(constants_read.begin(), constants_read.end());
 
   BackwardFn backward = [recompute = std::move(recompute), saved_input, deps, final_inside = std::move(final_inside), where, out_shape, out_backend, random,
                          forward_state, streams = std::move(streams), input_requires_grad, reached,
+                         constants_read = std::move(constants_read),
                          parent_count](const Tensor& grad_output, const std::vector<bool>& needs) {
     g_replays.fetch_add(1);
     // Fresh leaf from the saved input; the same callable again, with grad
@@ -184,6 +193,18 @@ Variable checkpoint(const Variable& input, std::span<const Variable> dependencie
       replay = traced_call(recompute, saved_input, input_requires_grad, deps, where + " replay", true);
     }
     checkpoint_contract::check_replay_output(replay.out, out_shape, out_backend, where + " replay");
+    for (const Variable& c : replay.scan.constants) {
+      // Made before this replay and not read by the forward: a constant the
+      // callable cached was replaced by another since (a rebuilt mask or
+      // table); the ordinary graph differentiates with the values its forward
+      // read, so the replay must not use the new ones.
+      if (!std::binary_search(constants_read.begin(), constants_read.end(), c.node()->id)) {
+        throw StaleGraphError("[checkpoint] " + where + " replay: stale graph: the callable read " +
+                              c.node()->label() +
+                              ", a constant its forward did not read (a constant it cached was replaced after the "
+                              "forward); run the forward pass again");
+      }
+    }
     if (replay.scan.differentiable != reached) {
       throw CheckpointContractError(
           CheckpointContractError::Violation::OutputChanged,

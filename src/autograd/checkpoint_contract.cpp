@@ -69,6 +69,7 @@ BoundaryScan check_boundary(const Variable& output, const Variable& input, std::
                  ", a graph node computed outside the checkpoint; pass it as the input or recompute it inside");
       }
       scan.constants.push_back(NodeAccess::wrap(ptr));  // a constant made outside: kept as a parent
+      scan.constant_ids.push_back(n->id);
       continue;
     }
     if (n->is_leaf) {
@@ -77,6 +78,7 @@ BoundaryScan check_boundary(const Variable& output, const Variable& input, std::
              "the callable created " + describe(*n) +
                  ", a new leaf that requires grad; parameters must be made outside and declared");
       }
+      scan.constant_ids.push_back(n->id);
       if (watched_storages.insert(n->value.storage_id()).second) {
         scan.watched.push_back(
             {n->value.weak_storage(), n->value.version(), ptr, n->version(), n->structural_changes, describe(*n)});

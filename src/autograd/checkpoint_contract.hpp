@@ -25,6 +25,10 @@ struct BoundaryScan {
   /// a differentiable path (not only through values computed from it
   /// without gradient).
   std::vector<bool> differentiable;
+  /// Ids of every constant node the walk reached (outside ones and the
+  /// callable's own, a cached one included): a replay may read no constant
+  /// made before it that its forward did not read.
+  std::vector<std::uint64_t> constant_ids;
 };
 
 /// Walks the graph of `output` back to the boundary {input} ∪ dependencies.

@@ -813,3 +813,33 @@ TEST(CheckpointAttack, AnInputReadOnlyWithoutGradientGetsNoGradient) {
   EXPECT_FALSE(x2.has_grad());
   EXPECT_TRUE(bit_equal(w.grad(), gw));
 }
+
+// A constant the callable caches, replaced (not changed) between forward and
+// backward — a rebuilt mask or table: the ordinary graph differentiates with
+// the values its forward read (x.grad 3), the replay read the new constant
+// (x.grad 42) without a word. A replay that reads a constant made before it
+// that its forward did not read is a stale graph, before any gradient.
+TEST(CheckpointAttack, ACachedConstantReplacedBeforeTheBackwardIsAStaleGraph) {
+  std::optional<Variable> cached;
+  const Fn f = [&](const Variable& in) {
+    if (!cached) cached = Variable(Tensor::from_data({2}, {3, 3}), false, "table");
+    return mul(in, reshape(*cached, {2}));
+  };
+  Variable x(Tensor::from_data({2}, {1, 2}), true, "x");
+  Variable loss = sum(checkpoint(x, {}, f));
+  cached = Variable(Tensor::from_data({2}, {42, 42}), false, "table");  // the cache rebuilt
+  try {
+    loss.backward();
+    ADD_FAILURE() << "the replay used the new table";
+  } catch (const StaleGraphError& e) {
+    EXPECT_NE(std::string(e.what()).find("table"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(x.has_grad());
+  // Kept (not replaced), the cache is read again: the ordinary gradient.
+  cached.reset();
+  Variable again = sum(checkpoint(x, {}, f));
+  again.backward(GraphAfterBackward::Keep);
+  EXPECT_EQ(x.grad().to_vector(), (std::vector<float>{3, 3}));
+  again.backward();  // a second replay reads the same constants
+  EXPECT_EQ(x.grad().to_vector(), (std::vector<float>{3, 3}));
+}
