@@ -1,11 +1,13 @@
 // Argument conversion shared by the bindings (common.hpp).
 #include "common.hpp"
 
+#include <algorithm>
 #include <charconv>
 #include <cstdlib>
 #include <limits>
 #include <shared_mutex>
 #include <utility>
+#include <vector>
 
 #include "riftco_transformer/errors.hpp"
 #include "riftco_transformer/memory.hpp"
@@ -113,7 +115,14 @@ std::shared_mutex& variables_lock() {
 }
 thread_local int t_computing = 0;  // ComputeWithoutGil scopes open on this thread
 thread_local int t_changing = 0;   // ExclusiveChange scopes open on this thread
+/// Variables Python made while this thread computes (until its outermost
+/// ComputeWithoutGil ends).
+thread_local std::vector<rt::Variable> t_made;
 }  // namespace
+
+void note_made_in_computation(const rt::Variable& made) {
+  if (t_computing > 0) t_made.push_back(made);
+}
 
 ComputeWithoutGil::ComputeWithoutGil() {
   if (t_computing == 0 && t_changing == 0) {
@@ -124,11 +133,19 @@ ComputeWithoutGil::ComputeWithoutGil() {
 }
 
 ComputeWithoutGil::~ComputeWithoutGil() {
-  --t_computing;
+  if (--t_computing == 0) t_made.clear();
   if (held_) variables_lock().unlock_shared();
 }
 
-ExclusiveChange::ExclusiveChange(const char* op) {
+ExclusiveChange::ExclusiveChange(const char* op, const rt::Variable* target) {
+  const auto own = [&] {
+    return target != nullptr &&
+           std::any_of(t_made.begin(), t_made.end(), [&](const rt::Variable& v) { return v.same_node(*target); });
+  };
+  if (t_computing > 0 && own()) {  // made by this computation: nobody else reads it
+    ++t_changing;
+    return;
+  }
   if (t_computing > 0) {
     throw rt::ValueError(std::string("[") + op +
                          "] called from code that runs inside a forward, backward, optimizer step or generation "

@@ -87,8 +87,10 @@ std::string utf8_of(nb::handle text, const std::string& what);
 /// replaced under a running generate freed what it read (heap corruption).
 /// Code that holds the GIL (ops, numpy views) is already serialized with the
 /// changes by the GIL. A change from inside a computation of the same thread
-/// (a Python checkpoint callable, a hook) is a riftco.ValueError, never a
-/// deadlock.
+/// (a Python checkpoint function replayed by backward) is a riftco.ValueError,
+/// never a deadlock, unless it is to a Variable that function made itself
+/// during the computation (note_made_in_computation), which no other thread
+/// can be reading.
 class ComputeWithoutGil {
  public:
   ComputeWithoutGil();
@@ -101,9 +103,14 @@ class ComputeWithoutGil {
   bool held_ = false;
 };
 
+/// Called for every Variable Python makes: one made inside a computation of
+/// this thread may be changed there.
+void note_made_in_computation(const rt::Variable& made);
+
 class ExclusiveChange {
  public:
-  explicit ExclusiveChange(const char* op);
+  /// `target`: the Variable changed, if one (a model change has none).
+  explicit ExclusiveChange(const char* op, const rt::Variable* target = nullptr);
   ~ExclusiveChange();
   ExclusiveChange(const ExclusiveChange&) = delete;
   ExclusiveChange& operator=(const ExclusiveChange&) = delete;

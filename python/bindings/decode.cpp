@@ -129,7 +129,8 @@ void use_tokenizer(rt::GenerationOptions& o, const OptionalTokenizer& tokenizer)
 void init_decode(nb::module_& m) {
   nb::class_<rt::ByteTokenizer>(m, "ByteTokenizer", "One token per UTF-8 byte (ids 0..255).")
       .def(nb::init<>())
-      .def("encode", [](const rt::ByteTokenizer& t, const std::string& text) { return t.encode(text); }, "text"_a)
+      .def("encode", [](const rt::ByteTokenizer& t, nb::str text) { return t.encode(utf8_of(text, "[encode] text")); },
+           "text"_a)
       .def("decode", [](const rt::ByteTokenizer&, nb::handle ids) {
         return decode_text(tokens_from_python(ids, "decode").ids);
       }, "ids"_a, "Text of the bytes (invalid UTF-8 becomes U+FFFD).")

@@ -29,12 +29,13 @@ void init_io(nb::module_& m) {
   m.def("read_model_config", &rt::read_model_dimensions, "path"_a, "The TransformerConfig a model-state file records.");
   m.def(
       "load_model",
-      [](const path& file, const std::string& attention, const std::string& activation_checkpointing,
-         bool allow_non_finite) {
+      [](const path& file, nb::str attention_text, nb::str policy_text, bool allow_non_finite) {
+        const rt::FullSequenceAttentionKind attention =
+            rt::parse_attention_kind(choice_of(attention_text, "[load_model] attention"));
+        const rt::ActivationCheckpointingKind policy =
+            rt::parse_activation_checkpointing(choice_of(policy_text, "[load_model] activation_checkpointing"));
         nb::gil_scoped_release release;
-        return rt::load_model(file, rt::parse_attention_kind(attention),
-                              rt::parse_activation_checkpointing(activation_checkpointing),
-                              rt::LoadOptions{allow_non_finite, false});
+        return rt::load_model(file, attention, policy, rt::LoadOptions{allow_non_finite, false});
       },
       "path"_a, nb::kw_only(), "attention"_a = "materialized", "activation_checkpointing"_a = "disabled",
       "allow_non_finite"_a = false,
@@ -59,12 +60,13 @@ void init_io(nb::module_& m) {
       "A model-state file → a transformers checkpoint directory (config.json, model.safetensors).");
   m.def(
       "load_hf_llama",
-      [](const path& directory, const std::string& attention, const std::string& activation_checkpointing,
-         bool allow_non_finite) {
+      [](const path& directory, nb::str attention_text, nb::str policy_text, bool allow_non_finite) {
+        const rt::FullSequenceAttentionKind attention =
+            rt::parse_attention_kind(choice_of(attention_text, "[load_hf_llama] attention"));
+        const rt::ActivationCheckpointingKind policy =
+            rt::parse_activation_checkpointing(choice_of(policy_text, "[load_hf_llama] activation_checkpointing"));
         nb::gil_scoped_release release;
-        return rt::load_hf_llama(directory, rt::parse_attention_kind(attention),
-                                 rt::parse_activation_checkpointing(activation_checkpointing),
-                                 rt::LoadOptions{allow_non_finite, false});
+        return rt::load_hf_llama(directory, attention, policy, rt::LoadOptions{allow_non_finite, false});
       },
       "directory"_a, nb::kw_only(), "attention"_a = "materialized", "activation_checkpointing"_a = "disabled",
       "allow_non_finite"_a = false, "A model read from a transformers Llama checkpoint directory.");

@@ -228,8 +228,8 @@ void init_model(nb::module_& m) {
       .def_prop_rw("training", &DecoderOnlyTransformer::training, &DecoderOnlyTransformer::set_training)
       .def(
           "to",
-          [](DecoderOnlyTransformer& model, const std::string& backend) -> DecoderOnlyTransformer& {
-            const rt::Backend b = backend_for(backend, "to");
+          [](DecoderOnlyTransformer& model, nb::str backend) -> DecoderOnlyTransformer& {
+            const rt::Backend b = backend_for(choice_of(backend, "[to] backend"), "to");
             const ExclusiveChange change("to");
             model.to(b);
             return model;
@@ -257,7 +257,11 @@ void init_model(nb::module_& m) {
           if (p.variable.requires_grad()) out.push_back(p.variable);
         return out;
       }, "The parameters that require grad (what Adam takes).")
-      .def("parameter", &DecoderOnlyTransformer::parameter, "name"_a)
+      .def("parameter",
+           [](const DecoderOnlyTransformer& model, nb::str name) {
+             return model.parameter(utf8_of(name, "[parameter] name"));
+           },
+           "name"_a)
       .def("parameter_count", &DecoderOnlyTransformer::parameter_count)
       .def("validate_parameters", &DecoderOnlyTransformer::validate_parameters,
            "ShapeError naming the first parameter whose shape or backend no longer fits.")

@@ -88,8 +88,9 @@ void init_variable(nb::module_& m) {
                            "A handle to an autograd node: a float32 value, a gradient slot, parents and a backward.\n"
                            "numpy() and grad are read-only zero-copy views of the buffers (see docs/python.md).")
       .def("__init__",
-           [](rt::Variable* self, nb::handle value, bool requires_grad, std::string name) {
-             new (self) rt::Variable(tensor_from_python(value), requires_grad, std::move(name));
+           [](rt::Variable* self, nb::handle value, bool requires_grad, nb::str name) {
+             new (self) rt::Variable(tensor_from_python(value), requires_grad, utf8_of(name, "[Variable] name"));
+             note_made_in_computation(*self);
            },
            "value"_a, "requires_grad"_a = false, "name"_a = "",
            "A leaf holding a float32 copy of `value` (numpy array, list or float).")
@@ -98,15 +99,16 @@ void init_variable(nb::module_& m) {
       .def_prop_ro("backend", [](const rt::Variable& v) { return std::string(rt::backend_name(v.backend())); })
       .def_prop_rw("requires_grad", &rt::Variable::requires_grad,
                    [](rt::Variable& v, bool on) {
-                     const ExclusiveChange change("requires_grad");
+                     const ExclusiveChange change("requires_grad", &v);
                      v.set_requires_grad(on);
                    },
                    "Leaves only when set; changing it makes graphs built earlier stale.")
       .def_prop_ro("is_leaf", &rt::Variable::is_leaf)
       .def_prop_rw("name", &rt::Variable::name,
-                   [](rt::Variable& v, std::string name) {
-                     const ExclusiveChange change("name");
-                     v.set_name(std::move(name));
+                   [](rt::Variable& v, nb::str name) {
+                     std::string text = utf8_of(name, "[Variable.name] the name");
+                     const ExclusiveChange change("name", &v);
+                     v.set_name(std::move(text));
                    })
       .def_prop_ro("op", &rt::Variable::op, "The op that made this node ('leaf' for leaves).")
       .def_prop_ro("version", &rt::Variable::version)
@@ -125,8 +127,10 @@ void init_variable(nb::module_& m) {
       .def("item", [](const rt::Variable& v) { return static_cast<double>(v.value().item()); })
       .def_prop_ro("grad",
                    [](const rt::Variable& v) -> nb::object {
-                     if (!v.has_grad()) return nb::none();
-                     return to_numpy(v.grad());
+                     // One handle: a backward committing in another thread cannot free it under us.
+                     const rt::Tensor g = v.grad_with_serial().first;
+                     if (!g.defined()) return nb::none();
+                     return to_numpy(g);
                    },
                    "The committed gradient as a read-only numpy view, or None before a backward() reached it.")
       .def_prop_ro("has_grad", &rt::Variable::has_grad)
@@ -155,21 +159,22 @@ void init_variable(nb::module_& m) {
       .def("set_value",
            [](rt::Variable& v, nb::handle value) {
              rt::Tensor t = tensor_from_python(value);
-             const ExclusiveChange change("set_value");
+             const ExclusiveChange change("set_value", &v);
              v.set_value(std::move(t));
            },
            "value"_a, "Leaves only: replaces the value with a float32 copy and bumps the version.")
       .def("to",
-           [](rt::Variable& v, const std::string& backend) {
-             const rt::Backend b = backend_for(backend, "to");
-             const ExclusiveChange change("to");
+           [](rt::Variable& v, nb::str backend) {
+             const rt::Backend b = backend_for(choice_of(backend, "[to] backend"), "to");
+             const ExclusiveChange change("to", &v);
              v.to(b);
            },
            "backend"_a)
       .def("mark_changed",
-           [](rt::Variable& v, std::string reason) {
-             const ExclusiveChange change("mark_changed");
-             v.mark_changed(std::move(reason));
+           [](rt::Variable& v, nb::str reason) {
+             std::string text = utf8_of(reason, "[mark_changed] reason");
+             const ExclusiveChange change("mark_changed", &v);
+             v.mark_changed(std::move(text));
            },
            "reason"_a)
       .def("graph_statistics", &rt::Variable::graph_statistics)
@@ -195,7 +200,7 @@ void init_variable(nb::module_& m) {
            nb::is_operator())
       .def("__truediv__", [](const rt::Variable& a, float b) { return rt::scale(a, 1.0F / b); }, nb::is_operator())
       .def("__neg__", [](const rt::Variable& a) { return rt::scale(a, -1.0F); })
-      .def("__matmul__", [](const rt::Variable& a, const rt::Variable& b) { return rt::matmul(a, b); },
+      .def("__matmul__", [](const rt::Variable& a, nb::handle b) { return rt::matmul(a, operand(b)); },
            nb::is_operator())
       .def("__rmatmul__", [](const rt::Variable& a, nb::handle b) { return rt::matmul(operand(b), a); },
            nb::is_operator());

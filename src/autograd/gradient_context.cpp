@@ -148,10 +148,21 @@ class Finality {
   Finality(const std::vector<std::shared_ptr<Node>>& order, BackwardHooks* hooks, PassResult& result)
       : hooks_(hooks), result_(result) {
     if (hooks_ == nullptr) return;
+    // Leaves the pass gives a gradient (a differentiable edge reaches them);
+    // every node reading one counts as its consumer, through an edge the pass
+    // does not follow too (a checkpoint that reads it without gradient must
+    // run before the hooks may update it in place).
+    std::unordered_set<const Node*> reached;
     for (const std::shared_ptr<Node>& node : order) {
       if (node->is_leaf) continue;
       for (const Edge& e : node->parents) {
-        if (e.differentiable && e.node->is_leaf && e.node->requires_grad) {
+        if (e.differentiable && e.node->is_leaf && e.node->requires_grad) reached.insert(e.node.get());
+      }
+    }
+    for (const std::shared_ptr<Node>& node : order) {
+      if (node->is_leaf) continue;
+      for (const Edge& e : node->parents) {
+        if (reached.contains(e.node.get())) {
           auto [it, fresh] = pending_.try_emplace(e.node.get(), Entry{e.node, 0});
           ++it->second.consumers;
         }
@@ -162,7 +173,6 @@ class Finality {
   void consumed(const Node* node) {
     if (hooks_ == nullptr) return;
     for (const Edge& e : node->parents) {
-      if (!e.differentiable) continue;
       auto it = pending_.find(e.node.get());
       if (it == pending_.end() || --it->second.consumers > 0) continue;
       const std::shared_ptr<Node> leaf = std::move(it->second.leaf);
@@ -179,7 +189,7 @@ class Finality {
     const auto it = pending_.find(leaf);
     if (hooks_ == nullptr || it == pending_.end() || result_.context.find(leaf) != nullptr) return false;
     const auto edges = std::count_if(node.parents.begin(), node.parents.end(),
-                                     [&](const Edge& e) { return e.differentiable && e.node.get() == leaf; });
+                                     [&](const Edge& e) { return e.node.get() == leaf; });
     if (it->second.consumers != static_cast<int>(edges)) return false;  // used outside the node too (a tied weight)
     const std::shared_ptr<Node> held = std::move(it->second.leaf);
     pending_.erase(it);

@@ -315,6 +315,12 @@ std::uint64_t Variable::grad_serial() const {
   return n.grad_serial;
 }
 
+std::pair<Tensor, std::uint64_t> Variable::grad_with_serial() const {
+  const Node& n = require(node_, "grad_with_serial");
+  std::lock_guard<std::mutex> lock(g_commit_mutex);
+  return {n.grad, n.grad_serial};
+}
+
 void Variable::clear_grad() {
   Node& n = require(node_, "clear_grad");
   Tensor old;

@@ -446,3 +446,39 @@ def test_a_path_that_is_not_utf8_is_refused_before_the_run_and_shown_escaped(tmp
     tok = os.fsdecode(bytes(tmp_path) + b"/tok\xff.model")
     riftco.train_tokenizer(("the quick brown fox jumps over the lazy dog. " * 20 + "\n") * 50, tok, vocab_size=300)
     assert "\\xff" in repr(riftco.Tokenizer.load(tok))
+
+
+# --- str arguments that are not text -----------------------------------------
+
+def test_str_arguments_that_cannot_be_utf8_are_value_errors_naming_the_argument(tmp_path):
+    # Before: nanobind's anonymous "incompatible function arguments" TypeError.
+    model = tiny_model()
+    v = riftco.Variable([1.0, 2.0], requires_grad=True)
+    bad = "\ud800"
+    cases = [
+        (lambda: riftco.Variable([1.0], name=bad), "[Variable] name"),
+        (lambda: setattr(v, "name", bad), "[Variable.name]"),
+        (lambda: v.mark_changed(bad), "[mark_changed]"),
+        (lambda: v.to(bad), "[to] backend"),
+        (lambda: model.to(bad), "[to] backend"),
+        (lambda: model.parameter(bad), "[parameter] name"),
+        (lambda: riftco.memory_stats(bad), "[memory_stats] backend"),
+        (lambda: riftco.reset_peak_memory(bad), "[reset_peak_memory] backend"),
+        (lambda: riftco.release_cached_memory(bad), "[release_cached_memory] backend"),
+        (lambda: riftco.checkpoint(v, [], lambda x: x * 2.0, name=bad), "[checkpoint] name"),
+        (lambda: riftco.ByteTokenizer().encode(bad), "[encode] text"),
+        (lambda: riftco.load_model(tmp_path / "m.safetensors", attention=bad), "[load_model] attention"),
+    ]
+    for call, needle in cases:
+        with pytest.raises(riftco.ValueError) as e:
+            call()
+        assert needle in str(e.value), (needle, str(e.value))
+    assert v.name == ""
+
+
+def test_a_nul_in_an_argument_does_not_cut_the_message_short(tmp_path):
+    model = tiny_model()
+    with pytest.raises(riftco.ValueError, match=r'flash\\0x.*expected'):
+        model.save(tmp_path / "m.safetensors") or riftco.load_model(tmp_path / "m.safetensors", attention="flash\0x")
+    with pytest.raises(riftco.ValueError, match=r"cpu\\0x"):
+        model.to("cpu\0x")
