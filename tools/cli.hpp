@@ -30,19 +30,32 @@ struct UsageError : std::runtime_error {
 };
 
 /// Every number option is a 32-bit float setting: inf, nan and values that
-/// overflow a float (1e39) are refused by name before anything runs.
+/// overflow a float (1e39) are refused by name before anything runs, as are
+/// texts that are not a plain decimal number (hex "0x10", blanks: strtod
+/// would take them) and non-zero values a float cannot hold (1e-46 would
+/// silently be 0).
 inline const CLI::Validator kFiniteFloat(
     [](std::string& text) -> std::string {
+      // strtod also reads hex ("0x10") and skips leading blanks.
+      const bool plain = !text.empty() && text.find_first_of("xX \t\n\r\f\v") == std::string::npos;
       std::size_t used = 0;
       double value = 0;
       try {
-        value = std::stod(text, &used);
+        if (plain) value = std::stod(text, &used);
+      } catch (const std::out_of_range&) {  // underflow or overflow: judged below from the text
+        used = text.size();
+        value = text.find_first_of("123456789") == std::string::npos ? 0.0 : HUGE_VAL;
+        const std::size_t e = text.find_first_of("eE");
+        if (e != std::string::npos && text.find('-', e) != std::string::npos) value = 1e-300;  // tiny, not zero
       } catch (const std::exception&) {
         used = 0;
       }
-      if (text.empty() || used != text.size()) return "expects a number, got '" + text + "'";
+      if (!plain || used != text.size()) return "expects a number, got '" + text + "'";
       if (!std::isfinite(value) || std::fabs(value) > static_cast<double>(std::numeric_limits<float>::max())) {
         return "expects a finite number, got '" + text + "'";
+      }
+      if (value != 0.0 && static_cast<float>(value) == 0.0F) {
+        return "expects a number a float can hold, got '" + text + "' (it would be 0)";
       }
       return "";
     },

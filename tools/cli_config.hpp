@@ -38,6 +38,10 @@ class RunConfigFile : public CLI::ConfigTOML {
  public:
   explicit RunConfigFile(const CLI::App* app) : app_(app) {}
 
+  /// The recorded facts of the last file read ("data-fingerprint",
+  /// "base-model-fingerprint", "tokenizer-checksum", "vocab-size" → value).
+  const std::map<std::string, std::string>& facts() const { return facts_; }
+
   std::vector<CLI::ConfigItem> from_config(std::istream& in) const override {
     const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     const auto first = text.find_first_not_of(" \t\r\n");
@@ -52,17 +56,21 @@ class RunConfigFile : public CLI::ConfigTOML {
       raw = CLI::ConfigTOML::from_config(toml);
     }
     std::vector<CLI::ConfigItem> out;
-    std::map<std::string, std::string> set_by;  // option -> the key that set it
+    // option -> the key that set it; by the option itself, so that its
+    // aliases ("zero" and "zero_stage" for --zero,--zero-stage) count as one.
+    std::map<const CLI::Option*, std::string> set_by;
+    facts_.clear();
     for (CLI::ConfigItem& item : raw) {
       if (item.name == "++" || item.name == "--") continue;  // CLI11's section markers
       check_no_nul(item);
       if (const std::string option = resolve(item); !option.empty()) {
         // Two keys for one option ("layers" and "dimensions.layers", "output"
-        // and "output_dir"): which one wins would be a guess.
-        const auto [it, fresh] = set_by.emplace(option, item.fullname());
+        // and "output_dir", an option's two names): which one wins would be a guess.
+        const CLI::Option* target = app_->get_option_no_throw("--" + option);
+        const auto [it, fresh] = set_by.emplace(target, item.fullname());
         if (!fresh) {
-          throw CLI::ConfigError("config file: '" + it->second + "' and '" + item.fullname() + "' both set --" +
-                                 option + "; keep one");
+          throw CLI::ConfigError("config file: '" + it->second + "' and '" + item.fullname() + "' both set " +
+                                 target->get_name() + "; keep one");
         }
         item.parents.clear();
         item.name = option;
@@ -131,7 +139,10 @@ class RunConfigFile : public CLI::ConfigTOML {
     }
     static const std::set<std::string> recorded_facts = {"data-fingerprint", "base-model-fingerprint",
                                                          "vocab-size", "tokenizer-checksum"};
-    if (recorded_facts.contains(leaf)) return "";
+    if (recorded_facts.contains(leaf)) {
+      if (item.inputs.size() == 1) facts_[leaf] = item.inputs[0];  // checked against the files (replayed_facts)
+      return "";
+    }
     throw CLI::ConfigError("config file: '" + item.fullname() + "' is not an option of " + app_->get_name() +
                            " (see --help)");
   }
@@ -207,7 +218,23 @@ class RunConfigFile : public CLI::ConfigTOML {
   }
 
   const CLI::App* app_;
+  mutable std::map<std::string, std::string> facts_;
 };
+
+/// What the last apply_config_file filled: the options the file set (the
+/// command line left them unset; names without dashes, "data") and the facts
+/// it recorded (a run's metadata.json: its data and base-model fingerprints,
+/// its tokenizer's checksum). A replay checks the facts against the files.
+struct ConfigFileUse {
+  std::set<std::string> options;
+  std::map<std::string, std::string> facts;
+  bool from_file(const std::string& option) const { return options.contains(option); }
+};
+
+inline ConfigFileUse& config_file_use() {
+  static ConfigFileUse use;
+  return use;
+}
 
 /// Adds `--config FILE` to `app` (a subcommand or a tool's only app);
 /// run_tool applies it after parsing (CLI11 reads config files for the
@@ -231,9 +258,12 @@ inline void apply_config_file(CLI::App& app, const std::string& path) {
   }
   std::istringstream in(text);
   const std::vector<CLI::ConfigItem> items = format.from_config(in);
+  ConfigFileUse& use = config_file_use();
+  use = ConfigFileUse{{}, format.facts()};
   for (const CLI::ConfigItem& item : items) {
     CLI::Option* option = app.get_option("--" + item.name);
     if (option->count() > 0) continue;  // the command line wins
+    use.options.insert(item.name);
     if (option->get_expected_min() == 0) {  // a flag
       option->add_result(option->get_flag_value(item.name, format.to_flag(item)));
     } else {

@@ -4,6 +4,7 @@
 //   rt-train tokenizer [options]   train a SentencePiece subword tokenizer
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -172,6 +173,24 @@ void add_stage_options(CLI::App& app, StageSettings& s, StageText& t) {
   rt_cli::add_config_option(app);
 }
 
+/// A replayed metadata.json (--config) records fingerprints of what its run
+/// read: a file the replay takes from it (not from the command line) that
+/// changed since would train another run silently, so it is a usage error.
+/// `option` is the file's option ("data"), `fact` its recorded fact.
+void check_replayed_file(const std::string& option, const std::filesystem::path& path, const std::string& fact) {
+  const rt_cli::ConfigFileUse& use = rt_cli::config_file_use();
+  const auto recorded = use.facts.find(fact);
+  if (path.empty() || !use.from_file(option) || recorded == use.facts.end()) return;
+  const std::string now = fact == "tokenizer-checksum" ? Tokenizer::load(path).checksum() : file_fingerprint(path);
+  if (now == recorded->second) return;
+  std::string key = fact;
+  std::replace(key.begin(), key.end(), '-', '_');
+  throw rt_cli::UsageError("--config: the replayed run recorded " + key + " " + recorded->second + " for --" + option +
+                           " " + path.string() + ", which now gives " + now +
+                           " (the file changed since): the replay would not be that run. Give --" + option +
+                           " on the command line to train on it anyway");
+}
+
 /// The text options into the settings (after parsing).
 void apply_stage_text(const CLI::App& app, const StageText& t, StageSettings& s) {
   s.attention = parse_attention_kind(t.attention, "--attention");
@@ -190,6 +209,8 @@ void apply_stage_text(const CLI::App& app, const StageText& t, StageSettings& s)
   }
   s.tokenizer = t.tokenizer;  // "" (a replayed byte-level run's metadata): bytes
   s.output_dir = t.output;
+  check_replayed_file("data", s.data, "data-fingerprint");
+  check_replayed_file("tokenizer", s.tokenizer, "tokenizer-checksum");
 }
 
 /// A live progress line on a terminal; periodic plain lines otherwise. The
@@ -339,7 +360,6 @@ void add_post_train(CLI::App& app, Commands& c) {
   rt_cli::style(*sub);
   PostTrainingConfig& p = c.post;
   p.output_dir = "runs/post-train";
-  p.sequence_length = 128;
   c.lora_targets = lora_targets_string(p.lora.targets);
   const std::string group = "Fine-tuning";
   sub->add_option("--base-model", c.base_model, "model-state file to start from (required)")
@@ -367,11 +387,18 @@ int post_train(const CLI::App& sub, Commands& c, bool& running) {
     throw rt_cli::UsageError("--data FILE.jsonl is required (example: data/chat_example.jsonl)");
   }
   p.base_model = c.base_model;
+  check_replayed_file("base-model", p.base_model, "base-model-fingerprint");
   p.fine_tuning_method = parse_fine_tuning_method(c.method, "--method");
   if (p.fine_tuning_method == FineTuningMethod::Lora) {
     p.lora.targets = parse_lora_targets(c.lora_targets, "--lora-targets");
-  } else if (sub.count("--lora-rank") + sub.count("--lora-alpha") + sub.count("--lora-targets") > 0) {
-    throw rt_cli::UsageError("--lora-* options apply to --method lora only");
+  } else {
+    // A replayed LoRA run's lora keys (--config) do not apply to --method full.
+    const rt_cli::ConfigFileUse& use = rt_cli::config_file_use();
+    for (const char* o : {"lora-rank", "lora-alpha", "lora-targets"}) {
+      if (sub.count(std::string("--") + o) > 0 && !use.from_file(o)) {
+        throw rt_cli::UsageError(std::string("--") + o + ": --lora-* options apply to --method lora only");
+      }
+    }
   }
   apply_stage_text(sub, c.post_text, p);
   p.check_device("post-train");  // a build or machine without CUDA: before any file or output

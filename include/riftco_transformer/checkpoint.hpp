@@ -24,7 +24,8 @@ class CheckpointContractError : public Error {
     InputUnused,              ///< the output does not depend on the input
     DependencyUnused,         ///< the output does not depend on a declared dependency
     OutputChanged,            ///< replay output shape/backend differs from the forward's, or lost its grad
-    BoundaryModified,         ///< the callable wrote into its input or a dependency
+    BoundaryModified,         ///< the callable wrote into (or replaced, with set_value...) a buffer or variable made outside it
+    InternalValueEscaped,     ///< a backward pass reached a value computed inside the callable through a path outside the checkpoint
   };
   CheckpointContractError(Violation violation, const std::string& message)
       : Error(message), violation_(violation) {}
@@ -44,7 +45,8 @@ struct CheckpointOptions {
   /// replay draws fresh numbers from the live generators (and advances them).
   bool preserve_random_state = true;
   /// Optional: a generator whose whole state is captured before the forward
-  /// call and restored for the replay (then put back), used or not.
+  /// call and restored for the replay (then put back), used or not. Not
+  /// owned: it must outlive the backward (every replay reads and restores it).
   Random* random = nullptr;
   /// Name used in messages and retained_nodes() ("checkpoint" by default).
   std::string name;

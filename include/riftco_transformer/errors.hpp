@@ -9,10 +9,21 @@
 
 namespace riftco_transformer {
 
-/// Base of every error riftco throws on purpose.
+/// Base of every error riftco throws on purpose. A NUL byte in the message
+/// (from a user's text: a name, a path, an enum string) is written as the
+/// two characters \0, so C's strlen and Python see the whole message.
 class Error : public std::runtime_error {
  public:
-  using std::runtime_error::runtime_error;
+  explicit Error(const std::string& message) : std::runtime_error(without_nul(message)) {}
+  explicit Error(const char* message) : std::runtime_error(message) {}
+
+ private:
+  static std::string without_nul(const std::string& message) {
+    if (message.find('\0') == std::string::npos) return message;
+    std::string out;
+    for (const char c : message) out += c == '\0' ? std::string("\\0") : std::string(1, c);
+    return out;
+  }
 };
 
 /// Shapes that do not fit the operation.

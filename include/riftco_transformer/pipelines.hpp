@@ -250,4 +250,11 @@ RunResult run_pretraining(const PretrainingConfig& config, const ProgressCallbac
 RunResult run_post_training(const PostTrainingConfig& config, const ProgressCallback& progress = {},
                             const NoticeCallback& notice = {});
 
+/// The fingerprint a run records in metadata.json for its data file and its
+/// base model ("data_fingerprint", "base_model_fingerprint"): FNV-1a 64 of
+/// the file's bytes, 16 hex digits. A resume, and rt-train replaying a
+/// metadata.json, compare it with the file they are given. DataError naming
+/// the file when it cannot be read.
+std::string file_fingerprint(const std::filesystem::path& path);
+
 }  // namespace riftco_transformer

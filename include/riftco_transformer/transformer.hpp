@@ -134,6 +134,11 @@ struct TransformerCore;
 /// pipelines' configs, model-state files and Hugging Face config.json (the
 /// importer, so every model the exporter writes reads back).
 bool is_valid_norm_epsilon(double value);
+/// Whether `value` may be a model's RoPE base: a number that is a finite
+/// float above 1 once rounded to one. The one rule of TransformerDimensions,
+/// model files (metadata "rope_base") and Hugging Face config.json
+/// ("rope_theta"), so every model a run saves loads again.
+bool is_valid_rope_base(double value);
 
 class DecoderOnlyTransformer {
  public:

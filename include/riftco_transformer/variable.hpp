@@ -174,6 +174,10 @@ class Variable {
   /// An optimizer compares it with the one it last stepped with, so a
   /// gradient a pass did not renew is not applied twice (docs/autograd.md).
   std::uint64_t grad_serial() const;
+  /// grad() and grad_serial() read together, the gradient as a handle of its
+  /// own: a backward committing or clear_grad() dropping this gradient in
+  /// another thread meanwhile cannot free what the caller reads (optimizers).
+  std::pair<Tensor, std::uint64_t> grad_with_serial() const;
   /// Drops the committed gradient (PyTorch's zero_grad(set_to_none=True)).
   /// Serialised with commits of other threads' passes.
   void clear_grad();

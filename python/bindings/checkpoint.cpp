@@ -10,7 +10,8 @@ void init_checkpoint(nb::module_& m) {
   m.def(
       "checkpoint",
       [](const rt::Variable& input, std::vector<rt::Variable> dependencies, nb::callable fn,
-         bool preserve_random_state, std::string name) {
+         bool preserve_random_state, nb::str name_text) {
+        std::string name = utf8_of(name_text, "[checkpoint] name");
         SharedPyObject callable = share_python(std::move(fn));
         rt::CheckpointOptions options;
         options.preserve_random_state = preserve_random_state;

@@ -1,10 +1,13 @@
 // Argument conversion shared by the bindings (common.hpp).
 #include "common.hpp"
 
+#include <algorithm>
 #include <charconv>
 #include <cstdlib>
 #include <limits>
+#include <shared_mutex>
 #include <utility>
+#include <vector>
 
 #include "riftco_transformer/errors.hpp"
 #include "riftco_transformer/memory.hpp"
@@ -103,6 +106,68 @@ std::vector<rt::Variable> variables_from_python(nb::iterable values, const char*
     out.push_back(nb::cast<rt::Variable>(v));
   }
   return out;
+}
+
+namespace {
+std::shared_mutex& variables_lock() {
+  static std::shared_mutex lock;
+  return lock;
+}
+thread_local int t_computing = 0;  // ComputeWithoutGil scopes open on this thread
+thread_local int t_changing = 0;   // ExclusiveChange scopes open on this thread
+/// Variables Python made while this thread computes (until its outermost
+/// ComputeWithoutGil ends).
+thread_local std::vector<rt::Variable> t_made;
+}  // namespace
+
+void note_made_in_computation(const rt::Variable& made) {
+  if (t_computing > 0) t_made.push_back(made);
+}
+
+ComputeWithoutGil::ComputeWithoutGil() {
+  if (t_computing == 0 && t_changing == 0) {
+    variables_lock().lock_shared();
+    held_ = true;
+  }
+  ++t_computing;
+}
+
+ComputeWithoutGil::~ComputeWithoutGil() {
+  if (--t_computing == 0) t_made.clear();
+  if (held_) variables_lock().unlock_shared();
+}
+
+ExclusiveChange::ExclusiveChange(const char* op, const rt::Variable* target) {
+  const auto own = [&] {
+    return target != nullptr &&
+           std::any_of(t_made.begin(), t_made.end(), [&](const rt::Variable& v) { return v.same_node(*target); });
+  };
+  if (t_computing > 0 && own()) {  // made by this computation: nobody else reads it
+    ++t_changing;
+    return;
+  }
+  if (t_computing > 0) {
+    throw rt::ValueError(std::string("[") + op +
+                         "] called from code that runs inside a forward, backward, optimizer step or generation "
+                         "on this thread (a checkpoint function, a hook): change variables between those calls");
+  }
+  if (t_changing == 0) {
+    nb::gil_scoped_release wait;  // readers may need the GIL to finish
+    variables_lock().lock();
+    held_ = true;
+  }
+  ++t_changing;
+}
+
+ExclusiveChange::~ExclusiveChange() {
+  --t_changing;
+  if (held_) variables_lock().unlock();
+}
+
+nb::str str_of_bytes(std::string_view bytes) {
+  PyObject* text = PyUnicode_DecodeUTF8(bytes.data(), static_cast<Py_ssize_t>(bytes.size()), "backslashreplace");
+  if (text == nullptr) throw nb::python_error();
+  return nb::steal<nb::str>(text);
 }
 
 std::string utf8_of(nb::handle text, const std::string& what) {

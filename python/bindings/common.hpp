@@ -15,6 +15,7 @@
 #include <limits>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <vector>
 
@@ -76,6 +77,51 @@ std::vector<rt::Variable> variables_from_python(nb::iterable values, const char*
 /// A str as UTF-8 (a ValueError naming `what` for a str that has none, e.g.
 /// a lone surrogate; was RuntimeError std::bad_cast).
 std::string utf8_of(nb::handle text, const std::string& what);
+
+/// Python threads and the models' variables. C++ that runs with the GIL
+/// released and reads variables (a forward, backward, Adam.step, generate,
+/// save) holds one process-wide lock shared (ComputeWithoutGil, which also
+/// releases the GIL); a change that replaces variables' values, names or
+/// flags (set_value, to, load_state, add_lora, ...) holds it exclusively and
+/// the GIL (ExclusiveChange), so neither runs into the other: a value
+/// replaced under a running generate freed what it read (heap corruption).
+/// Code that holds the GIL (ops, numpy views) is already serialized with the
+/// changes by the GIL. A change from inside a computation of the same thread
+/// (a Python checkpoint function replayed by backward) is a riftco.ValueError,
+/// never a deadlock, unless it is to a Variable that function made itself
+/// during the computation (note_made_in_computation), which no other thread
+/// can be reading.
+class ComputeWithoutGil {
+ public:
+  ComputeWithoutGil();
+  ~ComputeWithoutGil();
+  ComputeWithoutGil(const ComputeWithoutGil&) = delete;
+  ComputeWithoutGil& operator=(const ComputeWithoutGil&) = delete;
+
+ private:
+  nb::gil_scoped_release release_;  // first: the lock is taken without the GIL
+  bool held_ = false;
+};
+
+/// Called for every Variable Python makes: one made inside a computation of
+/// this thread may be changed there.
+void note_made_in_computation(const rt::Variable& made);
+
+class ExclusiveChange {
+ public:
+  /// `target`: the Variable changed, if one (a model change has none).
+  explicit ExclusiveChange(const char* op, const rt::Variable* target = nullptr);
+  ~ExclusiveChange();
+  ExclusiveChange(const ExclusiveChange&) = delete;
+  ExclusiveChange& operator=(const ExclusiveChange&) = delete;
+
+ private:
+  bool held_ = false;
+};
+
+/// Bytes that may not be UTF-8 (a path made with os.fsdecode) as a str, each
+/// such byte as a \xNN escape: for reprs, which must never raise.
+nb::str str_of_bytes(std::string_view bytes);
 
 /// An enum string ("flash", "block", ...) for a parse_* function: utf8_of,
 /// with each NUL written as the two characters \0, so the parser's ValueError (which lists the

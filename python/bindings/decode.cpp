@@ -28,7 +28,9 @@ nb::str text_of_bytes(const std::string& bytes) {
 }
 
 std::string repr_of(const Generated& g) {
-  const std::string text = g.text ? nb::cast<std::string>(nb::repr(nb::str(g.text->c_str()))) : "None";
+  // The whole text (a NUL is common in a small model's output; c_str() cut it there).
+  const std::string text =
+      g.text ? nb::cast<std::string>(nb::repr(nb::str(g.text->data(), g.text->size()))) : "None";
   return "GenerationResult(text=" + text + ", tokens=" + std::to_string(g.tokens.size()) +
          ", reached_context=" + (g.reached_context ? "True" : "False") +
          (g.stop_index ? ", stop_index=" + std::to_string(*g.stop_index) : std::string()) + ")";
@@ -127,7 +129,8 @@ void use_tokenizer(rt::GenerationOptions& o, const OptionalTokenizer& tokenizer)
 void init_decode(nb::module_& m) {
   nb::class_<rt::ByteTokenizer>(m, "ByteTokenizer", "One token per UTF-8 byte (ids 0..255).")
       .def(nb::init<>())
-      .def("encode", [](const rt::ByteTokenizer& t, const std::string& text) { return t.encode(text); }, "text"_a)
+      .def("encode", [](const rt::ByteTokenizer& t, nb::str text) { return t.encode(utf8_of(text, "[encode] text")); },
+           "text"_a)
       .def("decode", [](const rt::ByteTokenizer&, nb::handle ids) {
         return decode_text(tokens_from_python(ids, "decode").ids);
       }, "ids"_a, "Text of the bytes (invalid UTF-8 becomes U+FFFD).")
@@ -142,7 +145,7 @@ void init_decode(nb::module_& m) {
           [](rt::DecodeSession& s, std::int32_t token) {
             rt::Tensor logits;
             {
-              nb::gil_scoped_release release;
+              ComputeWithoutGil release;
               logits = s.decode_token(token);
             }
             return to_numpy(logits);
@@ -177,7 +180,7 @@ void init_decode(nb::module_& m) {
         use_tokenizer(options, tokenizer);
         rt::GenerationResult r;
         {
-          nb::gil_scoped_release release;
+          ComputeWithoutGil release;
           r = rt::generate(model, ids, options);
         }
         return to_python(r, tokenizer, with_text);
@@ -202,7 +205,7 @@ void init_decode(nb::module_& m) {
         use_tokenizer(options, tokenizer);
         std::vector<rt::GenerationResult> r;
         {
-          nb::gil_scoped_release release;
+          ComputeWithoutGil release;
           r = rt::generate_samples(model, ids, options);
         }
         std::vector<Generated> out;

@@ -91,7 +91,8 @@ void init_errors(nb::module_& m) {
       .value("InputUnused", V::InputUnused)
       .value("DependencyUnused", V::DependencyUnused)
       .value("OutputChanged", V::OutputChanged)
-      .value("BoundaryModified", V::BoundaryModified);
+      .value("BoundaryModified", V::BoundaryModified)
+      .value("InternalValueEscaped", V::InternalValueEscaped);
   nb::handle(g_contract).attr("Violation") = m.attr("CheckpointViolation");
 
   nb::register_exception_translator([](const std::exception_ptr& p, void*) {

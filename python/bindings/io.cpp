@@ -29,12 +29,13 @@ void init_io(nb::module_& m) {
   m.def("read_model_config", &rt::read_model_dimensions, "path"_a, "The TransformerConfig a model-state file records.");
   m.def(
       "load_model",
-      [](const path& file, const std::string& attention, const std::string& activation_checkpointing,
-         bool allow_non_finite) {
+      [](const path& file, nb::str attention_text, nb::str policy_text, bool allow_non_finite) {
+        const rt::FullSequenceAttentionKind attention =
+            rt::parse_attention_kind(choice_of(attention_text, "[load_model] attention"));
+        const rt::ActivationCheckpointingKind policy =
+            rt::parse_activation_checkpointing(choice_of(policy_text, "[load_model] activation_checkpointing"));
         nb::gil_scoped_release release;
-        return rt::load_model(file, rt::parse_attention_kind(attention),
-                              rt::parse_activation_checkpointing(activation_checkpointing),
-                              rt::LoadOptions{allow_non_finite, false});
+        return rt::load_model(file, attention, policy, rt::LoadOptions{allow_non_finite, false});
       },
       "path"_a, nb::kw_only(), "attention"_a = "materialized", "activation_checkpointing"_a = "disabled",
       "allow_non_finite"_a = false,
@@ -59,12 +60,13 @@ void init_io(nb::module_& m) {
       "A model-state file → a transformers checkpoint directory (config.json, model.safetensors).");
   m.def(
       "load_hf_llama",
-      [](const path& directory, const std::string& attention, const std::string& activation_checkpointing,
-         bool allow_non_finite) {
+      [](const path& directory, nb::str attention_text, nb::str policy_text, bool allow_non_finite) {
+        const rt::FullSequenceAttentionKind attention =
+            rt::parse_attention_kind(choice_of(attention_text, "[load_hf_llama] attention"));
+        const rt::ActivationCheckpointingKind policy =
+            rt::parse_activation_checkpointing(choice_of(policy_text, "[load_hf_llama] activation_checkpointing"));
         nb::gil_scoped_release release;
-        return rt::load_hf_llama(directory, rt::parse_attention_kind(attention),
-                                 rt::parse_activation_checkpointing(activation_checkpointing),
-                                 rt::LoadOptions{allow_non_finite, false});
+        return rt::load_hf_llama(directory, attention, policy, rt::LoadOptions{allow_non_finite, false});
       },
       "directory"_a, nb::kw_only(), "attention"_a = "materialized", "activation_checkpointing"_a = "disabled",
       "allow_non_finite"_a = false, "A model read from a transformers Llama checkpoint directory.");
@@ -76,25 +78,25 @@ void init_io(nb::module_& m) {
   method("fingerprint", [](const DecoderOnlyTransformer& model) { return rt::model_fingerprint(model); },
          "model_fingerprint(self): a hash of the base weights.");
   method("save", [](const DecoderOnlyTransformer& model, const path& file) {
-    nb::gil_scoped_release release;
+    ComputeWithoutGil release;
     rt::save_model_state(model, file);
   }, "path"_a, "Writes the weights and dimensions (safetensors; atomic).");
   method("save_hf", [](const DecoderOnlyTransformer& model, const path& directory) {
-    nb::gil_scoped_release release;
+    ComputeWithoutGil release;
     rt::save_hf_llama(model, directory);
   }, "directory"_a, "Writes a transformers Llama checkpoint (config.json, model.safetensors; atomic files).");
   method("load_state", [](DecoderOnlyTransformer& model, const path& file, bool allow_non_finite) {
-    nb::gil_scoped_release release;
+    const ExclusiveChange change("load_state");  // replaces every weight: with the GIL, no reader running
     rt::load_model_state(model, file, rt::LoadOptions{allow_non_finite, false});
   }, "path"_a, nb::kw_only(), "allow_non_finite"_a = false,
      "Validates the whole file against this model, then sets every weight. On error the model is untouched.");
   method("save_adapter", [](const DecoderOnlyTransformer& model, const path& file) {
-    nb::gil_scoped_release release;
+    ComputeWithoutGil release;
     rt::save_adapter_state(model, file);
   }, "path"_a, "Writes the LoRA adapters alone (ValueError without adapters).");
   method("load_adapter", [](DecoderOnlyTransformer& model, const path& file, bool allow_non_finite,
                             bool allow_base_mismatch) {
-    nb::gil_scoped_release release;
+    const ExclusiveChange change("load_adapter");
     rt::load_adapter_state(model, file, rt::LoadOptions{allow_non_finite, allow_base_mismatch});
   }, "path"_a, nb::kw_only(), "allow_non_finite"_a = false, "allow_base_mismatch"_a = false,
      "Adds the file's adapters (active). The file's base fingerprint must match unless allowed.");

@@ -17,12 +17,19 @@ void init_memory(nb::module_& m) {
                ", free_count=" + std::to_string(s.free_count) + ", reserved_bytes=" +
                std::to_string(s.reserved_bytes) + ")";
       });
-  m.def("memory_stats", [](const std::string& backend) { return rt::memory_stats(backend_for(backend, "memory_stats")); },
+  m.def("memory_stats", [](nb::str backend) {
+          return rt::memory_stats(backend_for(choice_of(backend, "[memory_stats] backend"), "memory_stats"));
+        },
         "backend"_a = "cpu", "Allocator counters: live, peak (since the last reset_peak_memory), reserved bytes.");
-  m.def("reset_peak_memory", [](const std::string& backend) { rt::reset_peak_memory(backend_for(backend, "reset_peak_memory")); },
+  m.def("reset_peak_memory", [](nb::str backend) {
+          rt::reset_peak_memory(backend_for(choice_of(backend, "[reset_peak_memory] backend"), "reset_peak_memory"));
+        },
         "backend"_a = "cpu", "Sets peak_bytes to the current live_bytes.");
   m.def("release_cached_memory",
-        [](const std::string& backend) { return rt::release_cached_memory(backend_for(backend, "release_cached_memory")); },
+        [](nb::str backend) {
+          return rt::release_cached_memory(
+              backend_for(choice_of(backend, "[release_cached_memory] backend"), "release_cached_memory"));
+        },
         "backend"_a = "cpu", "Gives the allocator's cached free blocks back to the system; returns the bytes released.");
   m.def("available_backends", &available_backends, "The backends this build has, e.g. ('cpu',).");
 }

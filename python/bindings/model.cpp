@@ -31,7 +31,7 @@ std::vector<rt::NamedParameter> all_parameters(const DecoderOnlyTransformer& mod
 
 rt::Variable run_forward(const DecoderOnlyTransformer& model, nb::handle tokens) {
   const TokenArray t = tokens_from_python(tokens, "forward");
-  nb::gil_scoped_release release;
+  ComputeWithoutGil release;
   return model.forward(t.ids, t.batch());
 }
 
@@ -71,9 +71,22 @@ void init_model(nb::module_& m) {
       .field("tie_embeddings", &Dims::tie_embeddings, "bool", "the LM head is the token embedding")
       .finish()
       .def("validate", &Dims::validate, "ValueError naming the bad field.")
-      .def_prop_ro("head_width", &Dims::head_width)
+      // Derived sizes of a valid config only: heads = 0 divided by zero (the
+      // interpreter died of SIGFPE) and huge sizes overflowed int64.
+      .def_prop_ro("head_width",
+                   [](const Dims& d) {
+                     d.validate();
+                     return d.head_width();
+                   },
+                   "model_width / heads (ValueError naming the field for an invalid config).")
       .def_prop_ro("kv_heads", &Dims::kv_heads, "The effective key/value head count (key_value_heads or heads).")
-      .def("parameter_count", &Dims::parameter_count, "Parameters of a model of these dimensions (no adapters).")
+      .def("parameter_count",
+           [](const Dims& d) {
+             d.validate();
+             return d.parameter_count();
+           },
+           "Parameters of a model of these dimensions (no adapters; ValueError naming the field for an invalid "
+           "config).")
       .def(nb::self == nb::self);
 
   using Lora = rt::LoraConfig;
@@ -174,7 +187,7 @@ void init_model(nb::module_& m) {
                     : nb::cast<std::int64_t>(budget);
             rt::ActivationMemoryProfile profile;
             {
-              nb::gil_scoped_release release;
+              ComputeWithoutGil release;
               profile = rt::profile_activation_memory(model, batch, sequence_length);
             }
             const rt::ActivationMemoryPlan plan = rt::plan_activation_memory(profile, bytes);
@@ -215,8 +228,10 @@ void init_model(nb::module_& m) {
       .def_prop_rw("training", &DecoderOnlyTransformer::training, &DecoderOnlyTransformer::set_training)
       .def(
           "to",
-          [](DecoderOnlyTransformer& model, const std::string& backend) -> DecoderOnlyTransformer& {
-            model.to(backend_for(backend, "to"));
+          [](DecoderOnlyTransformer& model, nb::str backend) -> DecoderOnlyTransformer& {
+            const rt::Backend b = backend_for(choice_of(backend, "[to] backend"), "to");
+            const ExclusiveChange change("to");
+            model.to(b);
             return model;
           },
           "backend"_a, nb::rv_policy::reference,
@@ -242,7 +257,11 @@ void init_model(nb::module_& m) {
           if (p.variable.requires_grad()) out.push_back(p.variable);
         return out;
       }, "The parameters that require grad (what Adam takes).")
-      .def("parameter", &DecoderOnlyTransformer::parameter, "name"_a)
+      .def("parameter",
+           [](const DecoderOnlyTransformer& model, nb::str name) {
+             return model.parameter(utf8_of(name, "[parameter] name"));
+           },
+           "name"_a)
       .def("parameter_count", &DecoderOnlyTransformer::parameter_count)
       .def("validate_parameters", &DecoderOnlyTransformer::validate_parameters,
            "ShapeError naming the first parameter whose shape or backend no longer fits.")
@@ -258,7 +277,7 @@ void init_model(nb::module_& m) {
               throw rt::ShapeError("[loss] tokens " + rt::shape_string(t.shape) + " and targets " +
                                    rt::shape_string(y.shape) + " differ");
             }
-            nb::gil_scoped_release release;
+            ComputeWithoutGil release;
             return model.loss(t.ids, y.ids, t.batch(), ignore_index);
           },
           "tokens"_a, "targets"_a, "ignore_index"_a = -100,
@@ -270,22 +289,43 @@ void init_model(nb::module_& m) {
             std::uint64_t seed = 0;
             const rt::LoraConfig lora = lora_config_from(config, keywords, seed);
             rt::Random random(seed);
+            const ExclusiveChange change("add_lora");
             model.add_lora(lora, random);
           },
           "config"_a = nb::none(), "keywords"_a, nb::sig(add_lora_signature.c_str()),
           "Adds LoRA adapters (a LoraConfig, or rank/alpha/targets keywords, not both: a TypeError names the\n"
           "keywords given beside a config); they start active. A bool for rank or seed is a TypeError.")
-      .def("remove_lora", &DecoderOnlyTransformer::remove_lora)
-      .def("merge_lora", &DecoderOnlyTransformer::merge_lora, "W += (alpha/r)·B·A for every adapter, then removes them.")
+      .def("remove_lora",
+           [](DecoderOnlyTransformer& model) {
+             const ExclusiveChange change("remove_lora");
+             model.remove_lora();
+           })
+      .def(
+          "merge_lora",
+          [](DecoderOnlyTransformer& model) {
+            const ExclusiveChange change("merge_lora");
+            model.merge_lora();
+          },
+          "W += (alpha/r)·B·A for every adapter, then removes them.")
       .def_prop_ro("has_lora", &DecoderOnlyTransformer::has_lora)
       .def_prop_ro("lora_config", &DecoderOnlyTransformer::lora_config)
-      .def_prop_rw("lora_active", &DecoderOnlyTransformer::lora_active, &DecoderOnlyTransformer::set_lora_active)
+      .def_prop_rw("lora_active", &DecoderOnlyTransformer::lora_active,
+                   [](DecoderOnlyTransformer& model, bool active) {
+                     const ExclusiveChange change("lora_active");
+                     model.set_lora_active(active);
+                   })
       .def("lora_parameters", [](const DecoderOnlyTransformer& model) {
         std::vector<std::pair<std::string, rt::Variable>> out;
         for (rt::NamedParameter& p : model.lora_parameters()) out.emplace_back(p.name, p.variable);
         return out;
       }, "(name, Variable) pairs of the adapters.")
-      .def("set_base_trainable", &DecoderOnlyTransformer::set_base_trainable, "trainable"_a)
+      .def(
+          "set_base_trainable",
+          [](DecoderOnlyTransformer& model, bool trainable) {
+            const ExclusiveChange change("set_base_trainable");
+            model.set_base_trainable(trainable);
+          },
+          "trainable"_a)
       .def("__repr__", [](const DecoderOnlyTransformer& model) {
         return "DecoderOnlyTransformer(" + nb::cast<std::string>(nb::repr(nb::cast(model.dimensions()))) +
                ", attention='" + rt::attention_kind_name(model.attention_kind()) + "', activation_checkpointing='" +

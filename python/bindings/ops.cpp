@@ -41,8 +41,8 @@ void init_ops(nb::module_& m) {
         },
         "logits"_a, "targets"_a, "ignore_index"_a = -100, "Mean cross-entropy over rows; ignore_index rows skipped.");
   m.def("causal_attention",
-        [](const Variable& q, const Variable& k, const Variable& v, const std::string& kind) {
-          return rt::causal_attention(q, k, v, rt::parse_attention_kind(kind));
+        [](const Variable& q, const Variable& k, const Variable& v, nb::str kind) {
+          return rt::causal_attention(q, k, v, rt::parse_attention_kind(choice_of(kind, "[causal_attention] attention")));
         },
         "q"_a, "k"_a, "v"_a, "attention"_a = "materialized", "Causal attention over (B, H, T, D).");
 }

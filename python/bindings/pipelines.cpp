@@ -87,6 +87,13 @@ ConfigClass<C>& stage_fields(ConfigClass<C>& c) {
 
 template <class Run>
 rt::RunResult run_stage(nb::object progress, Run run) {
+  // Before the run: a progress that is not callable was found after step 1,
+  // with the run's files written.
+  if (!progress.is_none() && PyCallable_Check(progress.ptr()) == 0) {
+    throw nb::type_error(("progress must be a callable (report -> bool | None) or None, got " +
+                          std::string(nb::type_name(progress.type()).c_str()))
+                             .c_str());
+  }
   std::optional<nb::python_error> failure;
   const rt::ProgressCallback callback = [&](const rt::StepReport& report) -> bool {
     nb::gil_scoped_acquire gil;
@@ -188,20 +195,25 @@ void init_pipelines(nb::module_& m) {
                    "The run's files that exist, by role: weights, metadata, metrics, loss_curve_svg, "
                    "loss_curve_png, training_checkpoint.")
       .def("__repr__", [](const rt::RunResult& r) {
-        return std::string("RunResult(completed=") + (r.completed ? "True" : "False") +
+        return str_of_bytes(std::string("RunResult(completed=") + (r.completed ? "True" : "False") +
                ", steps=" + std::to_string(r.steps) + ", final_train_loss=" + std::to_string(r.final_train_loss) +
                ", final_validation_loss=" + std::to_string(r.final_validation_loss) + ", output_dir='" +
-               r.output_dir.string() + "')";
+               r.output_dir.string() + "')");
       });
 
   m.def("run_pretraining",
-        [](const Pre& config, nb::object progress) {
+        [](const Pre& live, nb::object progress) {
+          // A copy: the run must not read the caller's object while the GIL is
+          // released (a progress callback or a thread setting cfg.steps = 40
+          // made a 2-step run train 40 steps while metadata.json said 2).
+          const Pre config = live;
           return run_stage(std::move(progress), [&](const rt::ProgressCallback& cb) { return rt::run_pretraining(config, cb); });
         },
         "config"_a, "progress"_a = nb::none(),
         "The pretraining pipeline (riftco.pretrain adds the PNG loss curve). progress(StepReport) -> bool | None.");
   m.def("run_post_training",
-        [](const Post& config, nb::object progress) {
+        [](const Post& live, nb::object progress) {
+          const Post config = live;  // as above
           return run_stage(std::move(progress), [&](const rt::ProgressCallback& cb) { return rt::run_post_training(config, cb); });
         },
         "config"_a, "progress"_a = nb::none(), "The post-training pipeline (riftco.post_train adds the PNG loss curve).");

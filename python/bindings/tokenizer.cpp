@@ -1,6 +1,7 @@
 // Tokenizers and evaluation (tokenizer.hpp, evaluation.hpp): Tokenizer,
 // train_tokenizer, evaluate.
 #include "common.hpp"
+#include "riftco_transformer/data.hpp"
 #include "riftco_transformer/evaluation.hpp"
 #include "riftco_transformer/pipelines.hpp"
 #include "riftco_transformer/tokenizer.hpp"
@@ -45,7 +46,7 @@ void init_tokenizer(nb::module_& m) {
         if (t.is_bytes()) return std::nullopt;
         return t.path();
       })
-      .def("__repr__", [](const rt::Tokenizer& t) { return "Tokenizer(" + t.description() + ")"; });
+      .def("__repr__", [](const rt::Tokenizer& t) { return str_of_bytes("Tokenizer(" + t.description() + ")"); });
 
   m.def(
       "train_tokenizer",
@@ -83,12 +84,28 @@ void init_tokenizer(nb::module_& m) {
         o.batch = batch;
         o.sequence_length = sequence_length;
         const rt::Tokenizer t = tokenizer.value_or(rt::Tokenizer{});
-        nb::gil_scoped_release release;
+        ComputeWithoutGil release;
         return rt::evaluate(model, text, t, o);
       },
       "model"_a, "text"_a, "tokenizer"_a = nb::none(), "batch"_a = 8, "sequence_length"_a = 0,
       "Loss, perplexity and bits per byte of `model` on `text` (non-overlapping windows of sequence_length, 0: "
       "the context length). tokenizer None: bytes.");
+  m.def(
+      "split_text",
+      [](nb::str text_object, nb::str split_object, double validation_fraction) {
+        const std::string text = utf8_of(text_object, "[split_text] text");
+        const std::string split = choice_of(split_object, "[split_text] split");
+        if (split == "all") return str_of_bytes(text);
+        if (split != "train" && split != "validation") {
+          throw rt::ValueError("[split_text] unknown split '" + split + "' (expected all, train or validation)");
+        }
+        return str_of_bytes(rt::split_text(text, split == "train" ? rt::Split::Train : rt::Split::Validation,
+                                           validation_fraction));
+      },
+      "text"_a, "split"_a, "validation_fraction"_a = 0.1,
+      "The part of `text` a pretraining run trains on ('train') or holds out ('validation'; the last\n"
+      "validation_fraction of its bytes, the cut moved to a character boundary), or all of it: what\n"
+      "`rt-train tokenizer --validation-fraction` trains on and `rt-eval --split` scores.");
 }
 
 }  // namespace riftco_python

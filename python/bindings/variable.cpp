@@ -88,18 +88,28 @@ void init_variable(nb::module_& m) {
                            "A handle to an autograd node: a float32 value, a gradient slot, parents and a backward.\n"
                            "numpy() and grad are read-only zero-copy views of the buffers (see docs/python.md).")
       .def("__init__",
-           [](rt::Variable* self, nb::handle value, bool requires_grad, std::string name) {
-             new (self) rt::Variable(tensor_from_python(value), requires_grad, std::move(name));
+           [](rt::Variable* self, nb::handle value, bool requires_grad, nb::str name) {
+             new (self) rt::Variable(tensor_from_python(value), requires_grad, utf8_of(name, "[Variable] name"));
+             note_made_in_computation(*self);
            },
            "value"_a, "requires_grad"_a = false, "name"_a = "",
            "A leaf holding a float32 copy of `value` (numpy array, list or float).")
       .def_prop_ro("shape", [](const rt::Variable& v) { return shape_tuple(v.shape()); })
       .def_prop_ro("ndim", [](const rt::Variable& v) { return v.shape().size(); })
       .def_prop_ro("backend", [](const rt::Variable& v) { return std::string(rt::backend_name(v.backend())); })
-      .def_prop_rw("requires_grad", &rt::Variable::requires_grad, &rt::Variable::set_requires_grad,
+      .def_prop_rw("requires_grad", &rt::Variable::requires_grad,
+                   [](rt::Variable& v, bool on) {
+                     const ExclusiveChange change("requires_grad", &v);
+                     v.set_requires_grad(on);
+                   },
                    "Leaves only when set; changing it makes graphs built earlier stale.")
       .def_prop_ro("is_leaf", &rt::Variable::is_leaf)
-      .def_prop_rw("name", &rt::Variable::name, &rt::Variable::set_name)
+      .def_prop_rw("name", &rt::Variable::name,
+                   [](rt::Variable& v, nb::str name) {
+                     std::string text = utf8_of(name, "[Variable.name] the name");
+                     const ExclusiveChange change("name", &v);
+                     v.set_name(std::move(text));
+                   })
       .def_prop_ro("op", &rt::Variable::op, "The op that made this node ('leaf' for leaves).")
       .def_prop_ro("version", &rt::Variable::version)
       .def_prop_ro("value_version", &rt::Variable::value_version)
@@ -117,8 +127,10 @@ void init_variable(nb::module_& m) {
       .def("item", [](const rt::Variable& v) { return static_cast<double>(v.value().item()); })
       .def_prop_ro("grad",
                    [](const rt::Variable& v) -> nb::object {
-                     if (!v.has_grad()) return nb::none();
-                     return to_numpy(v.grad());
+                     // One handle: a backward committing in another thread cannot free it under us.
+                     const rt::Tensor g = v.grad_with_serial().first;
+                     if (!g.defined()) return nb::none();
+                     return to_numpy(g);
                    },
                    "The committed gradient as a read-only numpy view, or None before a backward() reached it.")
       .def_prop_ro("has_grad", &rt::Variable::has_grad)
@@ -126,11 +138,11 @@ void init_variable(nb::module_& m) {
            [](const rt::Variable& v, nb::handle seed, bool retain_graph) {
              const auto graph = retain_graph ? rt::GraphAfterBackward::Keep : rt::GraphAfterBackward::Release;
              if (seed.is_none()) {
-               nb::gil_scoped_release release;
+               ComputeWithoutGil release;
                v.backward(graph);
              } else {
                rt::Tensor s = tensor_from_python(seed);
-               nb::gil_scoped_release release;
+               ComputeWithoutGil release;
                // Host data (a list, an array) for a device output goes to the output's backend, as in the C ABI.
                if (s.backend() != v.value().backend()) s = s.to(v.value().backend());
                v.backward(s, graph);
@@ -144,10 +156,27 @@ void init_variable(nb::module_& m) {
       .def("clear_grad", &rt::Variable::clear_grad)
       .def("zero_grad", &rt::Variable::clear_grad, "Alias of clear_grad() (PyTorch's set_to_none=True).")
       .def("retain_grad", &rt::Variable::retain_grad)
-      .def("set_value", [](rt::Variable& v, nb::handle value) { v.set_value(tensor_from_python(value)); },
+      .def("set_value",
+           [](rt::Variable& v, nb::handle value) {
+             rt::Tensor t = tensor_from_python(value);
+             const ExclusiveChange change("set_value", &v);
+             v.set_value(std::move(t));
+           },
            "value"_a, "Leaves only: replaces the value with a float32 copy and bumps the version.")
-      .def("to", [](rt::Variable& v, const std::string& backend) { v.to(backend_for(backend, "to")); }, "backend"_a)
-      .def("mark_changed", &rt::Variable::mark_changed, "reason"_a)
+      .def("to",
+           [](rt::Variable& v, nb::str backend) {
+             const rt::Backend b = backend_for(choice_of(backend, "[to] backend"), "to");
+             const ExclusiveChange change("to", &v);
+             v.to(b);
+           },
+           "backend"_a)
+      .def("mark_changed",
+           [](rt::Variable& v, nb::str reason) {
+             std::string text = utf8_of(reason, "[mark_changed] reason");
+             const ExclusiveChange change("mark_changed", &v);
+             v.mark_changed(std::move(text));
+           },
+           "reason"_a)
       .def("graph_statistics", &rt::Variable::graph_statistics)
       .def("retained_nodes", &rt::Variable::retained_nodes)
       .def("retained_report", &rt::Variable::retained_report, "A table of what the graph keeps alive, for a person.")
@@ -171,8 +200,14 @@ void init_variable(nb::module_& m) {
            nb::is_operator())
       .def("__truediv__", [](const rt::Variable& a, float b) { return rt::scale(a, 1.0F / b); }, nb::is_operator())
       .def("__neg__", [](const rt::Variable& a) { return rt::scale(a, -1.0F); })
-      .def("__matmul__", [](const rt::Variable& a, const rt::Variable& b) { return rt::matmul(a, b); },
+      .def("__matmul__", [](const rt::Variable& a, nb::handle b) { return rt::matmul(a, operand(b)); },
+           nb::is_operator())
+      .def("__rmatmul__", [](const rt::Variable& a, nb::handle b) { return rt::matmul(operand(b), a); },
            nb::is_operator());
+  // numpy's operators defer to ours (PyTorch's setting): `np.float64(0.5) *
+  // loss` or `array @ v` is a Variable with its graph, not a numpy value made
+  // through __array__ (which silently dropped the graph).
+  m.attr("Variable").attr("__array_priority__") = 1000.0;
 
   nb::class_<NoGrad>(m, "no_grad", "`with riftco.no_grad():` ops on this thread build no graph (evaluation).")
       .def(nb::init<>())

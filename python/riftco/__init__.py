@@ -82,6 +82,7 @@ from ._core import (  # noqa: F401  (re-exported)
     scale,
     silu,
     softmax,
+    split_text,
     sub,
     sum,
     swiglu,
@@ -110,5 +111,6 @@ __all__ = [
     "RunResult", "ShapeError", "StaleGraphError", "StepReport", "Tokenizer", "TransformerConfig", "Variable",
     "available_backends", "checkpoint", "default_parameter_groups", "evaluate", "checkpoint_replay_count", "checkpoint_replaying", "load_model", "memory_stats",
     "model_fingerprint", "no_grad", "post_train", "pretrain", "read_model_config", "release_cached_memory",
-    "reset_checkpoint_replay_count", "reset_peak_memory", "train_tokenizer",
+    "reset_checkpoint_replay_count", "reset_peak_memory", "split_text", "train_tokenizer",
+    "is_grad_enabled", "convert_from_hf", "convert_to_hf", "load_hf_llama",
 ]

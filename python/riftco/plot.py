@@ -24,19 +24,46 @@ def matplotlib_available() -> bool:
     return True
 
 
+_MAX_FILE_BYTES = 1 << 30
+
+
+def _read_regular_file(path: pathlib.Path) -> str:
+    """The text of `path`, which must be a regular file: opened without blocking and checked
+    with fstat first (a FIFO or a device would block or never end; the C++ loaders do the same).
+    OSError naming the path otherwise; UnicodeDecodeError for text that is not UTF-8."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise OSError(f"{path}: not a regular file")
+        if info.st_size > _MAX_FILE_BYTES:
+            raise OSError(f"{path}: {info.st_size} bytes, over the {_MAX_FILE_BYTES}-byte limit")
+        chunks = []
+        while True:
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                break
+            chunks.append(chunk)
+        return b"".join(chunks).decode("utf-8")
+    finally:
+        os.close(fd)
+
+
 def read_metrics(run_dir) -> Dict[str, Series]:
     """{"train": (steps, losses), "validation": (steps, losses)} from metrics.jsonl (null losses → NaN)."""
     path = pathlib.Path(run_dir) / "metrics.jsonl"
     out: Dict[str, Series] = {"train": ([], []), "validation": ([], [])}
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    for number, line in enumerate(_read_regular_file(path).splitlines(), 1):
         if not line.strip():
             continue
         try:  # every conversion of the row, so a bad value names the file and line too
             row = json.loads(line)
-            step = int(row["step"])
+            step = row["step"]
+            if type(step) is not int:  # noqa: E721 - a bool or 2.9 is no step
+                raise TypeError(f"step {step!r} is not an integer")
             loss = _loss(row.get("loss"))
             validation = _loss(row["validation_loss"]) if "validation_loss" in row else None
-        except (ValueError, KeyError, TypeError, OverflowError) as e:
+        except (ValueError, KeyError, TypeError, OverflowError, RecursionError) as e:
             raise ValueError(f"{path}: line {number}: not a metrics row ({type(e).__name__}: {e})") from None
         out["train"][0].append(step)
         out["train"][1].append(loss)
@@ -47,7 +74,11 @@ def read_metrics(run_dir) -> Dict[str, Series]:
 
 
 def _loss(value) -> float:
-    return math.nan if value is None else float(value)
+    if value is None:
+        return math.nan
+    if type(value) not in (int, float):  # "1.5" or true is no loss
+        raise TypeError(f"loss {value!r} is not a number or null")
+    return float(value)
 
 
 def write_loss_curve(run_dir, output: Optional[pathlib.Path] = None, title: Optional[str] = None) -> pathlib.Path:
@@ -63,9 +94,9 @@ def write_loss_curve(run_dir, output: Optional[pathlib.Path] = None, title: Opti
         meta = run_dir / "metadata.json"
         if meta.exists():
             try:
-                title = f"{json.loads(meta.read_text())['stage']} loss"
-            except (ValueError, KeyError, TypeError):
-                pass
+                title = f"{json.loads(_read_regular_file(meta))['stage']} loss"
+            except (OSError, ValueError, KeyError, TypeError, RecursionError):
+                pass  # the title only
     series = read_metrics(run_dir)
     figure = Figure(figsize=(8, 5), dpi=100)
     FigureCanvasAgg(figure)

@@ -1,6 +1,7 @@
 // checkpoint(): the mechanics. Contract checks live in checkpoint_contract.cpp.
 #include "riftco_transformer/checkpoint.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <optional>
 
@@ -70,12 +71,14 @@ TracedCall traced_call(const std::function<Variable(const Variable&)>& recompute
   // grad or not (a constant input gives constants, as outside).
   call.fresh = Variable(input_value, input_requires_grad, where + " input");
   call.fresh.node()->read_only = kReadOnlyInput;
+  call.fresh.node()->checkpoint_private = where;
   const std::vector<checkpoint_contract::BoundaryVersion> before =
       checkpoint_contract::boundary_versions(call.fresh, dependencies);
   const std::uint64_t first_inside = next_node_id();
   TraceGuard trace;  // its constants drop their traced inputs when this returns
   {
     OutsideWriteWatch writes;
+    OutsideLeafWatch leaf_changes;
     {
       ReplayingScope replay_flag(replaying);
       call.out = recompute(call.fresh);
@@ -89,6 +92,12 @@ TracedCall traced_call(const std::function<Variable(const Variable&)>& recompute
           "[checkpoint] " + where + ": the callable wrote into a buffer of " + std::to_string(writes.numel()) +
               " elements made outside it (" + writes.why() +
               "); a checkpoint callable may write only into buffers it makes: its replay would run the write again");
+    }
+    if (leaf_changes.tripped()) {
+      throw CheckpointContractError(
+          CheckpointContractError::Violation::BoundaryModified,
+          "[checkpoint] " + where + ": the callable changed a variable made outside it (" + leaf_changes.what() +
+              "); a checkpoint callable may change only variables it makes: its replay would change it again");
     }
   }
   if (!call.out.defined()) {
@@ -158,9 +167,18 @@ Variable checkpoint(const Variable& input, std::span<const Variable> dependencie
   }
   Random* random = options.random;
   const bool input_requires_grad = input.requires_grad();
+  const std::vector<bool> reached = scan.differentiable;  // input, then dependencies
+  // Every constant the forward read (made outside it, or made by it and
+  // cached): a replay may read no other constant made before it started.
+  std::vector<std::uint64_t> constants_read = scan.constant_ids;
+  for (const WatchedStorage& w : scan.watched) {  // an inner checkpoint's too
+    if (const std::shared_ptr<Node> n = w.node.lock()) constants_read.push_back(n->id);
+  }
+  std::sort(constants_read.begin(), constants_read.end());
 
   BackwardFn backward = [recompute = std::move(recompute), saved_input, deps, final_inside = std::move(final_inside), where, out_shape, out_backend, random,
-                         forward_state, streams = std::move(streams), input_requires_grad,
+                         forward_state, streams = std::move(streams), input_requires_grad, reached,
+                         constants_read = std::move(constants_read),
                          parent_count](const Tensor& grad_output, const std::vector<bool>& needs) {
     g_replays.fetch_add(1);
     // Fresh leaf from the saved input; the same callable again, with grad
@@ -175,6 +193,25 @@ Variable checkpoint(const Variable& input, std::span<const Variable> dependencie
       replay = traced_call(recompute, saved_input, input_requires_grad, deps, where + " replay", true);
     }
     checkpoint_contract::check_replay_output(replay.out, out_shape, out_backend, where + " replay");
+    for (const Variable& c : replay.scan.constants) {
+      // Made before this replay and not read by the forward: a constant the
+      // callable cached was replaced by another since (a rebuilt mask or
+      // table); the ordinary graph differentiates with the values its forward
+      // read, so the replay must not use the new ones.
+      if (!std::binary_search(constants_read.begin(), constants_read.end(), c.node()->id)) {
+        throw StaleGraphError("[checkpoint] " + where + " replay: stale graph: the callable read " +
+                              c.node()->label() +
+                              ", a constant its forward did not read (a constant it cached was replaced after the "
+                              "forward); run the forward pass again");
+      }
+    }
+    if (replay.scan.differentiable != reached) {
+      throw CheckpointContractError(
+          CheckpointContractError::Violation::OutputChanged,
+          "[checkpoint] " + where + " replay: the replay reads its input or a dependency with gradient where the "
+              "forward read it without (NoGradGuard), or the other way round; a checkpoint callable must do the same "
+              "at every call");
+    }
     std::vector<Tensor> grads(parent_count);  // constants' slots stay undefined
     // Local VJP in a nested, isolated context. The replay graph is this
     // closure's alone, so the pass frees it as it goes: each replayed node's
@@ -186,6 +223,12 @@ Variable checkpoint(const Variable& input, std::span<const Variable> dependencie
     // has it final, not after it (NestedPassHooks); a gradient they consume
     // is freed right there and its slot stays undefined.
     NestedPassHooks forward_final(final_inside);
+    // This pass alone may reach the replay's own input leaf.
+    struct OpenPrivate {
+      Node* node;
+      ~OpenPrivate() { node->private_open = false; }
+    } open{replay.fresh.node()};
+    open.node->private_open = true;
     PassResult pass = run_backward_pass(replay.out, grad_output, "checkpoint replay", forward_final.active(),
                                         GraphAfterBackward::Release);
     auto extract = [&](std::size_t slot, const Variable& leaf) {
@@ -199,6 +242,12 @@ Variable checkpoint(const Variable& input, std::span<const Variable> dependencie
   };
   Variable node = Variable::from_op("checkpoint", std::move(output_value), std::move(parents), std::move(backward),
                                     {saved_input});
+  // The input or a dependency the callable read only without gradient: no
+  // pass follows its edge (the ordinary graph has none); its version is
+  // still checked.
+  for (std::size_t i = 0; i < reached.size() && !node.is_leaf(); ++i) {
+    node.node()->parents[i].differentiable = reached[i];
+  }
   if (!node.is_leaf()) node.node()->watched = std::move(scan.watched);
   return node;
 }

@@ -69,6 +69,7 @@ BoundaryScan check_boundary(const Variable& output, const Variable& input, std::
                  ", a graph node computed outside the checkpoint; pass it as the input or recompute it inside");
       }
       scan.constants.push_back(NodeAccess::wrap(ptr));  // a constant made outside: kept as a parent
+      scan.constant_ids.push_back(n->id);
       continue;
     }
     if (n->is_leaf) {
@@ -77,6 +78,7 @@ BoundaryScan check_boundary(const Variable& output, const Variable& input, std::
              "the callable created " + describe(*n) +
                  ", a new leaf that requires grad; parameters must be made outside and declared");
       }
+      scan.constant_ids.push_back(n->id);
       if (watched_storages.insert(n->value.storage_id()).second) {
         scan.watched.push_back(
             {n->value.weak_storage(), n->value.version(), ptr, n->version(), n->structural_changes, describe(*n)});
@@ -92,6 +94,28 @@ BoundaryScan check_boundary(const Variable& output, const Variable& input, std::
   if (!boundary[input.node()]) {
     fail(Violation::InputUnused, where, "the output does not depend on the input " + describe(*input.node()));
   }
+  // Which of them a gradient reaches: through the callable's non-leaf nodes
+  // (ops with an input that requires grad) only; a constant it computed
+  // from one under NoGradGuard leads back to it through trace_parents alone.
+  std::unordered_set<const Node*> differentiable;
+  {
+    std::unordered_set<const Node*> walked{output.node()};
+    std::vector<const Node*> todo{output.node()};
+    while (!todo.empty()) {
+      const Node* n = todo.back();
+      todo.pop_back();
+      if (boundary.contains(n)) {
+        differentiable.insert(n);
+        continue;
+      }
+      if (n->is_leaf || n->id < first_inside_id) continue;
+      for (const Edge& e : n->parents) {
+        if (e.differentiable && e.node->requires_grad && walked.insert(e.node.get()).second) todo.push_back(e.node.get());
+      }
+    }
+  }
+  scan.differentiable.push_back(differentiable.contains(input.node()));
+  for (const Variable& d : dependencies) scan.differentiable.push_back(differentiable.contains(d.node()));
   for (std::size_t i = 0; i < dependencies.size(); ++i) {
     if (!boundary[dependencies[i].node()]) {
       fail(Violation::DependencyUnused, where,

@@ -21,6 +21,14 @@ struct BoundaryScan {
   /// later calls, a leaf over a captured Tensor): watched without being kept
   /// alive, so a later in-place write to one that survives is a stale graph.
   std::vector<WatchedStorage> watched;
+  /// The input, then each dependency: whether the output reaches it through
+  /// a differentiable path (not only through values computed from it
+  /// without gradient).
+  std::vector<bool> differentiable;
+  /// Ids of every constant node the walk reached (outside ones and the
+  /// callable's own, a cached one included): a replay may read no constant
+  /// made before it that its forward did not read.
+  std::vector<std::uint64_t> constant_ids;
 };
 
 /// Walks the graph of `output` back to the boundary {input} ∪ dependencies.

@@ -5,6 +5,7 @@
 #include <unordered_set>
 
 #include "../backend/kernels.hpp"
+#include "riftco_transformer/checkpoint.hpp"
 #include "donation.hpp"
 
 namespace riftco_transformer {
@@ -53,8 +54,11 @@ std::vector<std::shared_ptr<Node>> topological_order(const std::shared_ptr<Node>
     Frame& frame = stack.back();
     Node& node = **frame.node;
     if (frame.next_parent < node.parents.size()) {
-      const std::shared_ptr<Node>& parent = node.parents[frame.next_parent++].node;
-      if (parent->requires_grad && visited.insert(parent.get()).second) stack.push_back({&parent, 0});
+      const Edge& edge = node.parents[frame.next_parent++];
+      const std::shared_ptr<Node>& parent = edge.node;
+      if (edge.differentiable && parent->requires_grad && visited.insert(parent.get()).second) {
+        stack.push_back({&parent, 0});
+      }
     } else {
       order.push_back(*frame.node);
       stack.pop_back();
@@ -112,6 +116,14 @@ void check_watched(const Node& node, const char* op) {
 
 void validate_versions(const std::vector<std::shared_ptr<Node>>& order, const char* op) {
   for (const std::shared_ptr<Node>& node : order) {
+    if (!node->checkpoint_private.empty() && !node->private_open && node->requires_grad) {
+      throw CheckpointContractError(
+          CheckpointContractError::Violation::InternalValueEscaped,
+          std::string("[") + op + "] a value computed inside checkpoint '" + node->checkpoint_private +
+              "' is used outside it (the callable kept or handed out a variable of its own graph): its gradient "
+              "would reach the callable's private input, not the checkpoint's input. Return it as (part of) the "
+              "checkpoint's output, or compute it outside the callable");
+    }
     if (node->released) {
       throw BackwardError(std::string("[") + op + "] " + node->label() +
                           " was released by an earlier backward(GraphAfterBackward::Release): its saved tensors "
@@ -136,10 +148,21 @@ class Finality {
   Finality(const std::vector<std::shared_ptr<Node>>& order, BackwardHooks* hooks, PassResult& result)
       : hooks_(hooks), result_(result) {
     if (hooks_ == nullptr) return;
+    // Leaves the pass gives a gradient (a differentiable edge reaches them);
+    // every node reading one counts as its consumer, through an edge the pass
+    // does not follow too (a checkpoint that reads it without gradient must
+    // run before the hooks may update it in place).
+    std::unordered_set<const Node*> reached;
     for (const std::shared_ptr<Node>& node : order) {
       if (node->is_leaf) continue;
       for (const Edge& e : node->parents) {
-        if (e.node->is_leaf && e.node->requires_grad) {
+        if (e.differentiable && e.node->is_leaf && e.node->requires_grad) reached.insert(e.node.get());
+      }
+    }
+    for (const std::shared_ptr<Node>& node : order) {
+      if (node->is_leaf) continue;
+      for (const Edge& e : node->parents) {
+        if (reached.contains(e.node.get())) {
           auto [it, fresh] = pending_.try_emplace(e.node.get(), Entry{e.node, 0});
           ++it->second.consumers;
         }
@@ -258,7 +281,9 @@ void run_node(Node& node_ref, GradientContext& ctx, std::vector<bool>& needs, co
   {
     const Tensor grad = node->retain_grad ? *grad_ptr : ctx.take(node);  // freed with this scope unless retained
     needs.assign(node->parents.size(), false);
-    for (std::size_t i = 0; i < node->parents.size(); ++i) needs[i] = node->parents[i].node->requires_grad;
+    for (std::size_t i = 0; i < node->parents.size(); ++i) {
+      needs[i] = node->parents[i].differentiable && node->parents[i].node->requires_grad;
+    }
     parent_grads = node->backward(grad, needs);
   }
   if (parent_grads.size() != node->parents.size()) {

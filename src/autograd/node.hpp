@@ -13,6 +13,11 @@ struct Edge {
   std::shared_ptr<Node> node;
   std::uint64_t version = 0;     // parent's version() when this node was made
   std::uint64_t structural = 0;  // parent's structural_changes then (to word the stale-graph message)
+  /// False for a checkpoint's input or dependency its callable read only
+  /// without gradient (under NoGradGuard, detached): the edge keeps the
+  /// version check, but no pass follows it, as no pass reaches a value read
+  /// that way in the ordinary graph (no gradient, grad_serial unmoved).
+  bool differentiable = true;
 };
 
 /// A constant a checkpoint callable made itself and read, watched without
@@ -27,6 +32,12 @@ struct WatchedStorage {
   std::uint64_t node_structural = 0;  // its structural_changes then (for the message)
   std::string what;  // the constant, for messages
 };
+
+struct Node;
+/// A structural change of `node` (value replaced or moved, marked changed,
+/// requires_grad flipped): an OutsideLeafWatch on this thread notes it when
+/// the node is older than the watch.
+void note_leaf_change(const Node& node);
 
 struct Node {
   Tensor value;
@@ -56,6 +67,13 @@ struct Node {
   /// Set on a checkpoint's replay input: the callable may read it, never
   /// change it (mutable_value, set_value, ... throw ValueError naming this).
   const char* read_only = nullptr;
+  /// Set on the leaf a checkpoint's callable receives (its forward's and each
+  /// replay's): the checkpoint's name. Only that replay's own nested pass may
+  /// reach it (`private_open`); any other pass that does reached a value the
+  /// callable let out of the checkpoint, whose gradient would go to this
+  /// hidden leaf instead of the real input (CheckpointContractError).
+  std::string checkpoint_private;
+  bool private_open = false;
   bool requires_grad = false;
   bool is_leaf = true;
   bool retain_grad = false;
@@ -80,6 +98,7 @@ struct Node {
     ++value_offset;
     ++structural_changes;
     last_change = std::move(why);
+    note_leaf_change(*this);
   }
   /// Replaces the value and moves version() up by one whatever the new
   /// storage's own counter is.
@@ -89,6 +108,7 @@ struct Node {
     value_offset = before + 1 - value.version() - flag_changes;
     ++structural_changes;
     last_change = std::move(why);
+    note_leaf_change(*this);
   }
 };
 
@@ -102,6 +122,26 @@ inline std::string change_reason(const Node& node, std::uint64_t structural_then
 
 /// The id the next node will get.
 std::uint64_t next_node_id();
+
+/// While alive, notes the first structural change on this thread of a node
+/// made before the watch started (checkpoint: a callable may change only
+/// leaves it makes; an outside leaf it replaced with set_value would be
+/// replaced again by every replay).
+class OutsideLeafWatch {
+ public:
+  OutsideLeafWatch();
+  ~OutsideLeafWatch();
+  OutsideLeafWatch(const OutsideLeafWatch&) = delete;
+  OutsideLeafWatch& operator=(const OutsideLeafWatch&) = delete;
+  bool tripped() const { return !what_.empty(); }
+  /// "<label>: <its change>" of the first such node.
+  const std::string& what() const { return what_; }
+
+ private:
+  friend void note_leaf_change(const Node& node);
+  std::uint64_t first_id_;
+  std::string what_;
+};
 
 /// While alive, ops on this thread that make constants keep their inputs
 /// aside (Node::trace_parents), so a checkpoint can walk everything its

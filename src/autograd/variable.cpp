@@ -124,6 +124,19 @@ void commit_pass(PassResult pass, std::vector<std::pair<Variable, Tensor>> repla
 
 }  // namespace
 
+namespace {
+thread_local std::vector<OutsideLeafWatch*> t_leaf_watches;
+}  // namespace
+
+OutsideLeafWatch::OutsideLeafWatch() : first_id_(g_next_node_id.load()) { t_leaf_watches.push_back(this); }
+OutsideLeafWatch::~OutsideLeafWatch() { std::erase(t_leaf_watches, this); }
+
+void note_leaf_change(const Node& node) {
+  for (OutsideLeafWatch* watch : t_leaf_watches) {
+    if (watch->what_.empty() && node.id < watch->first_id_) watch->what_ = node.label() + ": " + node.last_change;
+  }
+}
+
 Node::Node() : id(g_next_node_id.fetch_add(1)) {}
 
 std::uint64_t next_node_id() { return g_next_node_id.load(); }
@@ -231,6 +244,7 @@ void Variable::set_requires_grad(bool requires_grad) {
     ++n.flag_changes;
     ++n.structural_changes;
     n.last_change = requires_grad ? "requires_grad turned on" : "requires_grad turned off (frozen)";
+    note_leaf_change(n);
   }
 }
 
@@ -299,6 +313,12 @@ std::uint64_t Variable::grad_serial() const {
   const Node& n = require(node_, "grad_serial");
   std::lock_guard<std::mutex> lock(g_commit_mutex);
   return n.grad_serial;
+}
+
+std::pair<Tensor, std::uint64_t> Variable::grad_with_serial() const {
+  const Node& n = require(node_, "grad_with_serial");
+  std::lock_guard<std::mutex> lock(g_commit_mutex);
+  return {n.grad, n.grad_serial};
 }
 
 void Variable::clear_grad() {
@@ -371,7 +391,7 @@ std::vector<Variable> Variable::leaves() const {
     const std::size_t first_pushed = stack.size();
     for (const Edge& e : n->parents) {
       Node* p = e.node.get();
-      if (!p->requires_grad || seen.contains(p)) continue;
+      if (!e.differentiable || !p->requires_grad || seen.contains(p)) continue;
       if (p->is_leaf) {
         seen.insert(p);
         found.push_back(e.node);

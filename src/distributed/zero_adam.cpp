@@ -202,7 +202,11 @@ void ShardedAdam::zero_grad() {
 
 float ShardedAdam::step(Gradients kind) {
   std::vector<std::uint64_t> serials;
-  const float norm = update(detail::fresh_gradients(params_, stepped_serial_, serials), kind);
+  const std::vector<Tensor> gradients = detail::fresh_gradients(params_, stepped_serial_, serials);
+  std::vector<const Tensor*> pointers;
+  pointers.reserve(gradients.size());
+  for (const Tensor& g : gradients) pointers.push_back(&g);
+  const float norm = update(pointers, kind);
   stepped_serial_ = std::move(serials);  // only once the step succeeded
   return norm;
 }

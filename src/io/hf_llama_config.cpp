@@ -110,7 +110,9 @@ HfLlamaConfig parse_hf_llama_config(const std::filesystem::path& path, const std
     }
   }
   const double base = number_field(path, config, "rope_theta", 10000.0);
-  if (!(base > 1.0) || !(base < 1.0e30)) refuse(path, "rope_theta", config.at("rope_theta"), "must be > 1");
+  if (!is_valid_rope_base(base)) {  // the model's own rule: whatever a run saves exports and reads back
+    refuse(path, "rope_theta", config.at("rope_theta"), "must be a number > 1 that is a finite float");
+  }
   d.rope_base = static_cast<float>(base);
   d.tie_embeddings = bool_field(path, config, "tie_word_embeddings", false);
   const double eps = number_field(path, config, "rms_norm_eps", 1.0e-6);

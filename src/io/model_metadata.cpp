@@ -68,7 +68,7 @@ TransformerDimensions parse_dimensions(const std::filesystem::path& path, const 
     }
     if (json.contains("rope_base")) {
       const double base = json_number(json, "rope_base");
-      if (!(base > 1.0) || !(base < 1.0e30)) load_error(path, where + "\"rope_base\" must be a finite number > 1");
+      if (!is_valid_rope_base(base)) load_error(path, where + "\"rope_base\" must be a number > 1 that is a finite float");
       dimensions.rope_base = static_cast<float>(base);
       ++known;
     }

@@ -140,7 +140,7 @@ GenerationResult generate_one(const DecoderOnlyTransformer& model, std::span<con
 void check_prompt(const DecoderOnlyTransformer& model, std::span<const std::int32_t> prompt) {
   if (prompt.empty()) throw ValueError("[generate] the prompt is empty: give at least one token");
   const std::int64_t context = model.dimensions().context_length;
-  if (static_cast<std::int64_t>(prompt.size()) > context) {
+  if (prompt.size() > static_cast<std::uint64_t>(context)) {  // unsigned: a size of 2^63 or more is not negative
     throw ValueError("[generate] the prompt has " + std::to_string(prompt.size()) +
                      " tokens, more than the context length " + std::to_string(context));
   }

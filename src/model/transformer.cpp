@@ -47,8 +47,8 @@ void TransformerDimensions::validate() const {
     throw ValueError("[TransformerDimensions] key_value_heads " + std::to_string(key_value_heads) +
                      " must divide heads " + std::to_string(heads) + " (0 = heads: ordinary multi-head attention)");
   }
-  if (!std::isfinite(rope_base) || !(rope_base > 1.0F)) {
-    throw ValueError("[TransformerDimensions] rope_base must be a finite number > 1, got " + std::to_string(rope_base));
+  if (!is_valid_rope_base(rope_base)) {
+    throw ValueError("[TransformerDimensions] rope_base must be a finite number > 1, got " + float_text(rope_base));
   }
   if (context_length > (std::int64_t{1} << 20) || layers > 4096 || heads > model_width) {
     throw ValueError("[TransformerDimensions] context_length <= 1048576, layers <= 4096 and heads <= model_width");
@@ -133,6 +133,12 @@ bool is_valid_norm_epsilon(double value) {
   return rounded > 0.0F && std::isfinite(rounded);
 }
 
+bool is_valid_rope_base(double value) {
+  if (!(value > 1.0) || !(value < 1.0e39)) return false;  // NaN too; 1e39 is past float's range
+  const auto rounded = static_cast<float>(value);
+  return rounded > 1.0F && std::isfinite(rounded);
+}
+
 DecoderOnlyTransformer::DecoderOnlyTransformer(const TransformerDimensions& dimensions, Random& random,
                                                float norm_epsilon, FullSequenceAttentionKind attention,
                                                ActivationCheckpointingKind activation_checkpointing)
@@ -141,7 +147,7 @@ DecoderOnlyTransformer::DecoderOnlyTransformer(const TransformerDimensions& dime
   dimensions.validate();
   m.dims = dimensions;
   if (!is_valid_norm_epsilon(norm_epsilon)) {
-    throw ValueError("[DecoderOnlyTransformer] norm_epsilon must be a finite number > 0, got " + std::to_string(norm_epsilon));
+    throw ValueError("[DecoderOnlyTransformer] norm_epsilon must be a finite number > 0, got " + float_text(norm_epsilon));
   }
   m.eps = norm_epsilon;
   set_attention_kind(attention);

@@ -96,7 +96,11 @@ void Adam::set_learning_rate(float lr) {
 
 float Adam::step() {
   std::vector<std::uint64_t> serials;
-  const float norm = update(detail::fresh_gradients(params_, stepped_serial_, serials));
+  const std::vector<Tensor> gradients = detail::fresh_gradients(params_, stepped_serial_, serials);
+  std::vector<const Tensor*> pointers;
+  pointers.reserve(gradients.size());
+  for (const Tensor& g : gradients) pointers.push_back(&g);
+  const float norm = update(pointers);
   stepped_serial_ = std::move(serials);  // only once the step succeeded
   return norm;
 }
@@ -233,17 +237,16 @@ void Adam::set_state(const State& state) {
 
 namespace detail {
 
-std::vector<const Tensor*> fresh_gradients(const std::vector<Variable>& parameters,
-                                           const std::vector<std::uint64_t>& stepped,
-                                           std::vector<std::uint64_t>& serials) {
-  static const Tensor none;  // undefined: skips the parameter
-  std::vector<const Tensor*> gradients;
+std::vector<Tensor> fresh_gradients(const std::vector<Variable>& parameters,
+                                    const std::vector<std::uint64_t>& stepped, std::vector<std::uint64_t>& serials) {
+  std::vector<Tensor> gradients;
   gradients.reserve(parameters.size());
   serials.clear();
   serials.reserve(parameters.size());
   for (std::size_t i = 0; i < parameters.size(); ++i) {
-    serials.push_back(parameters[i].grad_serial());
-    gradients.push_back(serials[i] == stepped[i] ? &none : &parameters[i].grad());  // already used
+    auto [gradient, serial] = parameters[i].grad_with_serial();  // one read: a concurrent commit cannot free it
+    serials.push_back(serial);
+    gradients.push_back(serial == stepped[i] ? Tensor() : std::move(gradient));  // already used: skipped
   }
   return gradients;
 }

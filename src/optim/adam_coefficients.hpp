@@ -43,12 +43,12 @@ backend::AdamUpdate adam_update_of(Variable& parameter, Tensor& m, Tensor& v, co
 /// count and shapes are the caller's to check first.
 void check_adam_state_values(std::string_view op, const Adam::State& state, const std::vector<Variable>& parameters);
 
-/// What step() steps with: each parameter's committed gradient, or an
+/// What step() steps with: each parameter's committed gradient (a handle of
+/// its own, read with its serial: Variable::grad_with_serial), or an
 /// undefined Tensor (skipped) where its grad_serial() is `stepped[i]`, a
 /// gradient already stepped with. `serials` receives every grad_serial(),
 /// to become `stepped` once the step succeeds (Adam and ShardedAdam).
-std::vector<const Tensor*> fresh_gradients(const std::vector<Variable>& parameters,
-                                           const std::vector<std::uint64_t>& stepped,
-                                           std::vector<std::uint64_t>& serials);
+std::vector<Tensor> fresh_gradients(const std::vector<Variable>& parameters,
+                                    const std::vector<std::uint64_t>& stepped, std::vector<std::uint64_t>& serials);
 
 }  // namespace riftco_transformer::detail

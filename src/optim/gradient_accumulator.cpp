@@ -18,8 +18,13 @@ void GradientAccumulator::add(float weight) {
   if (!std::isfinite(weight)) {
     throw ValueError("[GradientAccumulator] weight must be finite, got " + float_text(weight));
   }
+  // One handle per gradient, checked and then added: a backward committing
+  // in another thread meanwhile can neither free nor change what is added.
+  std::vector<Tensor> grads;
+  grads.reserve(params_.size());
+  for (const Variable& p : params_) grads.push_back(p.grad_with_serial().first);
   for (std::size_t i = 0; i < params_.size(); ++i) {
-    const Tensor& g = params_[i].grad();
+    const Tensor& g = grads[i];
     if (!g.defined()) continue;
     const Tensor& sum = sums_[i];
     if (sum.defined() && sum.backend() != g.backend()) {
@@ -33,7 +38,7 @@ void GradientAccumulator::add(float weight) {
     }
   }
   for (std::size_t i = 0; i < params_.size(); ++i) {
-    const Tensor& g = params_[i].grad();
+    const Tensor& g = grads[i];
     if (!g.defined()) continue;
     // Elementwise on g's backend: the bits do not depend on the thread count.
     const backend::Kernels& kernels = backend::kernels(g.backend(), "GradientAccumulator");

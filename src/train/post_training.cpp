@@ -62,6 +62,11 @@ void PostTrainingConfig::validate() const {
     throw ValueError("[PostTrainingConfig] output_dir " + output_dir.string() + " holds the base model " +
                      base_model.string() + ": the run would replace it and its metadata; choose another output_dir");
   }
+  stage::check_paths_are_text(
+      {{"output_dir", output_dir}, {"base_model", base_model}, {"data", data}, {"tokenizer", tokenizer}},
+      "PostTrainingConfig");
+  stage::check_inputs_are_not_outputs(output_dir, {{"base_model", base_model}, {"data", data}, {"tokenizer", tokenizer}},
+                                      "PostTrainingConfig");
 }
 
 void PostTrainingConfig::validate_for(const TransformerDimensions& base) const {

@@ -15,12 +15,15 @@ void PretrainingConfig::validate() const {
                      std::to_string(dimensions.vocab_size) + " (set tokenizer to train with a subword vocabulary)");
   }
   if (!is_valid_norm_epsilon(norm_epsilon)) {
-    throw ValueError("[PretrainingConfig] norm_epsilon must be a finite number > 0, got " + std::to_string(norm_epsilon));
+    throw ValueError("[PretrainingConfig] norm_epsilon must be a finite number > 0, got " + float_text(norm_epsilon));
   }
   if (!(validation_fraction > 0.0 && validation_fraction < 1.0)) {
     throw ValueError("[PretrainingConfig] validation_fraction must be in (0, 1)");
   }
   stage::validate_settings(*this, dimensions.context_length, "PretrainingConfig");
+  stage::check_paths_are_text({{"output_dir", output_dir}, {"data", data}, {"tokenizer", tokenizer}},
+                              "PretrainingConfig");
+  stage::check_inputs_are_not_outputs(output_dir, {{"data", data}, {"tokenizer", tokenizer}}, "PretrainingConfig");
 }
 
 TransformerDimensions PretrainingConfig::dimensions_for(const Tokenizer& t) const {

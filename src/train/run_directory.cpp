@@ -15,6 +15,7 @@
 #include "../io/atomic_file.hpp"
 #include "../io/json_read.hpp"
 #include "riftco_transformer/atomic_file.hpp"
+#include "riftco_transformer/data.hpp"
 #include "riftco_transformer/errors.hpp"
 #include "riftco_transformer/model_state.hpp"
 #include "riftco_transformer/plot.hpp"
@@ -223,6 +224,36 @@ void check_output_targets(const StageRun& r) {
     } catch (const ModelStateError& e) {
       throw ModelStateError(std::string(e.what()) + " (the run writes this file; checked before training so that "
                                                     "no step is lost: move it away or use another output directory)");
+    }
+  }
+}
+
+void check_inputs_are_not_outputs(const std::filesystem::path& output_dir,
+                                  std::initializer_list<std::pair<const char*, std::filesystem::path>> inputs,
+                                  const char* op) {
+  static const char* const kWritten[] = {"model.safetensors", "adapter.safetensors", "metadata.json",
+                                         "metrics.jsonl",     kLossCurveFile,        kTrainingCheckpointFile,
+                                         kPartialMetricsFile, ".lock",               ".write_probe"};
+  for (const auto& [field, input] : inputs) {
+    if (input.empty()) continue;
+    for (const char* name : kWritten) {
+      if (same_file(output_dir / name, input)) {
+        throw ValueError(std::string("[") + op + "] " + field + " " + input.string() + " is " +
+                         (output_dir / name).string() +
+                         ", a file this run writes or removes in output_dir: it would be replaced after training "
+                         "on it; move it or choose another output_dir");
+      }
+    }
+  }
+}
+
+void check_paths_are_text(std::initializer_list<std::pair<const char*, std::filesystem::path>> paths, const char* op) {
+  for (const auto& [field, path] : paths) {
+    const std::string& text = path.native();
+    if (const auto bad = first_invalid_utf8(text)) {
+      throw ValueError(std::string("[") + op + "] " + field + " is not valid UTF-8 text (byte " +
+                       std::to_string(*bad) + " of the path): the run records its paths in metadata.json as JSON "
+                       "text; rename the file or directory");
     }
   }
 }

@@ -1,7 +1,10 @@
 #pragma once
 // The training loop both stages share: schedule, steps, evaluation, metrics,
 // training checkpoints and resume, final files. Private to the train layer.
+#include <filesystem>
 #include <functional>
+#include <initializer_list>
+#include <utility>
 #include <nlohmann/json.hpp>
 
 #include "riftco_transformer/data.hpp"
@@ -43,6 +46,20 @@ double json_number(float value);
 nlohmann::json settings_json(const StageSettings& s);
 /// ValueError naming the first bad shared field.
 void validate_settings(const StageSettings& s, std::int64_t context_length, const char* op);
+/// ValueError (tagged `op`) when an input of the run — its data, tokenizer
+/// or base model, given as (field, path) — is a file the run writes or
+/// removes in `output_dir` (its weights, metadata.json, metrics.jsonl,
+/// loss_curve.svg, the training checkpoint, the partial log, .lock
+/// or .write_probe): the run would
+/// train on it and then replace or delete it. Empty paths are skipped.
+void check_inputs_are_not_outputs(const std::filesystem::path& output_dir,
+                                  std::initializer_list<std::pair<const char*, std::filesystem::path>> inputs,
+                                  const char* op);
+/// ValueError (tagged `op`) naming the first of `paths` (field, path) that
+/// is not valid UTF-8: metadata.json and the training checkpoint record them
+/// as JSON text, which would fail only when the run writes them (after
+/// training). Empty paths are skipped.
+void check_paths_are_text(std::initializer_list<std::pair<const char*, std::filesystem::path>> paths, const char* op);
 /// optimizer_in_backward's conditions (max_grad_norm 0, one micro-batch per
 /// step, one rank of `world`): a ValueError naming the field and the fix.
 /// Nothing when the option is off.

@@ -50,6 +50,8 @@ std::vector<ParameterGroup> default_parameter_groups(const std::vector<NamedPara
   return {decay, no_decay};
 }
 
+std::string file_fingerprint(const std::filesystem::path& path) { return stage::fingerprint(stage::read_bytes(path)); }
+
 namespace stage {
 
 std::string fingerprint(std::string_view bytes) {

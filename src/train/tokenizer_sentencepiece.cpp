@@ -9,6 +9,7 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "../io/atomic_file.hpp"
 #include "../tensor/hash.hpp"
 #include "riftco_transformer/atomic_file.hpp"
 #include "riftco_transformer/data.hpp"
@@ -199,6 +200,17 @@ Tokenizer train_tokenizer(std::string_view text, const TokenizerTrainingOptions&
     throw ValueError("[train_tokenizer] unknown model type " + std::to_string(static_cast<int>(options.model_type)));
   }
   if (output.empty()) throw ValueError("[train_tokenizer] output must name a file");
+  // A target that cannot be written (a directory, a device, a read-only
+  // directory) fails now, not after training.
+  detail::check_replaceable(output);
+  std::error_code no_parent;
+  if (std::filesystem::is_directory(output.has_parent_path() ? output.parent_path() : ".", no_parent)) {
+    // (A missing directory is made at the end, as before.)
+    const std::filesystem::path probe = detail::staging_path(output);
+    write_file_atomically(probe, std::string_view());
+    std::error_code ignored;
+    std::filesystem::remove(probe, ignored);
+  }
   if (text.find_first_not_of(" \t\r\n") == std::string_view::npos) {
     throw DataError("[train_tokenizer] the training text is empty or blank");
   }

@@ -670,6 +670,12 @@ static void test_training_lora_and_files(void) {
   g.max_new_tokens = 0;
   OK(rt_generate(model, prompt, 2, &g, NULL, 0, &count, NULL));
   CHECK(count == 0);
+  /* A wrapped length (n - 1 with n = 0) is refused before the buffer is read
+   * (it read past the 2-token prompt). */
+  FAILS(rt_generate(model, prompt, SIZE_MAX, &g, NULL, 0, &count, NULL), RT_ERROR_VALUE, "more than the context length");
+  rt_generation* many = NULL;
+  FAILS(rt_generate_samples(model, prompt, (size_t)1 << 63, &g, &many), RT_ERROR_VALUE, "more than the context length");
+  CHECK(many == NULL);
   rt_model_destroy(copy);
   rt_model_destroy(model);
 

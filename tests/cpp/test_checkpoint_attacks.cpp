@@ -646,3 +646,200 @@ TEST(CheckpointAttack, ConstantInputSeenAsRequiringGradInside) {
     ADD_FAILURE() << "nested rejects what un-nested accepts: " << e.what();
   }
 }
+
+// ---- third pass: values that leave the callable, leaves it changes ----
+// A value computed inside the callable and used outside it (an auxiliary
+// loss handed out through a side variable) led to the callable's private
+// input leaf: the pass committed that part of the gradient there and the
+// real input silently missed it (max difference 4.05). Every pass that
+// reaches such a value is refused before any gradient changes.
+TEST(CheckpointAttack, AValueThatLeavesTheCallableIsRefusedByTheBackward) {
+  Variable w(randn({3, 3}, 2), true, "w");
+  Variable aux;  // the side channel
+  const Fn block = [&](const Variable& h) {
+    Variable y = matmul(h, w);
+    aux = sum(mul(y, y));
+    return silu(y);
+  };
+  for (const GraphAfterBackward graph : {GraphAfterBackward::Keep, GraphAfterBackward::Release}) {
+    Variable x(randn({2, 3}, 1), true, "x");
+    Variable y = checkpoint(scale(x, 1.0F), std::vector<Variable>{w}, block, {.name = "blockA"});
+    Variable loss = add(sum(y), aux);
+    const std::uint64_t wserial = w.grad_serial();
+    try {
+      loss.backward(graph);
+      ADD_FAILURE() << "the escaped value was not refused";
+    } catch (const CheckpointContractError& e) {
+      EXPECT_EQ(e.violation(), Violation::InternalValueEscaped);
+      EXPECT_NE(std::string(e.what()).find("blockA"), std::string::npos) << e.what();
+    }
+    EXPECT_FALSE(x.grad().defined());  // nothing committed
+    EXPECT_EQ(w.grad_serial(), wserial);
+  }
+  // The same value kept only inside (not used by the loss) is fine, and the
+  // checkpointed gradients equal the ordinary ones.
+  Variable x(randn({2, 3}, 1), true, "x");
+  sum(block(x)).backward();
+  const Tensor gx = x.grad().clone();
+  const Tensor gw = w.grad().clone();
+  sum(checkpoint(x, std::vector<Variable>{w}, block)).backward();
+  EXPECT_TRUE(bit_equal(x.grad(), gx));
+  EXPECT_TRUE(bit_equal(w.grad(), gw));
+}
+
+// A callable that replaced an outside variable's value with set_value (a
+// running statistic, a step counter) was not noticed: every replay replaced
+// it again (a counter of forwards read 2 after one checkpointed step). The
+// in-place form was already refused; now every structural change of a
+// variable made outside the callable is (set_value, to(), mark_changed,
+// set_requires_grad), at the forward, and the variable is as it was after it.
+TEST(CheckpointAttack, ACallableThatChangesAnOutsideVariableIsRefused) {
+  Variable w(Tensor::from_data({2}, {1, 1}), true, "w");
+  Variable running(Tensor::from_data({1}, {0}), false, "running_count");
+  const std::vector<std::function<void()>> changes = {
+      [&] { running.set_value(Tensor::from_data({1}, {running.value().at({0}) + 1})); },
+      [&] { running.mark_changed("counted"); },
+      [&] { running.set_requires_grad(true); },
+  };
+  for (const auto& change : changes) {
+    running.set_requires_grad(false);
+    const Fn f = [&](const Variable& in) {
+      change();
+      return mul(in, w);
+    };
+    Variable x(Tensor::from_data({2}, {1, 2}), true, "x");
+    try {
+      sum(checkpoint(x, std::vector<Variable>{w}, f)).backward();
+      ADD_FAILURE() << "the change was not refused";
+    } catch (const CheckpointContractError& e) {
+      EXPECT_EQ(e.violation(), Violation::BoundaryModified);
+      EXPECT_NE(std::string(e.what()).find("running_count"), std::string::npos) << e.what();
+    }
+  }
+  // Variables the callable makes may change as they like.
+  const Fn own = [&](const Variable& in) {
+    Variable local(Tensor::from_data({2}, {2, 2}), false, "local");
+    local.set_value(Tensor::from_data({2}, {3, 3}));
+    return mul(mul(in, w), local);
+  };
+  Variable x(Tensor::from_data({2}, {1, 2}), true, "x");
+  sum(checkpoint(x, std::vector<Variable>{w}, own)).backward();
+  EXPECT_EQ(x.grad().to_vector(), (std::vector<float>{3, 3}));
+}
+
+// What "behaves exactly as the ordinary graph" means for a leaf used twice
+// inside one checkpoint that also gets gradient from another: the same sum,
+// in the nested context's order (the replay's own contributions first), so
+// equal up to rounding; used once per checkpoint, bit for bit.
+TEST(CheckpointAttack, ALeafUsedTwiceInsideGetsTheSameSumInAnotherOrder) {
+  Variable w(randn({4, 4}, 3), true, "w");
+  const Fn twice = [&](const Variable& h) { return add(h, matmul(silu(matmul(h, w)), w)); };
+  const Fn once = [&](const Variable& h) { return add(h, silu(matmul(h, w))); };
+  for (const bool use_twice : {true, false}) {
+    const Fn& f = use_twice ? twice : once;
+    Variable x(randn({3, 4}, 4), true, "x");
+    sum(f(f(x))).backward();
+    const Tensor gw = w.grad().clone();
+    const Tensor gx = x.grad().clone();
+    const std::vector<Variable> deps{w};
+    sum(checkpoint(checkpoint(x, deps, f), deps, f)).backward();
+    if (use_twice) {
+      EXPECT_LT(max_abs_diff(w.grad(), gw), 1e-5F);
+      EXPECT_LT(max_abs_diff(x.grad(), gx), 1e-5F);
+    } else {
+      EXPECT_TRUE(bit_equal(w.grad(), gw));
+      EXPECT_TRUE(bit_equal(x.grad(), gx));
+    }
+  }
+}
+
+// A dependency (or the input) the callable reads only without gradient (a
+// teacher or EMA weight, a detached scale) must be declared, and then got a
+// committed zero gradient with a new grad_serial, where the ordinary graph
+// does not reach it: Adam stepped it in the checkpointed run only (6.7e-4
+// apart after one step). Its edge now keeps the version check and no pass
+// follows it: no gradient, serial unmoved, the same Adam steps.
+TEST(CheckpointAttack, ADependencyReadOnlyWithoutGradientGetsNoGradient) {
+  const auto run = [](bool checkpointed) {
+    Variable x(randn({2, 3}, 1), true, "x");
+    Variable w(randn({3, 3}, 2), true, "w");
+    Variable t(randn({3, 3}, 3), true, "t");
+    Adam adam({w, t});
+    sum(matmul(matmul(x, w), t)).backward();  // step 1: t trains
+    adam.step();
+    const Fn block = [&](const Variable& h) {  // step 2: t read detached, and h too in one factor
+      Variable td;
+      Variable hd;
+      {
+        NoGradGuard no_grad;
+        td = scale(t, 1.0F);
+        hd = scale(h, 0.5F);
+      }
+      return add(matmul(matmul(h, w), td), hd);
+    };
+    const std::uint64_t serial = t.grad_serial();
+    Variable loss = checkpointed ? sum(checkpoint(x, std::vector<Variable>{w, t}, block)) : sum(block(x));
+    EXPECT_EQ(loss.leaves().size(), 2U);  // x and w: t is not a leaf of this graph
+    loss.backward();
+    EXPECT_EQ(t.grad_serial(), serial) << checkpointed;
+    const Tensor gx = x.grad().clone();
+    adam.step();
+    return std::pair{t.value().clone(), gx};
+  };
+  const auto [ordinary_t, ordinary_gx] = run(false);
+  const auto [checkpointed_t, checkpointed_gx] = run(true);
+  EXPECT_TRUE(bit_equal(ordinary_t, checkpointed_t));
+  EXPECT_TRUE(bit_equal(ordinary_gx, checkpointed_gx));
+}
+
+// Only the input read without gradient: the checkpoint passes no gradient to
+// it, as the ordinary graph (whose only path to it is detached) does not.
+TEST(CheckpointAttack, AnInputReadOnlyWithoutGradientGetsNoGradient) {
+  Variable w(randn({3, 3}, 2), true, "w");
+  const Fn block = [&](const Variable& h) {
+    Variable hd;
+    {
+      NoGradGuard no_grad;
+      hd = scale(h, 2.0F);
+    }
+    return matmul(hd, w);
+  };
+  Variable x(randn({2, 3}, 1), true, "x");
+  sum(block(x)).backward();
+  EXPECT_FALSE(x.has_grad());
+  const Tensor gw = w.grad().clone();
+  Variable x2(randn({2, 3}, 1), true, "x2");
+  sum(checkpoint(x2, std::vector<Variable>{w}, block)).backward();
+  EXPECT_FALSE(x2.has_grad());
+  EXPECT_TRUE(bit_equal(w.grad(), gw));
+}
+
+// A constant the callable caches, replaced (not changed) between forward and
+// backward — a rebuilt mask or table: the ordinary graph differentiates with
+// the values its forward read (x.grad 3), the replay read the new constant
+// (x.grad 42) without a word. A replay that reads a constant made before it
+// that its forward did not read is a stale graph, before any gradient.
+TEST(CheckpointAttack, ACachedConstantReplacedBeforeTheBackwardIsAStaleGraph) {
+  std::optional<Variable> cached;
+  const Fn f = [&](const Variable& in) {
+    if (!cached) cached = Variable(Tensor::from_data({2}, {3, 3}), false, "table");
+    return mul(in, reshape(*cached, {2}));
+  };
+  Variable x(Tensor::from_data({2}, {1, 2}), true, "x");
+  Variable loss = sum(checkpoint(x, {}, f));
+  cached = Variable(Tensor::from_data({2}, {42, 42}), false, "table");  // the cache rebuilt
+  try {
+    loss.backward();
+    ADD_FAILURE() << "the replay used the new table";
+  } catch (const StaleGraphError& e) {
+    EXPECT_NE(std::string(e.what()).find("table"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(x.has_grad());
+  // Kept (not replaced), the cache is read again: the ordinary gradient.
+  cached.reset();
+  Variable again = sum(checkpoint(x, {}, f));
+  again.backward(GraphAfterBackward::Keep);
+  EXPECT_EQ(x.grad().to_vector(), (std::vector<float>{3, 3}));
+  again.backward();  // a second replay reads the same constants
+  EXPECT_EQ(x.grad().to_vector(), (std::vector<float>{3, 3}));
+}

@@ -264,6 +264,40 @@ TEST_F(HfLlama, EveryNormEpsilonTheModelAcceptsRoundTrips) {
   }
 }
 
+// The same for the RoPE base: every value TransformerDimensions accepts (a
+// finite float > 1, 1e35 and FLT_MAX too) is saved, exported and read back
+// exactly, and the loaders refuse exactly what the model refuses.
+TEST_F(HfLlama, EveryRopeBaseTheModelAcceptsRoundTrips) {
+  for (const float base : {1.0000001F, 2.0F, 1.0e30F, 1.0e35F, std::numeric_limits<float>::max()}) {
+    TransformerDimensions d = dims();
+    d.rope_base = base;
+    ASSERT_NO_THROW(d.validate()) << base;
+    Random random(2);
+    DecoderOnlyTransformer model(d, random);
+    save_model_state(model, dir_ / "model.safetensors");
+    EXPECT_EQ(load_model(dir_ / "model.safetensors")->dimensions().rope_base, base) << base;
+    fs::remove_all(dir_ / "hf");
+    convert_to_hf(dir_ / "model.safetensors", dir_ / "hf");
+    convert_from_hf(dir_ / "hf", dir_ / "back.safetensors");
+    EXPECT_EQ(load_model(dir_ / "back.safetensors")->dimensions().rope_base, base) << base;
+    EXPECT_EQ(load_hf_llama(dir_ / "hf")->dimensions().rope_base, base) << base;
+  }
+  for (const double bad : {1.0, 1.00000001, 0.5, -2.0, 1e39, std::nan("")}) {
+    EXPECT_FALSE(is_valid_rope_base(bad)) << bad;
+    TransformerDimensions d = dims();
+    d.rope_base = static_cast<float>(bad);
+    EXPECT_THROW(d.validate(), ValueError) << bad;
+  }
+  const json good = hf_config(dims());
+  for (const json& bad : {json(1), json(0.5), json(1e39), json("1e4")}) {
+    json config = good;
+    config["rope_theta"] = bad;
+    write_text(dir_ / "hf" / "config.json", config.dump());
+    EXPECT_NE(rt_test::message_of<ModelStateError>([&] { load_hf_llama(dir_ / "hf"); }).find("rope_theta"),
+              std::string::npos) << bad;
+  }
+}
+
 TEST_F(HfLlama, UnsupportedConfigFieldsAreRefusedByName) {
   saved(dir_ / "hf");
   const json good = hf_config(dims());

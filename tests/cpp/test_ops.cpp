@@ -86,6 +86,14 @@ INSTANTIATE_TEST_SUITE_P(
         OpCase{"cross_entropy",
                [](auto& v) { return cross_entropy(v[0], std::vector<std::int32_t>{1, 0, 4, 2, 3, 3}); },
                {{2, 3, 5}}},
+        OpCase{"repeat_heads", [](auto& v) { return repeat_heads(v[0], 3); }, {{2, 2, 4, 3}}},
+        // The generator is reset for every evaluation: one fixed mask.
+        OpCase{"dropout",
+               [](auto& v) {
+                 Random mask(77);
+                 return dropout(v[0], 0.3F, mask);
+               },
+               {{3, 7}}},
         OpCase{"cross_entropy_ignore",
                [](auto& v) { return cross_entropy(v[0], std::vector<std::int32_t>{1, -100, 4, -100}); },
                {{4, 5}}}),

@@ -576,3 +576,18 @@ TEST(RunDirectory, StaleTemporariesOfDeadProcessesAreRemovedAtTheNextStart) {
   ASSERT_TRUE(run_pretraining(c).completed);
   EXPECT_FALSE(fs::exists(c.output_dir / ".metrics.jsonl.tmp.2147483646.3"));
 }
+
+// A NUL in an error's text (a user's name, path or enum string) cut the
+// message short wherever it is read as a C string (the C ABI's last error,
+// Python's exception): it is written as \0.
+TEST(Reliability, ErrorMessagesHoldNoNulByte) {
+  const std::string text = std::string("[attention] unknown attention kind \"flash") + '\0' + "x\" (expected ...)";
+  const ValueError e(text);
+  EXPECT_EQ(std::string(e.what()), "[attention] unknown attention kind \"flash\\0x\" (expected ...)");
+  try {
+    (void)parse_attention_kind(std::string("flash") + '\0' + "x");
+    ADD_FAILURE() << "accepted";
+  } catch (const ValueError& error) {
+    EXPECT_NE(std::string(error.what()).find("expected"), std::string::npos) << error.what();
+  }
+}

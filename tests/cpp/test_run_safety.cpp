@@ -171,3 +171,22 @@ TEST(RunSafety, ARunIntoADirectoryAnotherRunIsUsingIsRefused) {
   EXPECT_TRUE(run_pretraining(c).completed);
   fs::remove_all(dir);
 }
+
+// Before: a data file that is one of the run's own files (the partial log,
+// metrics.jsonl, the loss curve) was trained on and then deleted or
+// replaced, exit 0. Refused by validate(), before anything is written.
+TEST(RunSafety, AnInputThatIsOneOfTheRunsFilesIsRefusedAndKept) {
+  const fs::path dir = fresh_dir("input-is-output");
+  for (const char* name : {"metrics.partial.jsonl", "metrics.jsonl", "loss_curve.svg", "metadata.json"}) {
+    PretrainingConfig c = rt_test::tiny_pretraining_checkpointed(dir);
+    c.output_dir = dir / (std::string("run-") + name);
+    fs::create_directories(c.output_dir);
+    const std::string text = "a small corpus for a small model.\n";
+    std::ofstream(c.output_dir / name, std::ios::binary) << text;
+    c.data = c.output_dir / name;
+    const std::string msg = message_of<ValueError>([&] { run_pretraining(c); });
+    EXPECT_NE(msg.find("a file this run writes or removes"), std::string::npos) << msg;
+    EXPECT_EQ(read_file(c.output_dir / name), text);
+    EXPECT_EQ(std::distance(fs::directory_iterator(c.output_dir), fs::directory_iterator{}), 1);
+  }
+}

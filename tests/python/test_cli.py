@@ -365,6 +365,9 @@ feed_forward_width = 16
     ('[{"steps": 3, "layers": 1}]', "expected a JSON object"),
     ("  []\n", "expected a JSON object"),
     ("layers = 1\n[dimensions]\nlayers = 2\n", "'layers' and 'dimensions.layers' both set --layers"),
+    # Before: an option's two names were two options here; the first key won.
+    ('{"zero": 0, "zero_stage": 1}', "'zero' and 'zero_stage' both set --zero"),
+    ('{"bucket_mib": 3, "gradient_bucket_mib": 5}', "both set --bucket-mib"),
 ])
 def test_bad_config_files_exit_2_naming_the_setting(tools, tmp_path, text, needle):
     config = tmp_path / "bad.cfg"
@@ -578,3 +581,63 @@ def test_memory_plan_bounds_its_sizes_and_checks_the_output_first(build_dir, tmp
     assert r.returncode == 0, r.stderr
     assert sorted(p.name for p in (tmp_path / "mp").iterdir()) == ["memory_plan.json", "memory_plan.md",
                                                                    "memory_plan_peak.svg"]
+
+
+def test_a_data_file_the_run_writes_is_refused_and_kept(tools, corpus, tmp_path):
+    # Before: exit 0, and the corpus was deleted (as the partial log) or
+    # overwritten (as metrics.jsonl) after training on it.
+    for name in ("metrics.partial.jsonl", "metrics.jsonl", "loss_curve.svg"):
+        out = tmp_path / name.replace(".", "_")
+        out.mkdir()
+        (out / name).write_bytes(corpus.read_bytes())
+        r = run(tools[0], "pretrain", "--data", out / name, "--steps", 1, "--output", out, *TINY)
+        assert r.returncode == 2 and "a file this run writes or removes" in r.stderr, r.stderr
+        assert (out / name).read_bytes() == corpus.read_bytes()
+        assert sorted(p.name for p in out.iterdir()) == [name]
+
+
+def test_a_replay_refuses_inputs_that_changed_since_the_run(tools, corpus, tmp_path):
+    # Before: a changed data file replayed as another run, exit 0.
+    data = tmp_path / "c.txt"
+    data.write_bytes(corpus.read_bytes())
+    first = tmp_path / "first"
+    assert run(tools[0], "pretrain", "--data", data, "--steps", 2, "--output", first, *TINY).returncode == 0
+    data.write_bytes(corpus.read_bytes() + b"one more line\n")
+    r = run(tools[0], "pretrain", "--config", first / "metadata.json", "--output", tmp_path / "again", "--quiet")
+    assert r.returncode == 2 and "data_fingerprint" in r.stderr and "changed since" in r.stderr, r.stderr
+    assert not (tmp_path / "again").exists()
+    # Named on the command line, the file is the user's choice.
+    r = run(tools[0], "pretrain", "--config", first / "metadata.json", "--data", data,
+            "--output", tmp_path / "chosen", "--quiet")
+    assert r.returncode == 0, r.stderr
+
+
+def test_post_train_defaults_and_method_override_of_a_replay(tools, pretrained, tmp_path):
+    # The CLI's sequence length default is everyone's (64), not 128.
+    r = run(tools[0], "post-train", "--help")
+    assert "--sequence-length" in r.stdout
+    line = next(l for l in r.stdout.splitlines() if "--sequence-length" in l)
+    assert "64" in line and "128" not in line, line
+    first = tmp_path / "lora"
+    assert run(tools[0], "post-train", "--base-model", pretrained / "model.safetensors", "--data", CHAT,
+               "--steps", 1, "--batch", 2, "--sequence-length", 32, "--eval-batches", 1, "--lora-rank", 2,
+               "--output", first, "--quiet").returncode == 0
+    # Before: "--lora-* options apply to --method lora only" for keys the file held.
+    r = run(tools[0], "post-train", "--config", first / "metadata.json", "--method", "full",
+            "--output", tmp_path / "full", "--quiet")
+    assert r.returncode == 0, r.stderr
+    r = run(tools[0], "post-train", "--config", first / "metadata.json", "--method", "full", "--lora-rank", 4,
+            "--output", tmp_path / "bad", "--quiet")
+    assert r.returncode == 2 and "--lora-rank: --lora-* options apply to --method lora only" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("value", ["0x10", " 1e-3", "1e-3 ", "1e-46", "-1e-60"])
+def test_float_options_take_plain_numbers_a_float_can_hold(tools, tmp_path, value):
+    r = run(tools[0], "pretrain", "--learning-rate", value, "--output", tmp_path / "out")
+    assert r.returncode == 2 and "--learning-rate" in r.stderr, r.stderr
+
+
+def test_tokenizer_output_that_cannot_be_written_fails_before_training(tools, corpus, tmp_path):
+    for target in (tmp_path, pathlib.Path("/dev/full")):
+        r = run(tools[0], "tokenizer", "--data", corpus, "--vocab-size", 300, "--output", target)
+        assert r.returncode == 1 and str(target) in r.stderr and "wrote" not in r.stdout, r.stderr

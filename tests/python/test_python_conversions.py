@@ -108,6 +108,53 @@ def test_a_progress_answer_without_truth_value_raises_its_own_error(tmp_path):
     assert not isinstance(e.value, SystemError)
 
 
+@pytest.mark.parametrize("progress", [5, "x", [print]])
+def test_a_progress_that_is_not_callable_is_refused_before_the_run(tmp_path, progress):
+    # Before: step 1 ran and the run's files were written, then TypeError.
+    (tmp_path / "data.txt").write_text(("the quick brown fox jumps over the lazy dog. " * 20 + "\n") * 50)
+    config = riftco.PretrainingConfig(model=riftco.TransformerConfig(**TINY), steps=3, batch=2,
+                                      sequence_length=16, data=tmp_path / "data.txt", output_dir=tmp_path / "run",
+                                      eval_interval=0, eval_batches=1, warmup_steps=1)
+    with pytest.raises(TypeError, match="progress must be a callable"):
+        riftco.pretrain(config, progress=progress)
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_run_uses_the_config_as_it_was_when_called(tmp_path):
+    # Before: the run read the caller's object with the GIL released; a
+    # callback setting steps = 40 made a 2-step run train 40 steps.
+    (tmp_path / "data.txt").write_text(("the quick brown fox jumps over the lazy dog. " * 20 + "\n") * 50)
+    config = riftco.PretrainingConfig(model=riftco.TransformerConfig(**TINY), steps=2, batch=2,
+                                      sequence_length=16, data=tmp_path / "data.txt", output_dir=tmp_path / "run",
+                                      eval_interval=0, eval_batches=1, warmup_steps=1)
+    seen = []
+
+    def progress(report):
+        seen.append(report.step)
+        config.steps = 40
+        config.output_dir = tmp_path / "elsewhere"
+
+    result = riftco.pretrain(config, progress=progress, plot=False)
+    assert seen == [1, 2] and result.steps == 2
+    assert json.loads((tmp_path / "run" / "metadata.json").read_text())["config"]["steps"] == 2
+    assert not (tmp_path / "elsewhere").exists()
+
+
+# --- derived sizes of a config -----------------------------------------------
+
+@pytest.mark.parametrize("fields", [dict(heads=0), dict(heads=-1, model_width=-2**63),
+                                    dict(vocab_size=2**31 - 1, model_width=2**31 - 1, layers=2**31 - 1,
+                                         feed_forward_width=2**31 - 1, heads=1)])
+def test_derived_sizes_of_an_invalid_config_are_value_errors(fields):
+    # Before: heads=0 killed the interpreter (SIGFPE in head_width); huge sizes overflowed int64.
+    config = riftco.TransformerConfig(**{**TINY, **fields})
+    with pytest.raises(riftco.ValueError, match="TransformerDimensions"):
+        config.head_width
+    with pytest.raises(riftco.ValueError, match="TransformerDimensions"):
+        config.parameter_count()
+    assert riftco.TransformerConfig(**TINY).head_width == 8
+
+
 # --- generate() --------------------------------------------------------------
 
 def test_generate_without_tokenizer_refuses_a_non_byte_vocabulary_where_it_needs_text():
@@ -314,12 +361,28 @@ def test_lone_surrogates_are_value_errors(tmp_path):
 # --- riftco.plot -------------------------------------------------------------
 
 @pytest.mark.parametrize("row", ['{"step": 1, "loss": "abc"}', '{"step": 1e999}', '{"step": 1, "loss": [1]}',
-                                 '{"step": 1, "validation_loss": "x"}', '[1]', '{"loss": 1}', 'not json'])
+                                 '{"step": 1, "validation_loss": "x"}', '[1]', '{"loss": 1}', 'not json',
+                                 # Before: read as steps 1 and 2 with losses 1.5 and 1.0; a RecursionError.
+                                 '{"step": true, "loss": 1.0}', '{"step": 2.9, "loss": 1.0}',
+                                 '{"step": 2, "loss": "1.5"}', '{"step": 2, "loss": true}',
+                                 '{"step": 2, "loss": ' + '[' * 100000 + ']' * 100000 + '}'])
 def test_read_metrics_names_file_and_line_for_a_bad_row(tmp_path, row):
     from riftco import plot
     (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 0, "loss": 1.0}) + "\n" + row + "\n")
     with pytest.raises(ValueError, match=r"metrics.jsonl: line 2: not a metrics row"):
         plot.read_metrics(tmp_path)
+
+
+def test_plot_refuses_a_fifo_instead_of_waiting_forever(tmp_path):
+    from riftco import plot
+    os.mkfifo(tmp_path / "metrics.jsonl")
+    with pytest.raises(OSError, match="not a regular file"):
+        plot.read_metrics(tmp_path)
+    os.remove(tmp_path / "metrics.jsonl")
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 1, "loss": 1.0}) + "\n")
+    os.mkfifo(tmp_path / "metadata.json")  # only the title: the default one, at once
+    if plot.matplotlib_available():
+        assert plot.write_loss_curve(tmp_path).exists()
 
 
 # --- checkpoint lifetime -----------------------------------------------------
@@ -344,3 +407,78 @@ def test_a_checkpoint_function_that_captures_only_its_weight_is_freed():
         del block
         gc.collect()
     assert riftco.memory_stats().live_bytes == base
+
+
+# --- numpy operands on the left ----------------------------------------------
+
+def test_numpy_operands_on_the_left_keep_the_graph():
+    # Before: numpy's operator ran first and returned a numpy value through
+    # __array__, detached from autograd.
+    w = riftco.Variable(np.array([1.0, 2.0, 3.0], dtype=np.float32), requires_grad=True)
+    for left in (np.float64(0.5), np.float32(0.5), np.ones(()) * 0.5, np.full(3, 0.5)):
+        for y in (left * w, left + w, left - w):
+            assert isinstance(y, riftco.Variable), type(y)
+        riftco.sum(left * w).backward()
+        np.testing.assert_array_equal(w.grad, np.full(3, 0.5, dtype=np.float32))
+    m = riftco.Variable(np.eye(3, dtype=np.float32), requires_grad=True)
+    y = np.ones((2, 3), dtype=np.float32) @ m
+    assert isinstance(y, riftco.Variable) and y.numpy().shape == (2, 3)
+    assert np.asarray(w).shape == (3,)  # __array__ still converts explicitly
+
+
+# --- paths that are not UTF-8 ------------------------------------------------
+
+def test_a_path_that_is_not_utf8_is_refused_before_the_run_and_shown_escaped(tmp_path):
+    # Before: the run trained, wrote its weights, then raised nlohmann's
+    # RuntimeError writing metadata.json (no metadata, no checkpoint).
+    data = os.fsdecode(bytes(tmp_path) + b"/data\xff.txt")
+    with open(data, "w") as f:
+        f.write(("the quick brown fox jumps over the lazy dog. " * 20 + "\n") * 50)
+    for field, value in (("data", data), ("output_dir", os.fsdecode(bytes(tmp_path) + b"/run\xff"))):
+        kwargs = dict(data=tmp_path / "ok.txt", output_dir=tmp_path / "run")
+        kwargs[field] = value
+        config = riftco.PretrainingConfig(model=riftco.TransformerConfig(**TINY), steps=2, batch=2,
+                                          sequence_length=16, eval_batches=1, **kwargs)
+        with pytest.raises(riftco.ValueError, match=f"{field} is not valid UTF-8"):
+            riftco.pretrain(config)
+        assert not os.path.exists(kwargs["output_dir"])
+    # A tokenizer whose path is not UTF-8 loads, and its repr escapes the byte.
+    tok = os.fsdecode(bytes(tmp_path) + b"/tok\xff.model")
+    riftco.train_tokenizer(("the quick brown fox jumps over the lazy dog. " * 20 + "\n") * 50, tok, vocab_size=300)
+    assert "\\xff" in repr(riftco.Tokenizer.load(tok))
+
+
+# --- str arguments that are not text -----------------------------------------
+
+def test_str_arguments_that_cannot_be_utf8_are_value_errors_naming_the_argument(tmp_path):
+    # Before: nanobind's anonymous "incompatible function arguments" TypeError.
+    model = tiny_model()
+    v = riftco.Variable([1.0, 2.0], requires_grad=True)
+    bad = "\ud800"
+    cases = [
+        (lambda: riftco.Variable([1.0], name=bad), "[Variable] name"),
+        (lambda: setattr(v, "name", bad), "[Variable.name]"),
+        (lambda: v.mark_changed(bad), "[mark_changed]"),
+        (lambda: v.to(bad), "[to] backend"),
+        (lambda: model.to(bad), "[to] backend"),
+        (lambda: model.parameter(bad), "[parameter] name"),
+        (lambda: riftco.memory_stats(bad), "[memory_stats] backend"),
+        (lambda: riftco.reset_peak_memory(bad), "[reset_peak_memory] backend"),
+        (lambda: riftco.release_cached_memory(bad), "[release_cached_memory] backend"),
+        (lambda: riftco.checkpoint(v, [], lambda x: x * 2.0, name=bad), "[checkpoint] name"),
+        (lambda: riftco.ByteTokenizer().encode(bad), "[encode] text"),
+        (lambda: riftco.load_model(tmp_path / "m.safetensors", attention=bad), "[load_model] attention"),
+    ]
+    for call, needle in cases:
+        with pytest.raises(riftco.ValueError) as e:
+            call()
+        assert needle in str(e.value), (needle, str(e.value))
+    assert v.name == ""
+
+
+def test_a_nul_in_an_argument_does_not_cut_the_message_short(tmp_path):
+    model = tiny_model()
+    with pytest.raises(riftco.ValueError, match=r'flash\\0x.*expected'):
+        model.save(tmp_path / "m.safetensors") or riftco.load_model(tmp_path / "m.safetensors", attention="flash\0x")
+    with pytest.raises(riftco.ValueError, match=r"cpu\\0x"):
+        model.to("cpu\0x")

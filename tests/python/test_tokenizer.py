@@ -127,3 +127,16 @@ def test_generate_refuses_a_tokenizer_of_another_vocabulary_before_generating(tm
         model.generate("the quick", max_new_tokens=20, tokenizer=tok)
     with pytest.raises(ValueError, match=needle):
         model.generate_samples("the", num_samples=2, max_new_tokens=20, tokenizer=tok, stop="zz")
+
+
+def test_split_text_is_the_runs_split_on_every_surface():
+    text = "héllo wörld, " * 100
+    train = riftco.split_text(text, "train", 0.25)
+    validation = riftco.split_text(text, "validation", 0.25)
+    assert train + validation == text and riftco.split_text(text, "all") == text
+    assert abs(len(validation.encode()) - len(text.encode()) // 4) <= 1  # a character boundary
+    assert riftco.split_text(text, "validation", 0.0) == ""
+    with pytest.raises(riftco.ValueError, match="unknown split 'test'"):
+        riftco.split_text(text, "test")
+    with pytest.raises(riftco.ValueError):
+        riftco.split_text(text, "train", 1.0)
