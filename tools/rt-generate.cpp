@@ -45,7 +45,9 @@ int main(int argc, char** argv) {
   app.add_option("--tokenizer", tokenizer_path,
                  "SentencePiece model the model was trained with (default: the one it records, or bytes)")
       ->type_name("PATH");
-  app.add_option("--prompt", prompt, "text to continue")->type_name("TEXT");
+  app.add_option("--prompt", prompt, "text to continue (default: a newline)")
+      ->type_name("TEXT")
+      ->default_str("");  // the default "\n" would break the help's column layout
   app.add_option("--max-new-tokens", o.max_new_tokens, "tokens to generate")
       ->type_name("N")
       ->check(rt_cli::integer_at_least(0));

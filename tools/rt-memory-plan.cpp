@@ -198,8 +198,10 @@ int main(int argc, char** argv) {
     } catch (const std::exception& e) {
       throw rt_cli::UsageError("option '--output' " + o.output + ": " + e.what());
     }
-    running = true;
+    // The model and adapters are built before `running`: a setting they refuse
+    // (a LoRA rank above a projection's sides) is a usage error, exit 2.
     Bench bench(o);
+    running = true;
     std::cerr << "[rt-memory-plan] profiling " << o.dims.layers << " layers, width " << o.dims.model_width
               << ", batch " << o.batch << ", sequence " << o.sequence_length << " (" << o.attention << ") ...\n";
     const ActivationMemoryProfile profile = profile_activation_memory(bench.model(), o.batch, o.sequence_length);
@@ -279,8 +281,10 @@ int main(int argc, char** argv) {
     }
     std::cout << md;
     nlohmann::json doc = {{"dimensions",
-                           {{"vocab_size", o.dims.vocab_size}, {"model_width", o.dims.model_width}, {"heads", o.dims.heads},
-                            {"layers", o.dims.layers}, {"feed_forward_width", o.dims.feed_forward_width}}},
+                           {{"vocab_size", o.dims.vocab_size}, {"context_length", o.dims.context_length},
+                            {"model_width", o.dims.model_width}, {"heads", o.dims.heads},
+                            {"key_value_heads", o.dims.kv_heads()}, {"layers", o.dims.layers},
+                            {"feed_forward_width", o.dims.feed_forward_width}}},
                           {"batch", o.batch}, {"sequence_length", o.sequence_length}, {"attention", o.attention},
                           {"lora_rank", o.lora_rank},
                           {"kept_bytes_per_block",

@@ -1,4 +1,4 @@
-/* riftco C ABI 2.x (2.0 and what 2.1-2.6 appended): a stable C interface over the C++ library.
+/* riftco C ABI 2.x (2.0 and what 2.1-2.7 appended): a stable C interface over the C++ library.
  *
  * Plain C11 (also valid C++). Every function returns an rt_status; on failure
  * rt_last_error_message() gives the calling thread's message. Exceptions never
@@ -24,7 +24,7 @@ extern "C" {
 #endif
 
 #define RT_ABI_VERSION_MAJOR 2
-#define RT_ABI_VERSION_MINOR 6
+#define RT_ABI_VERSION_MINOR 7
 
 /* ---- status and errors ---------------------------------------------------- */
 
@@ -220,6 +220,12 @@ RT_API rt_status rt_model_set_attention(rt_model* model, rt_attention attention)
 RT_API rt_status rt_model_attention(const rt_model* model, rt_attention* attention);
 RT_API rt_status rt_model_set_dropout(rt_model* model, float probability, uint64_t seed);
 RT_API rt_status rt_model_set_training(rt_model* model, int training);
+/* Appended in ABI 2.7: the three settings above read back, as C++'s and
+ * Python's getters do. Blocks per segment is the number in use:
+ * round(sqrt(layers)) for 0 (at least 1), at most the layers. */
+RT_API rt_status rt_model_checkpoint_segment_blocks(const rt_model* model, int64_t* blocks);
+RT_API rt_status rt_model_dropout(const rt_model* model, float* probability);
+RT_API rt_status rt_model_training(const rt_model* model, int* training);
 
 /* Appended in ABI 2.4. rt_model_to moves every parameter (base weights and
  * adapters, with their gradients) to `backend`, as C++

@@ -125,6 +125,15 @@ void init_variable(nb::module_& m) {
            },
            "dtype"_a = nb::none(), "copy"_a = nb::none())
       .def("item", [](const rt::Variable& v) { return static_cast<double>(v.value().item()); })
+      // As numpy and PyTorch: a one-element value's truth; several are ambiguous (was always True).
+      .def("__bool__",
+           [](const rt::Variable& v) {
+             if (v.value().numel() != 1) {
+               throw rt::ValueError("[bool] the truth value of a Variable of shape " + rt::shape_string(v.shape()) +
+                                    " is ambiguous: use a one-element Variable, or compare its .numpy()");
+             }
+             return v.value().item() != 0.0F;
+           })
       .def_prop_ro("grad",
                    [](const rt::Variable& v) -> nb::object {
                      // One handle: a backward committing in another thread cannot free it under us.

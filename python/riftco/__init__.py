@@ -91,6 +91,20 @@ from ._core import (  # noqa: F401  (re-exported)
 )
 from ._pipelines import post_train, pretrain  # noqa: F401
 
+
+def _no_grad_call(self, fn):
+    """`@riftco.no_grad()` on a function runs every call of it without building graphs (PyTorch's form)."""
+    import functools
+
+    @functools.wraps(fn)
+    def without_grad(*args, **kwargs):
+        with self:
+            return fn(*args, **kwargs)
+    return without_grad
+
+
+no_grad.__call__ = _no_grad_call
+
 __version__ = "0.1.0"
 
 # Tracebacks and reprs say riftco.ShapeError, not riftco._core.ShapeError.

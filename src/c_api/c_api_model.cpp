@@ -120,6 +120,30 @@ rt_status rt_model_set_training(rt_model* model, int training) {
   return guard(f, [&] { model_of(model, f).set_training(training != 0); });
 }
 
+rt_status rt_model_checkpoint_segment_blocks(const rt_model* model, int64_t* blocks) {
+  constexpr const char* f = "rt_model_checkpoint_segment_blocks";
+  return guard(f, [&] {
+    const rt::DecoderOnlyTransformer& m = model_of(model, f);
+    require(blocks, f, "blocks") = m.checkpoint_segment_blocks();
+  });
+}
+
+rt_status rt_model_dropout(const rt_model* model, float* probability) {
+  constexpr const char* f = "rt_model_dropout";
+  return guard(f, [&] {
+    const rt::DecoderOnlyTransformer& m = model_of(model, f);
+    require(probability, f, "probability") = m.dropout();
+  });
+}
+
+rt_status rt_model_training(const rt_model* model, int* training) {
+  constexpr const char* f = "rt_model_training";
+  return guard(f, [&] {
+    const rt::DecoderOnlyTransformer& m = model_of(model, f);
+    require(training, f, "training") = m.training() ? 1 : 0;
+  });
+}
+
 rt_status rt_model_to(rt_model* model, rt_backend backend) {
   constexpr const char* f = "rt_model_to";
   return guard(f, [&] {

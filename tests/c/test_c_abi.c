@@ -185,11 +185,39 @@ static void test_struct_init(void) {
 }
 
 static void test_version_and_names(void) {
-  CHECK(rt_abi_version() == ((2u << 16) | 6u));
-  CHECK(RT_ABI_VERSION_MAJOR == 2 && RT_ABI_VERSION_MINOR == 6);
+  CHECK(rt_abi_version() == ((2u << 16) | 7u));
+  CHECK(RT_ABI_VERSION_MAJOR == 2 && RT_ABI_VERSION_MINOR == 7);
   CHECK(strcmp(rt_status_name(RT_ERROR_STALE_GRAPH), "RT_ERROR_STALE_GRAPH") == 0);
   CHECK(strcmp(rt_status_name(RT_ERROR_PARTIAL_STEP), "RT_ERROR_PARTIAL_STEP") == 0 && RT_ERROR_PARTIAL_STEP == 13);
   CHECK(strcmp(rt_status_name((rt_status)99), "unknown") == 0);
+}
+
+/* ABI 2.7: what the setters set reads back. */
+static void test_model_settings_read_back(void) {
+  rt_transformer_config c = tiny_config();
+  rt_model* model = NULL;
+  OK(rt_model_create(&c, 3, RT_ATTENTION_FLASH, RT_ACTIVATION_CHECKPOINTING_DISABLED, &model));
+  int64_t blocks = -1;
+  float probability = -1.0f;
+  int training = -1;
+  OK(rt_model_checkpoint_segment_blocks(model, &blocks));
+  OK(rt_model_dropout(model, &probability));
+  OK(rt_model_training(model, &training));
+  CHECK(blocks == 2 && probability == 0.0f && training == 1); /* 3 layers: round(sqrt(3)) = 2 in use */
+  OK(rt_model_set_checkpoint_segment_blocks(model, 1));
+  OK(rt_model_set_dropout(model, 0.25f, 7));
+  OK(rt_model_set_training(model, 0));
+  OK(rt_model_checkpoint_segment_blocks(model, &blocks));
+  OK(rt_model_dropout(model, &probability));
+  OK(rt_model_training(model, &training));
+  CHECK(blocks == 1 && probability == 0.25f && training == 0);
+  OK(rt_model_set_checkpoint_segment_blocks(model, 100));
+  OK(rt_model_checkpoint_segment_blocks(model, &blocks));
+  CHECK(blocks == 3); /* at most the layers */
+  FAILS(rt_model_dropout(model, NULL), RT_ERROR_INVALID_ARGUMENT, "probability");
+  FAILS(rt_model_training(NULL, &training), RT_ERROR_INVALID_ARGUMENT, "model");
+  FAILS(rt_model_checkpoint_segment_blocks(model, NULL), RT_ERROR_INVALID_ARGUMENT, "blocks");
+  rt_model_destroy(model);
 }
 
 static void test_policy_and_parity(void) {
@@ -1647,6 +1675,7 @@ int main(void) {
   if (mkdtemp(g_dir) == NULL) return 2;
   make_batch();
   test_version_and_names();
+  test_model_settings_read_back();
   test_struct_init();
   test_policy_and_parity();
   test_backward_release();

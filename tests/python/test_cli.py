@@ -577,10 +577,16 @@ def test_memory_plan_bounds_its_sizes_and_checks_the_output_first(build_dir, tmp
     (tmp_path / "file").write_text("x")
     r = run(plan, *shape, "--output", tmp_path / "file" / "sub")
     assert r.returncode == 2 and "option '--output'" in r.stderr and "profiling" not in r.stderr, r.stderr
-    r = run(plan, *shape, "--budgets", 3, "--output", tmp_path / "mp")
+    # A rank the adapters refuse is a usage error too (was exit 1 after "profiling").
+    r = run(plan, *shape, "--lora-rank", 1000, "--output", tmp_path / "mp")
+    assert r.returncode == 2 and "profiling" not in r.stderr, (r.returncode, r.stderr)
+    r = run(plan, *shape, "--budgets", 3, "--key-value-heads", 1, "--output", tmp_path / "mp")
     assert r.returncode == 0, r.stderr
     assert sorted(p.name for p in (tmp_path / "mp").iterdir()) == ["memory_plan.json", "memory_plan.md",
                                                                    "memory_plan_peak.svg"]
+    # The shape is recorded whole (two GQA settings differ in their files).
+    dims = json.loads((tmp_path / "mp" / "memory_plan.json").read_text())["dimensions"]
+    assert dims["key_value_heads"] == 1 and "context_length" in dims
 
 
 def test_a_data_file_the_run_writes_is_refused_and_kept(tools, corpus, tmp_path):

@@ -482,3 +482,20 @@ def test_a_nul_in_an_argument_does_not_cut_the_message_short(tmp_path):
         model.save(tmp_path / "m.safetensors") or riftco.load_model(tmp_path / "m.safetensors", attention="flash\0x")
     with pytest.raises(riftco.ValueError, match=r"cpu\\0x"):
         model.to("cpu\0x")
+
+
+# --- PyTorch conventions -----------------------------------------------------
+
+def test_no_grad_decorates_a_function_and_a_variables_truth_is_its_one_value():
+    w = riftco.Variable([1.0, 2.0], requires_grad=True)
+
+    @riftco.no_grad()
+    def predict(x):
+        assert not riftco.is_grad_enabled()
+        return x * 2.0
+
+    assert not predict(w).requires_grad and riftco.is_grad_enabled()
+    assert predict.__name__ == "predict"
+    assert bool(riftco.Variable([0.0])) is False and bool(riftco.Variable(3.0)) is True
+    with pytest.raises(ValueError, match="ambiguous"):
+        bool(w)
