@@ -53,7 +53,10 @@ class Adam {
   Adam(std::vector<ParameterGroup> groups, AdamOptions options);
 
   /// One update of every parameter that has a gradient. Parameters without a
-  /// gradient are skipped (their moments do not move). Returns the global
+  /// gradient are skipped (their moments and their step count do not move:
+  /// each parameter's bias correction uses the number of updates it has had,
+  /// PyTorch's per-parameter state['step'], so one that joins late is
+  /// corrected as a first step, not as the optimizer's n-th). Returns the global
   /// gradient norm before clipping. Throws ShapeError (and changes nothing)
   /// when a gradient's shape differs from its parameter's, or when a
   /// parameter's shape or backend changed (set_value, to()) since this Adam
@@ -107,7 +110,13 @@ class Adam {
 
   const AdamOptions& options() const { return options_; }
   void set_learning_rate(float lr);
+  /// How many step()s updated at least one parameter.
   std::int64_t step_count() const { return steps_; }
+  /// How many updates parameters()[index] has had (PyTorch's
+  /// state[p]['step']): its next update is bias-corrected as step
+  /// parameter_step_count(index) + 1. Equal to step_count() for a parameter
+  /// that had a gradient at every step. ValueError for an index out of range.
+  std::int64_t parameter_step_count(std::size_t index) const;
   const std::vector<Variable>& parameters() const { return params_; }
   /// The weight decay Adam applies to parameters()[index].
   float weight_decay_of(std::size_t index) const;
@@ -123,6 +132,10 @@ class Adam {
   /// Moments, for saving and restoring a training run.
   struct State {
     std::int64_t steps = 0;
+    /// One per parameter: the updates it has had (parameter_step_count), each
+    /// in [0, steps]. Empty: every parameter at `steps` (the form of states
+    /// saved before per-parameter counts).
+    std::vector<std::int64_t> parameter_steps;
     std::vector<Tensor> first_moment;   // one per parameter, same shape
     std::vector<Tensor> second_moment;  // one per parameter, same shape
   };
@@ -130,7 +143,8 @@ class Adam {
   /// Validates before changing anything: the moments' count and shapes
   /// (ValueError / ShapeError), then values no step could have made
   /// (ValueError naming the parameter and element): a step count outside
-  /// [0, 2^63 - 1), a first moment not finite, a second moment NaN or < 0.
+  /// [0, 2^63 - 1), a parameter's count outside [0, steps], a first moment
+  /// not finite, a second moment NaN or < 0.
   void set_state(const State& state);
 
  private:
@@ -148,6 +162,7 @@ class Adam {
   std::vector<GroupInfo> groups_;
   std::vector<float> weight_decay_;  // per parameter
   std::int64_t steps_ = 0;
+  std::vector<std::int64_t> parameter_steps_;  // per parameter (parameter_step_count)
   std::vector<Tensor> m_;
   std::vector<Tensor> v_;
   /// Per parameter, the grad_serial() of the committed gradient step()

@@ -164,7 +164,17 @@ void init_optim(nb::module_& m) {
       .def("zero_grad", &rt::Adam::zero_grad, "Drops every parameter's gradient.")
       .def_prop_rw("learning_rate", [](const rt::Adam& a) { return short_double(a.options().learning_rate); },
                    &rt::Adam::set_learning_rate)
-      .def_prop_ro("step_count", &rt::Adam::step_count)
+      .def_prop_ro("step_count", &rt::Adam::step_count, "How many step()s updated at least one parameter.")
+      .def_prop_ro(
+          "parameter_step_counts",
+          [](const rt::Adam& a) {
+            std::vector<std::int64_t> counts;
+            for (std::size_t i = 0; i < a.parameters().size(); ++i) counts.push_back(a.parameter_step_count(i));
+            return counts;
+          },
+          "How many updates each parameter has had, in .parameters order (PyTorch's per-parameter\n"
+          "state['step']): each is bias-corrected by its own count, so one without a gradient at some\n"
+          "steps (a frozen branch, an inactive adapter) is not corrected as if it had moved at every one.")
       .def_prop_ro("parameters", &rt::Adam::parameters)
       .def_prop_ro(
           "groups",

@@ -229,6 +229,31 @@ rt_status rt_adam_weight_decay(const rt_adam* adam, const char* parameter_name, 
   });
 }
 
+rt_status rt_adam_step_count(const rt_adam* adam, int64_t* steps) {
+  constexpr const char* f = "rt_adam_step_count";
+  return guard(f, [&] {
+    const rt::Adam& a = require(adam, f, "adam").adam;
+    require(steps, f, "steps") = a.step_count();
+  });
+}
+
+rt_status rt_adam_parameter_step_count(const rt_adam* adam, const char* parameter_name, int64_t* steps) {
+  constexpr const char* f = "rt_adam_parameter_step_count";
+  return guard(f, [&] {
+    const rt::Adam& a = require(adam, f, "adam").adam;
+    require(parameter_name, f, "parameter_name");
+    const std::string name = parameter_name;
+    int64_t& out = require(steps, f, "steps");
+    for (std::size_t i = 0; i < a.parameters().size(); ++i) {
+      if (a.parameters()[i].name() == name) {
+        out = a.parameter_step_count(i);
+        return;
+      }
+    }
+    throw rt::ValueError("[rt_adam_parameter_step_count] this Adam trains no parameter named '" + name + "'");
+  });
+}
+
 rt_status rt_adam_destroy(rt_adam* adam) {
   delete adam;
   return RT_OK;

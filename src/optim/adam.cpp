@@ -1,5 +1,6 @@
 #include "riftco_transformer/adam.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <span>
@@ -36,6 +37,7 @@ void Adam::add_parameters(std::vector<Variable> parameters) {
     }
     m_.push_back(Tensor::zeros(p.value().shape(), p.value().backend()));
     stepped_serial_.push_back(0);
+    parameter_steps_.push_back(0);
     v_.push_back(Tensor::zeros(p.value().shape(), p.value().backend()));
     params_.push_back(std::move(p));
   }
@@ -85,6 +87,14 @@ float Adam::weight_decay_of(std::size_t index) const {
                      std::to_string(params_.size()) + " parameters)");
   }
   return weight_decay_[index];
+}
+
+std::int64_t Adam::parameter_step_count(std::size_t index) const {
+  if (index >= params_.size()) {
+    throw ValueError("[Adam] parameter index " + std::to_string(index) + " out of range (" +
+                     std::to_string(params_.size()) + " parameters)");
+  }
+  return parameter_steps_[index];
 }
 
 void Adam::set_learning_rate(float lr) {
@@ -180,18 +190,21 @@ float Adam::update(std::span<const Tensor* const> gradients) {
   // to update, and the step count stays, so the next real step's bias
   // correction is a first step's.
   if (with_grad.empty()) return norm;
-  ++steps_;
-  const backend::AdamCoefficients c =
-      detail::adam_coefficients(options_, steps_, detail::adam_clip_factor(options_, norm));
+  const float clip = detail::adam_clip_factor(options_, norm);
   std::vector<backend::AdamUpdate> updates;
+  std::vector<std::int64_t> steps;  // each update's step: its parameter's count + 1
   updates.reserve(with_grad.size());
+  steps.reserve(with_grad.size());
   for (std::size_t k = 0; k < with_grad.size(); ++k) {
     const std::size_t i = with_grad[k];
     updates.push_back(detail::adam_update_of(params_[i], m_[i], v_[i], grads[k].data(),
                                              detail::adam_decay_factor(options_, weight_decay_[i]),
                                              "updated in place by Adam::step"));
+    steps.push_back(parameter_steps_[i] + 1);
   }
-  kernels.adam_update(updates, c);
+  detail::run_adam_updates(kernels, options_, clip, updates, steps);
+  ++steps_;
+  for (const std::size_t i : with_grad) ++parameter_steps_[i];
   return norm;
 }
 
@@ -202,6 +215,7 @@ void Adam::zero_grad() {
 Adam::State Adam::state() const {
   State s;
   s.steps = steps_;
+  s.parameter_steps = parameter_steps_;
   for (const Tensor& t : m_) s.first_moment.push_back(t.clone());
   for (const Tensor& t : v_) s.second_moment.push_back(t.clone());
   return s;
@@ -233,6 +247,8 @@ void Adam::set_state(const State& state) {
   m_ = std::move(m);
   v_ = std::move(v);
   steps_ = state.steps;
+  parameter_steps_ = state.parameter_steps.empty() ? std::vector<std::int64_t>(params_.size(), state.steps)
+                                                   : state.parameter_steps;
 }
 
 namespace detail {
@@ -256,6 +272,18 @@ void check_adam_state_values(std::string_view op, const Adam::State& state, cons
   if (state.steps < 0 || state.steps == std::numeric_limits<std::int64_t>::max()) {
     throw ValueError(tag + "state's step count " + std::to_string(state.steps) + " is outside [0, 2^63 - 1)");
   }
+  if (!state.parameter_steps.empty() && state.parameter_steps.size() != parameters.size()) {
+    throw ValueError(tag + "state has " + std::to_string(state.parameter_steps.size()) +
+                     " per-parameter step counts for " + std::to_string(parameters.size()) +
+                     " parameters (give one per parameter, or none: every parameter at the step count)");
+  }
+  for (std::size_t i = 0; i < state.parameter_steps.size(); ++i) {
+    if (state.parameter_steps[i] < 0 || state.parameter_steps[i] > state.steps) {
+      throw ValueError(tag + "state for '" + parameters[i].name() + "': its step count " +
+                       std::to_string(state.parameter_steps[i]) + " is outside [0, " + std::to_string(state.steps) +
+                       "] (a parameter is updated at most once per step)");
+    }
+  }
   for (std::size_t i = 0; i < parameters.size(); ++i) {
     for (const bool second : {false, true}) {
       const std::vector<float> values = (second ? state.second_moment : state.first_moment)[i].to_vector();
@@ -268,6 +296,25 @@ void check_adam_state_values(std::string_view op, const Adam::State& state, cons
                          (second ? " (a second moment is >= 0)" : " (a first moment is finite)"));
       }
     }
+  }
+}
+
+void run_adam_updates(const backend::Kernels& kernels, const AdamOptions& options, float clip,
+                      std::span<const backend::AdamUpdate> updates, std::span<const std::int64_t> steps) {
+  if (updates.empty()) return;
+  if (std::all_of(steps.begin(), steps.end(), [&](std::int64_t s) { return s == steps.front(); })) {
+    kernels.adam_update(updates, adam_coefficients(options, steps.front(), clip));  // the usual case: one call
+    return;
+  }
+  std::vector<std::int64_t> distinct(steps.begin(), steps.end());
+  std::sort(distinct.begin(), distinct.end());
+  distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
+  for (const std::int64_t step : distinct) {
+    std::vector<backend::AdamUpdate> group;
+    for (std::size_t k = 0; k < updates.size(); ++k) {
+      if (steps[k] == step) group.push_back(updates[k]);
+    }
+    kernels.adam_update(group, adam_coefficients(options, step, clip));
   }
 }
 

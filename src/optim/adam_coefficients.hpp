@@ -5,10 +5,12 @@
 // and each parameter's decay factor, and the error for a non-finite norm.
 // Private to the optim and distributed layers.
 #include <cstdint>
+#include <span>
 #include <string>
 #include <string_view>
 
 #include "../backend/kernel_types.hpp"
+#include "../backend/kernels.hpp"
 #include "riftco_transformer/adam.hpp"
 
 namespace riftco_transformer::detail {
@@ -20,6 +22,14 @@ float adam_clip_factor(const AdamOptions& options, float norm);
 /// The kernel's coefficients for step `step` (1-based: bias corrections
 /// 1 - beta^step, computed in double).
 backend::AdamCoefficients adam_coefficients(const AdamOptions& options, std::int64_t step, float clip);
+
+/// The kernel over `updates`, updates[k] bias-corrected as step steps[k]
+/// (1-based: its parameter's own count + 1, as PyTorch's per-parameter
+/// state['step']): one adam_update call when every step is the same (the
+/// usual case), else one per distinct step, in ascending order. Parameters
+/// are elementwise-independent, so the grouping changes no value.
+void run_adam_updates(const backend::Kernels& kernels, const AdamOptions& options, float clip,
+                      std::span<const backend::AdamUpdate> updates, std::span<const std::int64_t> steps);
 
 /// θ's factor for decoupled weight decay: 1 - learning_rate · weight_decay.
 float adam_decay_factor(const AdamOptions& options, float weight_decay);

@@ -98,6 +98,38 @@ const std::string& meta(const TensorFile& f, const std::string& key, const std::
   return it->second;
 }
 
+/// "adam_parameter_steps": {name: count} for the trainable parameters with
+/// fewer updates than `steps`, each a whole number in [0, steps]; the
+/// others (all of them when the key is absent) at `steps`.
+std::vector<std::int64_t> read_parameter_steps(const TensorFile& f, const std::vector<NamedParameter>& trainable,
+                                               std::int64_t steps, const std::string& where) {
+  std::vector<std::int64_t> counts(trainable.size(), steps);
+  const auto it = f.metadata.find("adam_parameter_steps");
+  if (it == f.metadata.end()) return counts;
+  auto bad = [&](const std::string& why) {
+    throw ModelStateError(where + "metadata 'adam_parameter_steps' " + why);
+  };
+  nlohmann::json h;
+  try {  // bounded depth, no duplicate keys
+    h = nlohmann::json::parse(detail::parse_untrusted_json(it->second).dump());
+  } catch (const detail::JsonReadError& e) {
+    bad(e.what());
+  }
+  if (!h.is_object()) bad("is not a JSON object of parameter names and step counts");
+  std::map<std::string, std::size_t> index;
+  for (std::size_t i = 0; i < trainable.size(); ++i) index.emplace(trainable[i].name, i);
+  for (const auto& [name, value] : h.items()) {
+    const auto at = index.find(name);
+    if (at == index.end()) bad("names '" + detail::quote(name) + "', which the run does not train");
+    if (!value.is_number_unsigned() || value.get<std::uint64_t>() > static_cast<std::uint64_t>(steps)) {
+      bad("gives '" + detail::quote(name) + "' " + detail::quote(value.dump()) + ", not a step count in [0, " +
+          std::to_string(steps) + "]");
+    }
+    counts[at->second] = value.get<std::int64_t>();
+  }
+  return counts;
+}
+
 /// The "world_size_history" of a checkpoint at `step` made by `saved_world`
 /// ranks: contiguous entries from step 1 to `step`, the last at
 /// `saved_world`. A file without it ran every step at `saved_world`.
@@ -189,6 +221,14 @@ void save_training_checkpoint(const std::filesystem::path& path, const std::vect
     throw ValueError("[save_training_checkpoint] " + std::to_string(state.other_ranks_dropout_random.size() + 1) +
                      " dropout streams for " + std::to_string(state.world_size) + " ranks");
   }
+  // Parameters with fewer updates than the optimizer's steps (a frozen or
+  // unreached one: Adam::parameter_step_count); absent when every parameter
+  // had every step, as in files from before per-parameter counts.
+  nlohmann::json behind = nlohmann::json::object();
+  for (std::size_t i = 0; i < moments.parameter_steps.size() && i < trainable.size(); ++i) {
+    if (moments.parameter_steps[i] != moments.steps) behind[trainable[i].name] = moments.parameter_steps[i];
+  }
+  if (!behind.empty()) metadata["adam_parameter_steps"] = behind.dump();
   if (state.elapsed_seconds) {
     char text[32];
     const auto r = std::to_chars(text, text + sizeof text, *state.elapsed_seconds);  // round-trips
@@ -322,6 +362,7 @@ void load_training_checkpoint(const std::filesystem::path& path, const std::vect
                           std::to_string(moments.steps) + ") does not fit a run of " + std::to_string(total) +
                           " steps");
   }
+  moments.parameter_steps = read_parameter_steps(f, trainable, moments.steps, where);
   if (const auto it = f.metadata.find("elapsed_seconds"); it != f.metadata.end()) {
     loaded.elapsed_seconds = parse_seconds(it->second, path);
   }

@@ -185,8 +185,8 @@ static void test_struct_init(void) {
 }
 
 static void test_version_and_names(void) {
-  CHECK(rt_abi_version() == ((2u << 16) | 7u));
-  CHECK(RT_ABI_VERSION_MAJOR == 2 && RT_ABI_VERSION_MINOR == 7);
+  CHECK(rt_abi_version() == ((2u << 16) | 8u));
+  CHECK(RT_ABI_VERSION_MAJOR == 2 && RT_ABI_VERSION_MINOR == 8);
   CHECK(strcmp(rt_status_name(RT_ERROR_STALE_GRAPH), "RT_ERROR_STALE_GRAPH") == 0);
   CHECK(strcmp(rt_status_name(RT_ERROR_PARTIAL_STEP), "RT_ERROR_PARTIAL_STEP") == 0 && RT_ERROR_PARTIAL_STEP == 13);
   CHECK(strcmp(rt_status_name((rt_status)99), "unknown") == 0);
@@ -1670,6 +1670,48 @@ static void test_model_transfer_and_offload(void) {
   rt_model_destroy(model);
 }
 
+/* ABI 2.8: the optimizer's step count and each parameter's (PyTorch's
+ * per-parameter state['step']): an adapter active at one step of three has
+ * had one update, the base weights three. */
+static void test_adam_step_counts(void) {
+  rt_transformer_config c = tiny_config();
+  rt_model* model = NULL;
+  OK(rt_model_create(&c, 5, RT_ATTENTION_FLASH, RT_ACTIVATION_CHECKPOINTING_DISABLED, &model));
+  rt_lora_config lora;
+  OK(rt_lora_config_default(&lora));
+  lora.rank = 2;
+  lora.targets = RT_LORA_QUERY;
+  OK(rt_model_add_lora(model, &lora, 3));
+  rt_adam_options options;
+  OK(rt_adam_options_default(&options));
+  rt_adam* adam = NULL;
+  OK(rt_adam_create(model, &options, &adam));
+  int64_t steps = -1;
+  OK(rt_adam_step_count(adam, &steps));
+  CHECK(steps == 0);
+  for (int step = 0; step < 3; ++step) {
+    OK(rt_model_set_lora_active(model, step == 0));
+    rt_variable* loss = NULL;
+    OK(rt_model_loss(model, g_tokens, g_targets, B, T, &loss));
+    OK(rt_variable_backward(loss));
+    OK(rt_adam_step(adam, NULL));
+    OK(rt_adam_zero_grad(adam));
+    rt_variable_destroy(loss);
+  }
+  OK(rt_adam_step_count(adam, &steps));
+  CHECK(steps == 3);
+  OK(rt_adam_parameter_step_count(adam, "token_embedding.weight", &steps));
+  CHECK(steps == 3);
+  OK(rt_adam_parameter_step_count(adam, "blocks.0.attention.query.lora_a", &steps));
+  CHECK(steps == 1);
+  FAILS(rt_adam_parameter_step_count(adam, "no.such.weight", &steps), RT_ERROR_VALUE, "no.such.weight");
+  FAILS(rt_adam_parameter_step_count(adam, NULL, &steps), RT_ERROR_INVALID_ARGUMENT, "parameter_name");
+  FAILS(rt_adam_step_count(adam, NULL), RT_ERROR_INVALID_ARGUMENT, "steps");
+  FAILS(rt_adam_step_count(NULL, &steps), RT_ERROR_INVALID_ARGUMENT, "adam");
+  rt_adam_destroy(adam);
+  rt_model_destroy(model);
+}
+
 int main(void) {
   snprintf(g_dir, sizeof g_dir, "/tmp/rt_c_abi_XXXXXX");
   if (mkdtemp(g_dir) == NULL) return 2;
@@ -1695,6 +1737,7 @@ int main(void) {
   test_adam_backward_and_step();
   test_optimizer_in_backward();
   test_model_transfer_and_offload();
+  test_adam_step_counts();
   char command[600];
   snprintf(command, sizeof command, "rm -rf '%s'", g_dir);
   if (system(command) != 0) fprintf(stderr, "could not remove %s\n", g_dir);
