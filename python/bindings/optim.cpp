@@ -56,7 +56,9 @@ void init_optim(nb::module_& m) {
           // several Python threads (released, one freed the sums the other
           // was writing: segfault).
           [](rt::GradientAccumulator& a, float weight) { a.add(weight); },
-          "weight"_a = 1.0F, "Adds weight * each parameter's current gradient to its sum.")
+          "weight"_a = 1.0F,
+          "Adds weight * each parameter's current gradient to its sum, once per gradient: a parameter the\n"
+          "last backward did not reach (its .grad an earlier pass's, already added) adds nothing.")
       .def_prop_ro("count", &rt::GradientAccumulator::count, "add() calls since the last clear()")
       .def_prop_ro(
           "gradients",
