@@ -19,16 +19,6 @@ const rt::DecoderOnlyTransformer& model_of(const rt_model* model, const char* fu
   return *m.model;
 }
 
-/// A prompt longer than the context is refused before its buffer is read
-/// (a wrapped length, SIZE_MAX from `n - 1` with n = 0, read far past it).
-void check_prompt_length(const rt::DecoderOnlyTransformer& model, size_t prompt_length) {
-  const std::int64_t context = model.dimensions().context_length;
-  if (prompt_length > static_cast<std::uint64_t>(context)) {
-    throw rt::ValueError("[generate] the prompt has " + std::to_string(prompt_length) +
-                         " tokens, more than the context length " + std::to_string(context));
-  }
-}
-
 rt::StageSettings stage_settings(const rt_stage_settings& c, const char* function) {
   rt::StageSettings s;
   s.attention = rt_c::attention(c.attention, function);
@@ -341,7 +331,6 @@ rt_status rt_generate(const rt_model* model, const int32_t* prompt, size_t promp
       bad_argument(f, "capacity " + std::to_string(capacity) + " is smaller than max_new_tokens " +
                           std::to_string(o.max_new_tokens));
     }
-    check_prompt_length(m, prompt_length);
     const rt::GenerationOptions g = generation_options(o, f);
     const rt::GenerationResult r = rt::generate(m, std::span<const std::int32_t>(prompt, prompt_length), g);
     std::copy(r.tokens.begin(), r.tokens.end(), tokens);
@@ -358,7 +347,6 @@ rt_status rt_generate_samples(const rt_model* model, const int32_t* prompt, size
     const rt_generation_options& o = require_struct(options, f, "options");
     if (prompt_length > 0) require(prompt, f, "prompt");
     require(out, f, "out");
-    check_prompt_length(m, prompt_length);
     const rt::GenerationOptions g = generation_options(o, f);
     auto generation = std::make_unique<rt_generation>();
     generation->samples = rt::generate_samples(m, std::span<const std::int32_t>(prompt, prompt_length), g);

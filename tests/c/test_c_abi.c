@@ -704,6 +704,9 @@ static void test_training_lora_and_files(void) {
   rt_generation* many = NULL;
   FAILS(rt_generate_samples(model, prompt, (size_t)1 << 63, &g, &many), RT_ERROR_VALUE, "more than the context length");
   CHECK(many == NULL);
+  FAILS(rt_generate_samples(model, prompt, SIZE_MAX, &g, &many), RT_ERROR_VALUE, "more than the context length");
+  FAILS(rt_generate_samples(model, prompt, 65, &g, &many), RT_ERROR_VALUE, "65 tokens");
+  CHECK(many == NULL);
   rt_model_destroy(copy);
   rt_model_destroy(model);
 
