@@ -132,19 +132,21 @@ class Adam {
   /// Moments, for saving and restoring a training run.
   struct State {
     std::int64_t steps = 0;
-    /// One per parameter: the updates it has had (parameter_step_count), each
-    /// in [0, steps]. Empty: every parameter at `steps` (the form of states
-    /// saved before per-parameter counts).
-    std::vector<std::int64_t> parameter_steps;
     std::vector<Tensor> first_moment;   // one per parameter, same shape
     std::vector<Tensor> second_moment;  // one per parameter, same shape
+    /// One per parameter: the updates it has had (parameter_step_count), each
+    /// in [0, steps], 0 only with both moments zero. Empty: every parameter
+    /// at `steps` (the form of states saved before per-parameter counts).
+    /// Last, so a State{steps, m, v} built by position still compiles.
+    std::vector<std::int64_t> parameter_steps;
   };
   State state() const;
   /// Validates before changing anything: the moments' count and shapes
   /// (ValueError / ShapeError), then values no step could have made
   /// (ValueError naming the parameter and element): a step count outside
-  /// [0, 2^63 - 1), a parameter's count outside [0, steps], a first moment
-  /// not finite, a second moment NaN or < 0.
+  /// [0, 2^63 - 1), a parameter's count outside [0, steps] or 0 with a
+  /// moment that is not zero, a first moment not finite, a second moment NaN
+  /// or < 0.
   void set_state(const State& state);
 
  private:

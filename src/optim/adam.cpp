@@ -284,12 +284,22 @@ void check_adam_state_values(std::string_view op, const Adam::State& state, cons
                        "] (a parameter is updated at most once per step)");
     }
   }
+  // Before its first update a parameter's moments are zero: a count of 0
+  // with other moments would correct them as a first step's.
+  const auto never_updated = [&](std::size_t i) {
+    return state.parameter_steps.empty() ? state.steps == 0 : state.parameter_steps[i] == 0;
+  };
   for (std::size_t i = 0; i < parameters.size(); ++i) {
     for (const bool second : {false, true}) {
       const std::vector<float> values = (second ? state.second_moment : state.first_moment)[i].to_vector();
       for (std::size_t k = 0; k < values.size(); ++k) {
         // A step keeps m a mix of finite gradients; v can reach +inf (a
         // finite gradient whose square overflows), never NaN or below 0.
+        if (never_updated(i) && values[k] != 0.0F) {
+          throw ValueError(tag + "state for '" + parameters[i].name() + "': its step count is 0 but its " +
+                           (second ? "second" : "first") + " moment holds " + float_text(values[k]) +
+                           " at element " + std::to_string(k) + " (moments are zero before the first update)");
+        }
         if (second ? values[k] >= 0.0F : std::isfinite(values[k])) continue;
         throw ValueError(tag + "state for '" + parameters[i].name() + "': its " + (second ? "second" : "first") +
                          " moment holds " + float_text(values[k]) + " at element " + std::to_string(k) +

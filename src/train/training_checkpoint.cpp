@@ -224,8 +224,19 @@ void save_training_checkpoint(const std::filesystem::path& path, const std::vect
   // Parameters with fewer updates than the optimizer's steps (a frozen or
   // unreached one: Adam::parameter_step_count); absent when every parameter
   // had every step, as in files from before per-parameter counts.
+  if (!moments.parameter_steps.empty() && moments.parameter_steps.size() != trainable.size()) {
+    throw ValueError("[save_training_checkpoint] Adam has " + std::to_string(moments.parameter_steps.size()) +
+                     " per-parameter step counts, the run trains " + std::to_string(trainable.size()));
+  }
+  for (std::size_t i = 0; i < moments.parameter_steps.size(); ++i) {
+    if (moments.parameter_steps[i] < 0 || moments.parameter_steps[i] > moments.steps) {
+      throw ValueError("[save_training_checkpoint] '" + trainable[i].name + "' has the step count " +
+                       std::to_string(moments.parameter_steps[i]) + ", outside [0, " + std::to_string(moments.steps) +
+                       "]: a resume would refuse the file");
+    }
+  }
   nlohmann::json behind = nlohmann::json::object();
-  for (std::size_t i = 0; i < moments.parameter_steps.size() && i < trainable.size(); ++i) {
+  for (std::size_t i = 0; i < moments.parameter_steps.size(); ++i) {
     if (moments.parameter_steps[i] != moments.steps) behind[trainable[i].name] = moments.parameter_steps[i];
   }
   if (!behind.empty()) metadata["adam_parameter_steps"] = behind.dump();
@@ -381,8 +392,13 @@ void load_training_checkpoint(const std::filesystem::path& path, const std::vect
     loaded.dropout_random = loaded.other_ranks_dropout_random.at(static_cast<std::size_t>(rank - 1));
   }
   loaded.world_size = world_size;
-  // Everything validated: apply.
-  set_state(moments);
+  // Everything validated: apply. The optimizer checks the moments' values
+  // and counts (nothing changes when it refuses them): a file's fault here.
+  try {
+    set_state(moments);
+  } catch (const ValueError& e) {
+    throw ModelStateError(where + "its Adam state: " + e.what());
+  }
   for (std::size_t i = 0; i < trainable.size(); ++i) {
     Variable v = trainable[i].variable;
     // One copy: to() makes it on a device; on the cpu it would share the

@@ -243,4 +243,48 @@ TEST(AdamStepCounts, TheTrainingCheckpointKeepsThemAndRefusesHostileOnes) {
     }
     EXPECT_FALSE(called) << hostile;
   }
+  // A count of 0 beside moments a step made: the optimizer refuses the state,
+  // a ModelStateError naming the file, and nothing changes.
+  {
+    TensorFile f = read_safetensors(path);
+    f.metadata["adam_parameter_steps"] = R"({"a":0})";
+    f.metadata["checksum"] = stage::checkpoint_checksum(f.metadata, f.tensors);
+    write_safetensors(dir / "bad.safetensors", f.tensors, f.metadata);
+    Adam fresh({p.a, p.b}, options());
+    const std::vector<float> before = p.a.value().to_vector();
+    try {
+      stage::load_training_checkpoint(dir / "bad.safetensors", trainable, fresh, into, config);
+      ADD_FAILURE() << "accepted";
+    } catch (const ModelStateError& e) {
+      EXPECT_NE(std::string(e.what()).find("step count is 0"), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(fresh.step_count(), 0);
+    EXPECT_TRUE(same_bits(p.a.value().to_vector(), before));
+  }
+  // Saving refuses counts a resume would refuse (instead of writing the file).
+  for (const std::vector<std::int64_t>& bad :
+       {std::vector<std::int64_t>{7, 1}, std::vector<std::int64_t>{-5, 3}, std::vector<std::int64_t>{1}}) {
+    Adam::State hostile = adam.state();
+    hostile.parameter_steps = bad;
+    EXPECT_THROW(stage::save_training_checkpoint(dir / "refused.safetensors", trainable, hostile, state, config),
+                 ValueError);
+    EXPECT_FALSE(fs::exists(dir / "refused.safetensors"));
+  }
+}
+
+TEST(AdamStepCounts, ACountOfZeroNeedsZeroMoments) {
+  Pair p;
+  Adam adam({p.a, p.b}, options());
+  loss_at(0, p.a, p.b).backward();
+  adam.step();
+  Adam::State s = adam.state();
+  s.parameter_steps = {1, 0};  // b was updated: its moments are not zero
+  EXPECT_THROW(adam.set_state(s), ValueError);
+  EXPECT_EQ(adam.parameter_step_count(1), 1);
+  Adam::State old = adam.state();
+  old.steps = 0;  // no per-parameter counts: all at 0, with moments a step made
+  old.parameter_steps.clear();
+  EXPECT_THROW(adam.set_state(old), ValueError);
+  s.parameter_steps = {1, 1};
+  adam.set_state(s);  // consistent: accepted
 }
