@@ -78,6 +78,11 @@ struct GenerationOptions {
   std::int64_t num_samples = 1;
   /// Empty: bytes_detokenizer.
   Detokenizer detokenize;
+  /// Called before each token the model decodes (the prompt's and the new
+  /// ones, in every sample): what it throws stops the generation and reaches
+  /// the caller (the model is only read, so nothing is left half-done).
+  /// Empty: never called. Python's bindings check for Ctrl-C here.
+  std::function<void()> interrupt;
   /// ValueError naming the option.
   void validate() const;
 };

@@ -70,7 +70,13 @@ GenerationResult generate_one(const DecoderOnlyTransformer& model, std::span<con
   DecodeSession session(model);
   Tensor logits;
   // Sampling runs on the host: the logits (V) are read there (a no-op copy on cpu).
-  for (const std::int32_t t : prompt) logits = session.decode_token(t).to(Backend::Cpu);
+  const auto check_interrupt = [&] {
+    if (options.interrupt) options.interrupt();
+  };
+  for (const std::int32_t t : prompt) {
+    check_interrupt();
+    logits = session.decode_token(t).to(Backend::Cpu);
+  }
   Random random(options.seed);
   GenerationResult result;
   std::vector<std::int32_t> order(static_cast<std::size_t>(vocab));
@@ -130,7 +136,10 @@ GenerationResult generate_one(const DecoderOnlyTransformer& model, std::span<con
       }
       break;
     }
-    if (n + 1 < options.max_new_tokens) logits = session.decode_token(next).to(Backend::Cpu);
+    if (n + 1 < options.max_new_tokens) {
+      check_interrupt();
+      logits = session.decode_token(next).to(Backend::Cpu);
+    }
   }
   if (result.message.empty()) result.message = "generated " + std::to_string(result.tokens.size()) + " tokens";
   result.text = detokenize(result.tokens);

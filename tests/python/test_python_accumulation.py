@@ -234,6 +234,7 @@ def test_accumulator_used_from_several_threads_does_not_crash():
             work()
 
     def step():
+        model.loss(tokens, tokens).backward()  # a new commit: add() sums each commit's gradient once
         acc.add(1.0)
         opt.step(acc)
 
