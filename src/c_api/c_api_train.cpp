@@ -202,20 +202,25 @@ rt_status rt_adam_create_grouped(rt_model* model, const rt_adam_options* options
   });
 }
 
+/// The index in `adam`'s parameters of the one named `name` (a C caller
+/// cannot rename a Variable: the model's structural names); ValueError
+/// naming the function otherwise.
+namespace {
+std::size_t parameter_index(const rt::Adam& adam, const char* name, const char* function) {
+  for (std::size_t i = 0; i < adam.parameters().size(); ++i) {
+    if (adam.parameters()[i].name() == name) return i;
+  }
+  throw rt::ValueError(std::string("[") + function + "] this Adam trains no parameter named '" + name + "'");
+}
+}  // namespace
+
 rt_status rt_adam_weight_decay(const rt_adam* adam, const char* parameter_name, float* weight_decay) {
   constexpr const char* f = "rt_adam_weight_decay";
   return guard(f, [&] {
     const rt::Adam& a = require(adam, f, "adam").adam;
     require(parameter_name, f, "parameter_name");
-    const std::string name = parameter_name;
     float& out = require(weight_decay, f, "weight_decay");
-    for (std::size_t i = 0; i < a.parameters().size(); ++i) {
-      if (a.parameters()[i].name() == name) {
-        out = a.weight_decay_of(i);
-        return;
-      }
-    }
-    throw rt::ValueError("[rt_adam_weight_decay] this Adam trains no parameter named '" + name + "'");
+    out = a.weight_decay_of(parameter_index(a, parameter_name, f));
   });
 }
 
@@ -232,15 +237,8 @@ rt_status rt_adam_parameter_step_count(const rt_adam* adam, const char* paramete
   return guard(f, [&] {
     const rt::Adam& a = require(adam, f, "adam").adam;
     require(parameter_name, f, "parameter_name");
-    const std::string name = parameter_name;
     int64_t& out = require(steps, f, "steps");
-    for (std::size_t i = 0; i < a.parameters().size(); ++i) {
-      if (a.parameters()[i].name() == name) {
-        out = a.parameter_step_count(i);
-        return;
-      }
-    }
-    throw rt::ValueError("[rt_adam_parameter_step_count] this Adam trains no parameter named '" + name + "'");
+    out = a.parameter_step_count(parameter_index(a, parameter_name, f));
   });
 }
 
