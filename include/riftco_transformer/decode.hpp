@@ -97,6 +97,12 @@ struct GenerationResult {
   std::int64_t stop_index = -1;      // which of options.stop matched; -1: none
 };
 
+/// What generate() and generate_samples() check of the prompt first: a
+/// ValueError for an empty prompt or one longer than the model's context
+/// length. Takes the length alone, so a caller can check it before it makes
+/// a view over the prompt's buffer (the C ABI).
+void check_prompt_length(const DecoderOnlyTransformer& model, std::size_t length);
+
 /// Feeds `prompt` (non-empty) through a DecodeSession, then samples.
 /// options.num_samples must be 1 (see generate_samples).
 GenerationResult generate(const DecoderOnlyTransformer& model, std::span<const std::int32_t> prompt,

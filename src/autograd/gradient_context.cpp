@@ -323,6 +323,49 @@ void NestedPassHooks::gradient_final(const Variable& leaf, const Tensor& gradien
   if (channel_->finality->final_inside(*channel_->node, leaf.node(), g)) consumed_.insert(leaf.node());
 }
 
+namespace {
+
+/// The passes running on this thread, outermost first: a pass a hook or a
+/// checkpoint replay starts runs inside them (nested passes on other graphs
+/// are fine: a replay's own, a hook's over another model).
+thread_local std::vector<const std::vector<std::shared_ptr<Node>>*> t_running;
+
+/// A pass's place on t_running while it runs. Refuses (BackwardError, before
+/// anything is computed) a pass that would run an interior node of a pass
+/// still running on this thread (a checkpoint function that calls
+/// loss.backward() when its replay runs, a hook that does): it would free or
+/// donate what the outer pass still reads. Shared leaves are fine: each pass
+/// sums into its own context.
+class RunningPass {
+ public:
+  RunningPass(const std::vector<std::shared_ptr<Node>>& order, const char* op) {
+    if (!t_running.empty()) check_apart(order, op);
+    t_running.push_back(&order);
+  }
+  ~RunningPass() { t_running.pop_back(); }
+  RunningPass(const RunningPass&) = delete;
+  RunningPass& operator=(const RunningPass&) = delete;
+
+ private:
+  static void check_apart(const std::vector<std::shared_ptr<Node>>& order, const char* op) {
+    std::unordered_set<const Node*> running;
+    for (const auto* outer : t_running) {
+      for (const auto& n : *outer) {
+        if (n != nullptr && !n->is_leaf) running.insert(n.get());  // null: released, done with
+      }
+    }
+    for (const auto& n : order) {
+      if (n->is_leaf || !running.contains(n.get())) continue;
+      throw BackwardError(std::string("[") + op + "] the graph of " + n->label() +
+                          " is being differentiated by a backward pass still running on this thread (this one "
+                          "started from a checkpoint function its replay runs again, or from a hook): a pass "
+                          "cannot run inside another over the same nodes; call backward() after it returns");
+    }
+  }
+};
+
+}  // namespace
+
 PassResult run_backward_pass(const Variable& root_var, const Tensor& seed, const char* op, BackwardHooks* hooks,
                              GraphAfterBackward graph) {
   Node* root = root_var.node();
@@ -341,7 +384,8 @@ PassResult run_backward_pass(const Variable& root_var, const Tensor& seed, const
                        backend_name(root->value.backend()) + ": move the seed to the output's backend");
   }
   std::vector<std::shared_ptr<Node>> order = topological_order(root_var.node_ptr());
-  validate_versions(order, op);  // before anything is computed or touched
+  const RunningPass running(order, op);  // before anything is computed or touched
+  validate_versions(order, op);
 
   if (hooks != nullptr) hooks->begin_pass();
 

@@ -329,6 +329,7 @@ rt_status rt_generate(const rt_model* model, const int32_t* prompt, size_t promp
       bad_argument(f, "capacity " + std::to_string(capacity) + " is smaller than max_new_tokens " +
                           std::to_string(o.max_new_tokens));
     }
+    rt::check_prompt_length(m, prompt_length);  // before a view over the buffer is made
     const rt::GenerationOptions g = generation_options(o, f);
     const rt::GenerationResult r = rt::generate(m, std::span<const std::int32_t>(prompt, prompt_length), g);
     std::copy(r.tokens.begin(), r.tokens.end(), tokens);
@@ -345,6 +346,7 @@ rt_status rt_generate_samples(const rt_model* model, const int32_t* prompt, size
     const rt_generation_options& o = require_struct(options, f, "options");
     if (prompt_length > 0) require(prompt, f, "prompt");
     require(out, f, "out");
+    rt::check_prompt_length(m, prompt_length);  // before a view over the buffer is made
     const rt::GenerationOptions g = generation_options(o, f);
     auto generation = std::make_unique<rt_generation>();
     generation->samples = rt::generate_samples(m, std::span<const std::int32_t>(prompt, prompt_length), g);

@@ -256,6 +256,7 @@ namespace {
 }  // namespace
 
 float ShardedAdam::update(std::span<const Tensor* const> gradients, Gradients kind) {
+  detail::refuse_inside_replay("ShardedAdam");  // before any collective
   if (!failure_.empty()) refuse_after_failure(failure_, "step");
   const std::size_t count = params_.size();
   // Local checks, before any communication.
@@ -366,8 +367,9 @@ float ShardedAdam::update(std::span<const Tensor* const> gradients, Gradients ki
     std::vector<float> culprits(static_cast<std::size_t>(world_));
     comm_.all_gather(std::span<const float>(&culprit, 1), culprits);
     const float first = *std::min_element(culprits.begin(), culprits.end());
-    detail::throw_non_finite_gradient_norm(
-        "ShardedAdam", first == std::numeric_limits<float>::max() ? "" : params_[static_cast<std::size_t>(first)].name());
+    const auto index = static_cast<std::size_t>(first);
+    detail::throw_non_finite_gradient_norm("ShardedAdam", params_,
+                                           first == std::numeric_limits<float>::max() ? nullptr : &index);
   }
   const auto norm = static_cast<float>(std::sqrt(squares));
 

@@ -146,16 +146,16 @@ GenerationResult generate_one(const DecoderOnlyTransformer& model, std::span<con
   return result;
 }
 
-void check_prompt(const DecoderOnlyTransformer& model, std::span<const std::int32_t> prompt) {
-  if (prompt.empty()) throw ValueError("[generate] the prompt is empty: give at least one token");
+}  // namespace
+
+void check_prompt_length(const DecoderOnlyTransformer& model, std::size_t length) {
+  if (length == 0) throw ValueError("[generate] the prompt is empty: give at least one token");
   const std::int64_t context = model.dimensions().context_length;
-  if (prompt.size() > static_cast<std::uint64_t>(context)) {  // unsigned: a size of 2^63 or more is not negative
-    throw ValueError("[generate] the prompt has " + std::to_string(prompt.size()) +
-                     " tokens, more than the context length " + std::to_string(context));
+  if (length > static_cast<std::uint64_t>(context)) {  // unsigned: a size of 2^63 or more is not negative
+    throw ValueError("[generate] the prompt has " + std::to_string(length) + " tokens, more than the context length " +
+                     std::to_string(context));
   }
 }
-
-}  // namespace
 
 std::string bytes_detokenizer(std::span<const std::int32_t> tokens) {
   std::string text;
@@ -258,7 +258,7 @@ SamplingCandidates sampling_candidates(std::span<const float> logits, std::span<
 
 GenerationResult generate(const DecoderOnlyTransformer& model, std::span<const std::int32_t> prompt,
                           const GenerationOptions& options) {
-  check_prompt(model, prompt);
+  check_prompt_length(model, prompt.size());
   options.validate();
   if (options.num_samples != 1) {
     throw ValueError("[generate] num_samples is " + std::to_string(options.num_samples) +
@@ -269,7 +269,7 @@ GenerationResult generate(const DecoderOnlyTransformer& model, std::span<const s
 
 std::vector<GenerationResult> generate_samples(const DecoderOnlyTransformer& model,
                                                std::span<const std::int32_t> prompt, const GenerationOptions& options) {
-  check_prompt(model, prompt);
+  check_prompt_length(model, prompt.size());
   options.validate();
   std::vector<GenerationResult> samples;
   for (std::int64_t i = 0; i < options.num_samples; ++i) {

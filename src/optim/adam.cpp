@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <span>
 #include <unordered_set>
 #include <utility>
@@ -10,6 +11,7 @@
 
 #include "../backend/kernels.hpp"
 #include "adam_coefficients.hpp"
+#include "riftco_transformer/checkpoint.hpp"
 #include "riftco_transformer/gradient_accumulator.hpp"
 
 namespace riftco_transformer {
@@ -164,6 +166,7 @@ void Adam::check_gradient(std::size_t i, const Tensor& g, const std::size_t* fir
 }
 
 float Adam::update(std::span<const Tensor* const> gradients) {
+  detail::refuse_inside_replay("Adam");
   // Validate everything first: a bad gradient changes nothing.
   std::vector<std::size_t> with_grad;
   std::vector<std::span<const float>> grads;
@@ -179,11 +182,11 @@ float Adam::update(std::span<const Tensor* const> gradients) {
   const double squares = kernels.sum_of_squares(grads);
   if (!std::isfinite(static_cast<float>(std::sqrt(squares)))) {
     // One pass to name the culprit; only on this failure path.
-    std::string culprit;
-    for (std::size_t k = 0; k < with_grad.size() && culprit.empty(); ++k) {
-      if (!kernels.all_finite(grads[k])) culprit = params_[with_grad[k]].name();
+    std::optional<std::size_t> culprit;
+    for (std::size_t k = 0; k < with_grad.size() && !culprit; ++k) {
+      if (!kernels.all_finite(grads[k])) culprit = with_grad[k];
     }
-    detail::throw_non_finite_gradient_norm("Adam", culprit);
+    detail::throw_non_finite_gradient_norm("Adam", params_, culprit ? &*culprit : nullptr);
   }
   const auto norm = static_cast<float>(std::sqrt(squares));
   // No gradient at all (as PyTorch's step() with every .grad None): nothing
@@ -309,6 +312,14 @@ void check_adam_state_values(std::string_view op, const Adam::State& state, cons
   }
 }
 
+void refuse_inside_replay(std::string_view op) {
+  if (!checkpoint_replaying()) return;
+  throw ValueError("[" + std::string(op) +
+                   "] step() called from a checkpoint function while backward replays it: the replay must "
+                   "compute what the forward did, and a step moves the weights it reads; no parameter was "
+                   "changed (step after backward() returns)");
+}
+
 void run_adam_updates(const backend::Kernels& kernels, const AdamOptions& options, float clip,
                       std::span<const backend::AdamUpdate> updates, std::span<const std::int64_t> steps) {
   if (updates.empty()) return;
@@ -359,10 +370,15 @@ backend::AdamUpdate adam_update_of(Variable& parameter, Tensor& m, Tensor& v, co
   return {theta, m.device_data(), v.device_data(), gradient, parameter.value().numel(), decay};
 }
 
-void throw_non_finite_gradient_norm(std::string_view op, const std::string& culprit) {
-  throw ValueError("[" + std::string(op) + "] the gradient norm is not finite" +
-                   (culprit.empty() ? std::string(" (it overflowed)") : " ('" + culprit + "' has a non-finite gradient)") +
-                   ": no parameter was changed");
+void throw_non_finite_gradient_norm(std::string_view op, const std::vector<Variable>& parameters,
+                                    const std::size_t* culprit) {
+  std::string why = " (it overflowed)";
+  if (culprit != nullptr) {
+    const std::string& name = parameters[*culprit].name();
+    why = " (" + (name.empty() ? "parameter " + std::to_string(*culprit) : "'" + name + "'") +
+          " has a non-finite gradient)";
+  }
+  throw ValueError("[" + std::string(op) + "] the gradient norm is not finite" + why + ": no parameter was changed");
 }
 
 }  // namespace detail

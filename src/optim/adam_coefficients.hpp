@@ -23,6 +23,13 @@ float adam_clip_factor(const AdamOptions& options, float norm);
 /// 1 - beta^step, computed in double).
 backend::AdamCoefficients adam_coefficients(const AdamOptions& options, std::int64_t step, float clip);
 
+/// A ValueError tagged `op`, before anything changes, when a checkpoint
+/// replay runs on this thread (checkpoint_replaying()): a step from the
+/// replayed function moves weights the replay reads, which the contract
+/// reported only after they had moved. (A hook's step on a parameter whose
+/// gradient is final is fine: backward_and_step does that.)
+void refuse_inside_replay(std::string_view op);
+
 /// The kernel over `updates`, updates[k] bias-corrected as step steps[k]
 /// (1-based: its parameter's own count + 1, as PyTorch's per-parameter
 /// state['step']): one adam_update call when every step is the same (the
@@ -41,9 +48,11 @@ backend::AdamUpdate adam_update_of(Variable& parameter, Tensor& m, Tensor& v, co
                                    const char* why);
 
 /// The ValueError for a non-finite gradient norm: "[op] the gradient norm is
-/// not finite ('name' has a non-finite gradient): no parameter was changed",
-/// or "(it overflowed)" when `culprit` is empty.
-[[noreturn]] void throw_non_finite_gradient_norm(std::string_view op, const std::string& culprit);
+/// not finite ('name' has a non-finite gradient): no parameter was changed"
+/// (an unnamed one is "parameter i"), or "(it overflowed)" when `culprit`
+/// is null (every gradient finite).
+[[noreturn]] void throw_non_finite_gradient_norm(std::string_view op, const std::vector<Variable>& parameters,
+                                                 const std::size_t* culprit);
 
 /// The values of a restored state that no step could have made, a
 /// ValueError tagged `op` naming the first: a step count outside

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -287,4 +288,22 @@ TEST(AdamStepCounts, ACountOfZeroNeedsZeroMoments) {
   EXPECT_THROW(adam.set_state(old), ValueError);
   s.parameter_steps = {1, 1};
   adam.set_state(s);  // consistent: accepted
+}
+
+// An unnamed parameter (Python's Variables are unnamed by default) with a NaN
+// gradient was reported as "(it overflowed)": the culprit's empty name read
+// as "none found".
+TEST(AdamStepCounts, ANonFiniteGradientOfAnUnnamedParameterIsNamedByIndex) {
+  Variable named(Tensor::from_data({2}, {1, 2}), true, "named");
+  Variable unnamed(Tensor::from_data({2}, {1, 2}), true);
+  Adam adam({named, unnamed});
+  const std::vector<Tensor> gradients{Tensor::from_data({2}, {1, 1}),
+                                      Tensor::from_data({2}, {1, std::numeric_limits<float>::quiet_NaN()})};
+  try {
+    adam.step(gradients);
+    ADD_FAILURE() << "accepted";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("(parameter 1 has a non-finite gradient)"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(adam.step_count(), 0);
 }
