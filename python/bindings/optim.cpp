@@ -22,8 +22,9 @@ rt::ParameterGroup group_from_dict(const nb::dict& d, std::size_t index) {
         g.parameters.push_back(nb::cast<rt::Variable>(p));
       }
     } else if (k == "weight_decay") {
-      if (!nb::isinstance<nb::float_>(value) && !nb::isinstance<nb::int_>(value)) {
-        throw rt::ValueError(where + ": 'weight_decay' must be a number");
+      // A bool is an int to Python: refused, as the config fields refuse it.
+      if (nb::isinstance<nb::bool_>(value) || (!nb::isinstance<nb::float_>(value) && !nb::isinstance<nb::int_>(value))) {
+        throw rt::ValueError(where + ": 'weight_decay' must be a number (not a bool)");
       }
       g.weight_decay = nb::cast<float>(value);
     } else if (k == "name") {

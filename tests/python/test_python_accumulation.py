@@ -49,6 +49,7 @@ def test_parameter_groups_keep_norm_weights_out_of_weight_decay():
     ([{"weight_decay": 0.1}], "'params' is missing"),
     ([{"params": [], "lr": 0.1}], "unknown key 'lr'"),
     ([{"params": [], "weight_decay": "high"}], "'weight_decay' must be a number"),
+    ([{"params": [], "weight_decay": True}], "'weight_decay' must be a number (not a bool)"),
     ([{"params": [], "weight_decay": -1.0}], "weight_decay must be finite and >= 0"),
     ([{"params": [1, 2]}], "'params' must hold Variables"),
 ])
