@@ -599,6 +599,18 @@ typedef struct rt_evaluation_result {
 RT_API rt_status rt_evaluate(rt_model* model, const char* text, size_t text_length, const char* tokenizer,
                              int64_t batch, int64_t sequence_length, rt_evaluation_result* result);
 
+/* Appended in ABI 2.8: the part of text[0, text_length) that a run with
+ * validation_fraction trains on (RT_SPLIT_TRAIN) or holds out
+ * (RT_SPLIT_VALIDATION: the last floor(fraction * bytes) bytes, the cut moved
+ * forward to a UTF-8 character boundary), as C++ split_text, Python's
+ * riftco.split_text and rt-eval --split: *offset and *length locate it in
+ * `text` (no copy), so rt_evaluate(model, text + offset, length, ...) scores
+ * the held-out part. validation_fraction outside [0, 1) is RT_ERROR_VALUE;
+ * another split value RT_ERROR_INVALID_ARGUMENT. */
+typedef enum rt_split { RT_SPLIT_TRAIN = 0, RT_SPLIT_VALIDATION = 1, RT_SPLIT_MAX_ENUM = 0x7FFFFFFF } rt_split;
+RT_API rt_status rt_split_text(const char* text, size_t text_length, rt_split split, double validation_fraction,
+                               size_t* offset, size_t* length);
+
 #ifdef __cplusplus
 }
 #endif

@@ -542,4 +542,23 @@ rt_status rt_evaluate(rt_model* model, const char* text, size_t text_length, con
   });
 }
 
+rt_status rt_split_text(const char* text, size_t text_length, rt_split split, double validation_fraction,
+                        size_t* offset, size_t* length) {
+  constexpr const char* f = "rt_split_text";
+  return guard(f, [&] {
+    if (text == nullptr && text_length > 0) bad_argument(f, "text is NULL");
+    const int value = rt_c::enum_value(split);
+    if (value != RT_SPLIT_TRAIN && value != RT_SPLIT_VALIDATION) {
+      bad_argument(f, "split " + std::to_string(value) + " is not an rt_split value (0 train, 1 validation)");
+    }
+    size_t& at = require(offset, f, "offset");
+    size_t& size = require(length, f, "length");
+    const std::string_view all(text == nullptr ? "" : text, text_length);
+    const std::string_view part = rt::split_text(
+        all, value == RT_SPLIT_TRAIN ? rt::Split::Train : rt::Split::Validation, validation_fraction);
+    at = static_cast<size_t>(part.data() - all.data());
+    size = part.size();
+  });
+}
+
 }  // extern "C"

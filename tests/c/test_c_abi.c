@@ -1715,6 +1715,26 @@ static void test_adam_step_counts(void) {
   rt_model_destroy(model);
 }
 
+/* ABI 2.8: rt_split_text locates the part rt-eval --split and Python's
+ * riftco.split_text give: the last floor(f * bytes) bytes, the cut moved to a
+ * UTF-8 character boundary. */
+static void test_split_text(void) {
+  const char* text = "abcdefgh\xc3\xa9ij"; /* 12 bytes: "abcdefgh", é (2 bytes), "ij" */
+  size_t offset = 99, length = 99;
+  OK(rt_split_text(text, 12, RT_SPLIT_VALIDATION, 0.25, &offset, &length));
+  CHECK(offset == 10 && length == 2); /* the last 3 bytes start inside é (bytes 8-9): moved past it */
+  OK(rt_split_text(text, 12, RT_SPLIT_TRAIN, 0.25, &offset, &length));
+  CHECK(offset == 0 && length == 10);
+  OK(rt_split_text(text, 12, RT_SPLIT_VALIDATION, 0.0, &offset, &length));
+  CHECK(length == 0);
+  OK(rt_split_text(NULL, 0, RT_SPLIT_TRAIN, 0.5, &offset, &length));
+  CHECK(offset == 0 && length == 0);
+  FAILS(rt_split_text(text, 12, RT_SPLIT_TRAIN, 1.0, &offset, &length), RT_ERROR_VALUE, "validation_fraction");
+  FAILS(rt_split_text(text, 12, (rt_split)7, 0.1, &offset, &length), RT_ERROR_INVALID_ARGUMENT, "split 7");
+  FAILS(rt_split_text(NULL, 3, RT_SPLIT_TRAIN, 0.1, &offset, &length), RT_ERROR_INVALID_ARGUMENT, "text is NULL");
+  FAILS(rt_split_text(text, 12, RT_SPLIT_TRAIN, 0.1, NULL, &length), RT_ERROR_INVALID_ARGUMENT, "offset");
+}
+
 int main(void) {
   snprintf(g_dir, sizeof g_dir, "/tmp/rt_c_abi_XXXXXX");
   if (mkdtemp(g_dir) == NULL) return 2;
@@ -1741,6 +1761,7 @@ int main(void) {
   test_optimizer_in_backward();
   test_model_transfer_and_offload();
   test_adam_step_counts();
+  test_split_text();
   char command[600];
   snprintf(command, sizeof command, "rm -rf '%s'", g_dir);
   if (system(command) != 0) fprintf(stderr, "could not remove %s\n", g_dir);
