@@ -286,3 +286,18 @@ TEST(OpDeterminism, SameInputsSameBits) {
   EXPECT_TRUE(bit_equal(a.first, b.first));
   EXPECT_TRUE(bit_equal(a.second, b.second));
 }
+
+// A broadcast operand's gradient sums the output gradient over the
+// broadcast rows. It was summed in a float: 2^22 rows of 0.1 came to about
+// 10% off (past 2^19 an added 0.1 rounds to 0.125); now each sum is a double,
+// rounded once, on both the row (suffix) and the general path.
+TEST(OpBackward, ABroadcastOperandsGradientIsSummedWithoutLosingTheRowCount) {
+  const std::int64_t rows = std::int64_t{1} << 22;
+  const double expected = static_cast<double>(0.1F) * static_cast<double>(rows);
+  Variable b(Tensor::zeros({2}), true, "b");  // (2,) against (rows, 2): the suffix path
+  sum(scale(add(Variable(Tensor::zeros({rows, 2})), b), 0.1F)).backward();
+  for (std::int64_t j = 0; j < 2; ++j) EXPECT_NEAR(b.grad().at({j}), expected, expected * 1e-6) << j;
+  Variable c(Tensor::zeros({2, 1}), true, "c");  // (2, 1) against (2, rows): the general path
+  sum(scale(add(Variable(Tensor::zeros({2, rows})), c), 0.1F)).backward();
+  for (std::int64_t j = 0; j < 2; ++j) EXPECT_NEAR(c.grad().at({j, 0}), expected, expected * 1e-6) << j;
+}
