@@ -277,13 +277,14 @@ void load_training_checkpoint(const std::filesystem::path& path, const std::vect
     }
     // Execution policy and logistics may change on resume (e.g. switch to
     // block checkpointing after running out of memory: the gradients are the
-    // same); everything that decides the numbers must not.
+    // same); everything that decides the numbers must not — the attention
+    // kind included: flash and materialized agree only within rounding
+    // (docs/attention.md), so a switch gave other weights than the run.
     for (auto* j : {&saved, &expected}) {
       for (const char* key : {"resume", "output_dir", "activation_checkpointing", "checkpoint_segment_blocks",
                               "activation_memory_budget", "activation_offload", "zero_stage",
                               "gradient_bucket_mib", "device", "optimizer_in_backward",
-                              "attention", "eval_interval", "eval_batches", "checkpoint_interval",
-                              "allow_non_finite"}) {
+                              "eval_interval", "eval_batches", "checkpoint_interval", "allow_non_finite"}) {
         j->erase(key);
       }
     }

@@ -852,7 +852,7 @@ TEST(CheckpointAttack, ACachedConstantReplacedBeforeTheBackwardIsAStaleGraph) {
 // committing nothing; an optimizer step from the replay is a ValueError
 // before any weight moves. A pass over another graph stays allowed.
 TEST(CheckpointAttack, APassOverTheRunningGraphOrAStepInsideAReplayIsRefusedBeforeAnythingChanges) {
-  for (const int what : {0, 1, 2, 3}) {
+  for (const int what : {0, 1, 2, 3, 4}) {
     Variable x(Tensor::from_data({3}, {1, 2, 3}), true, "x");
     Variable w(Tensor::from_data({3}, {0.5F, -1, 2}), true, "w");
     Adam adam({w});
@@ -867,6 +867,7 @@ TEST(CheckpointAttack, APassOverTheRunningGraphOrAStepInsideAReplayIsRefusedBefo
         if (what == 1) sum(h).backward(GraphAfterBackward::Release);
         if (what == 2) adam.step();
         if (what == 3) side.backward();
+        if (what == 4) outer.backward();  // Keep inside Keep: it replayed this checkpoint without end
       }
       return out;
     };
