@@ -182,9 +182,9 @@ inline CLI::Option* add_device_option(CLI::App& app, std::string& device) {
 inline riftco_transformer::Backend device_to_use(const std::string& tool, const std::string& device) {
   const riftco_transformer::Backend backend = riftco_transformer::parse_backend(device, "--device");
   if (!riftco_transformer::backend_available(backend)) {
-    throw riftco_transformer::BackendError("[" + tool + "] device " + device +
-                                           " is not available (this build has no cuda backend, or the machine "
-                                           "no CUDA device); use --device cpu");
+    throw riftco_transformer::BackendError("[" + tool + "] device " + device + ": " +
+                                           riftco_transformer::backend_unavailable_reason(backend) +
+                                           "; use --device cpu");
   }
   return backend;
 }

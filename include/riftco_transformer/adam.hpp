@@ -12,6 +12,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "riftco_transformer/variable.hpp"
@@ -148,6 +149,10 @@ class Adam {
   /// moment that is not zero, a first moment not finite, a second moment NaN
   /// or < 0.
   void set_state(const State& state);
+  /// set_state's checks of the values (not the shapes) of `state` for
+  /// `parameters`, without a set_state: what a writer of saved states
+  /// checks first (save_training_checkpoint). ValueError tagged `op`.
+  static void check_state_values(std::string_view op, const State& state, const std::vector<Variable>& parameters);
 
  private:
   void add_parameters(std::vector<Variable> parameters);

@@ -65,9 +65,10 @@ class GradientBucketer final : public BackwardHooks {
   /// The last micro-batch of a gradient-accumulation step (PyTorch DDP
   /// reduces only then): reduces base[i] + weight · g_i instead of the pass's
   /// g_i, with GradientAccumulator::add(weight)'s arithmetic (weight · g_i
-  /// when base[i] is undefined, base[i] when the pass gave no g_i, zeros when
-  /// neither), so the result equals the accumulator's sums followed by a
-  /// plain all-reduce, bit for bit. `base`: one tensor per parameter (e.g.
+  /// when base[i] is undefined, base[i] when the pass gave no g_i, zeros on
+  /// this rank when neither, and no gradient at all when no rank has either),
+  /// so the result equals the accumulator's sums followed by a plain
+  /// all-reduce (synchronize_gradients), bit for bit. `base`: one tensor per parameter (e.g.
   /// GradientAccumulator::gradients() of the earlier micro-batches), each
   /// undefined or of its parameter's shape on the parameters' backend
   /// (ShapeError, or BackendError for another backend, before anything runs). output.backward() must take a scalar. `graph`: what the

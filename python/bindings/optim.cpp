@@ -80,9 +80,24 @@ void init_optim(nb::module_& m) {
   m.def(
       "default_parameter_groups",
       [](nb::iterable parameters, float weight_decay, bool decay_embeddings) {
+        // (name, Variable) pairs (model.named_parameters(): the model's
+        // structural names, whatever the Variables' labels) or Variables
+        // (grouped by their labels).
         std::vector<rt::NamedParameter> named;
-        for (const rt::Variable& v : variables_from_python(parameters, "default_parameter_groups")) {
-          named.push_back({v.name(), v});
+        for (nb::handle item : parameters) {
+          if (nb::isinstance<nb::tuple>(item) && nb::len(item) == 2 && nb::isinstance<nb::str>(item[0]) &&
+              nb::isinstance<rt::Variable>(item[1])) {
+            named.push_back({utf8_of(item[0], "[default_parameter_groups] a parameter's name"),
+                             nb::cast<rt::Variable>(item[1])});
+          } else if (nb::isinstance<rt::Variable>(item)) {
+            const rt::Variable v = nb::cast<rt::Variable>(item);
+            named.push_back({v.name(), v});
+          } else {
+            throw nb::type_error(("[default_parameter_groups] parameter " + std::to_string(named.size()) +
+                                  " must be a Variable or a (name, Variable) pair, got " +
+                                  nb::cast<std::string>(nb::str(item.type().attr("__name__"))))
+                                     .c_str());
+          }
         }
         nb::list out;
         for (const rt::ParameterGroup& g : rt::default_parameter_groups(named, weight_decay, decay_embeddings)) {
@@ -96,7 +111,9 @@ void init_optim(nb::module_& m) {
       },
       "parameters"_a, "weight_decay"_a, nb::kw_only(), "decay_embeddings"_a = true,
       "The pipelines' two Adam groups from the parameters' names: 'decay' (weight_decay) and 'no_decay'\n"
-      "(0: every norm weight, plus token_embedding.weight and lm_head.weight unless decay_embeddings).");
+      "(0: every norm weight, plus token_embedding.weight and lm_head.weight unless decay_embeddings).\n"
+      "parameters: (name, Variable) pairs, e.g. model.named_parameters() (the model's own names), or\n"
+      "Variables (grouped by their labels, Variable.name).");
 
   const rt::AdamOptions d{};
   nb::class_<rt::Adam>(m, "Adam", "AdamW over leaves that require grad. step() bumps their versions.")

@@ -254,6 +254,10 @@ void Adam::set_state(const State& state) {
                                                    : state.parameter_steps;
 }
 
+void Adam::check_state_values(std::string_view op, const State& state, const std::vector<Variable>& parameters) {
+  detail::check_adam_state_values(op, state, parameters);
+}
+
 namespace detail {
 
 std::vector<Tensor> fresh_gradients(const std::vector<Variable>& parameters,

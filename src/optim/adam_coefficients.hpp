@@ -66,7 +66,8 @@ void check_adam_state_values(std::string_view op, const Adam::State& state, cons
 /// its own, read with its serial: Variable::grad_with_serial), or an
 /// undefined Tensor (skipped) where its grad_serial() is `stepped[i]`, a
 /// gradient already stepped with. `serials` receives every grad_serial(),
-/// to become `stepped` once the step succeeds (Adam and ShardedAdam).
+/// to become `stepped` once the step succeeds (Adam, ShardedAdam, and
+/// GradientAccumulator with the serials it added).
 std::vector<Tensor> fresh_gradients(const std::vector<Variable>& parameters,
                                     const std::vector<std::uint64_t>& stepped, std::vector<std::uint64_t>& serials);
 

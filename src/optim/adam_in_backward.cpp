@@ -165,6 +165,7 @@ std::string message_of(const std::exception_ptr& error) {
 }  // namespace
 
 float Adam::backward_and_step(const Variable& loss, GraphAfterBackward graph) {
+  detail::refuse_inside_replay("Adam::backward_and_step");  // as step(): no weight moves under a replay
   if (options_.max_grad_norm > 0.0F) {
     throw ValueError("[Adam::backward_and_step] max_grad_norm is " + float_text(options_.max_grad_norm) +
                      ": clipping scales every gradient by the global norm, known only once every gradient is; "

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "../backend/kernels.hpp"
+#include "adam_coefficients.hpp"
 
 namespace riftco_transformer {
 
@@ -20,15 +21,8 @@ void GradientAccumulator::add(float weight) {
   }
   // One handle per gradient, checked and then added: a backward committing
   // in another thread meanwhile can neither free nor change what is added.
-  std::vector<Tensor> grads;
   std::vector<std::uint64_t> serials;
-  grads.reserve(params_.size());
-  serials.reserve(params_.size());
-  for (std::size_t i = 0; i < params_.size(); ++i) {
-    auto [gradient, serial] = params_[i].grad_with_serial();
-    serials.push_back(serial);
-    grads.push_back(serial == added_serial_[i] ? Tensor() : std::move(gradient));  // added already: skipped
-  }
+  const std::vector<Tensor> grads = detail::fresh_gradients(params_, added_serial_, serials);  // added already: none
   for (std::size_t i = 0; i < params_.size(); ++i) {
     const Tensor& g = grads[i];
     if (!g.defined()) continue;

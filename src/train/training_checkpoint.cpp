@@ -190,16 +190,27 @@ nlohmann::json extend_world_size_history(const nlohmann::json& history, std::int
 
 void save_training_checkpoint(const std::filesystem::path& path, const std::vector<NamedParameter>& trainable,
                               const Adam::State& moments, const TrainingState& state, const nlohmann::json& config) {
-  if (moments.first_moment.size() != trainable.size()) {
-    throw ValueError("[save_training_checkpoint] Adam has " + std::to_string(moments.first_moment.size()) +
-                     " parameters, the run trains " + std::to_string(trainable.size()));
+  if (moments.first_moment.size() != trainable.size() || moments.second_moment.size() != trainable.size()) {
+    throw ValueError("[save_training_checkpoint] Adam has " + std::to_string(moments.first_moment.size()) + " and " +
+                     std::to_string(moments.second_moment.size()) + " moments, the run trains " +
+                     std::to_string(trainable.size()) + " parameters");
   }
   for (std::size_t i = 0; i < trainable.size(); ++i) {
-    if (moments.first_moment[i].shape() != trainable[i].variable.shape()) {
-      throw ShapeError("[save_training_checkpoint] '" + trainable[i].name + "' is " +
-                       shape_string(trainable[i].variable.shape()) + " but its Adam moments are " +
-                       shape_string(moments.first_moment[i].shape()));
+    for (const Tensor* moment : {&moments.first_moment[i], &moments.second_moment[i]}) {
+      if (moment->shape() != trainable[i].variable.shape()) {
+        throw ShapeError("[save_training_checkpoint] '" + trainable[i].name + "' is " +
+                         shape_string(trainable[i].variable.shape()) + " but its Adam moments are " +
+                         shape_string(moment->shape()));
+      }
     }
+  }
+  {
+    // What a resume's set_state would refuse, refused before the file is
+    // written (counts outside [0, steps], a count of 0 beside moments a
+    // step made, moments no step makes).
+    std::vector<Variable> variables;
+    for (const NamedParameter& p : trainable) variables.push_back(p.variable);
+    Adam::check_state_values("save_training_checkpoint", moments, variables);
   }
   // On the host (a cuda run's parameters and moments are copied back once
   // per checkpoint; cpu tensors are not copied): the checksum reads them there.
@@ -224,17 +235,6 @@ void save_training_checkpoint(const std::filesystem::path& path, const std::vect
   // Parameters with fewer updates than the optimizer's steps (a frozen or
   // unreached one: Adam::parameter_step_count); absent when every parameter
   // had every step, as in files from before per-parameter counts.
-  if (!moments.parameter_steps.empty() && moments.parameter_steps.size() != trainable.size()) {
-    throw ValueError("[save_training_checkpoint] Adam has " + std::to_string(moments.parameter_steps.size()) +
-                     " per-parameter step counts, the run trains " + std::to_string(trainable.size()));
-  }
-  for (std::size_t i = 0; i < moments.parameter_steps.size(); ++i) {
-    if (moments.parameter_steps[i] < 0 || moments.parameter_steps[i] > moments.steps) {
-      throw ValueError("[save_training_checkpoint] '" + trainable[i].name + "' has the step count " +
-                       std::to_string(moments.parameter_steps[i]) + ", outside [0, " + std::to_string(moments.steps) +
-                       "]: a resume would refuse the file");
-    }
-  }
   nlohmann::json behind = nlohmann::json::object();
   for (std::size_t i = 0; i < moments.parameter_steps.size(); ++i) {
     if (moments.parameter_steps[i] != moments.steps) behind[trainable[i].name] = moments.parameter_steps[i];

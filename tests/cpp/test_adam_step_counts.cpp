@@ -263,8 +263,8 @@ TEST(AdamStepCounts, TheTrainingCheckpointKeepsThemAndRefusesHostileOnes) {
     EXPECT_TRUE(same_bits(p.a.value().to_vector(), before));
   }
   // Saving refuses counts a resume would refuse (instead of writing the file).
-  for (const std::vector<std::int64_t>& bad :
-       {std::vector<std::int64_t>{7, 1}, std::vector<std::int64_t>{-5, 3}, std::vector<std::int64_t>{1}}) {
+  for (const std::vector<std::int64_t>& bad : {std::vector<std::int64_t>{7, 1}, std::vector<std::int64_t>{-5, 3},
+                                                std::vector<std::int64_t>{1}, std::vector<std::int64_t>{3, 0}}) {
     Adam::State hostile = adam.state();
     hostile.parameter_steps = bad;
     EXPECT_THROW(stage::save_training_checkpoint(dir / "refused.safetensors", trainable, hostile, state, config),

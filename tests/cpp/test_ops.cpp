@@ -198,10 +198,10 @@ TEST(OpForward, GeluAndSiluKnownValues) {
   EXPECT_EQ(s.at({1}), 0.0F);
   const Tensor g = gelu(Variable(x)).value();
   EXPECT_NEAR(g.at({2}), 1.9545977, 1e-5);  // GPT-2 tanh GELU(2)
-  // Below -88 the sigmoid is 0, as exp(-x) overflows in float32 (PyTorch:
-  // 0); it floored at ~6e-39, so silu(-1e30) was -6e-9 and swiglu of two
-  // such values 6e21. -88 itself keeps its tiny value.
-  const Tensor far = Tensor::from_data({4}, {-1e30F, -1000.0F, -88.5F, -88.0F});
+  // Below -88.72284 the sigmoid is 0, as exp(-x) overflows in float32
+  // (PyTorch: 0); it floored at ~6e-39, so silu(-1e30) was -6e-9 and swiglu
+  // of two such values 6e21. -88.5 keeps a tiny value (PyTorch: -3.3e-37).
+  const Tensor far = Tensor::from_data({4}, {-1e30F, -1000.0F, -88.8F, -88.5F});
   const Tensor sf = silu(Variable(far)).value();
   for (std::int64_t i = 0; i < 3; ++i) EXPECT_EQ(sf.at({i}), 0.0F) << i;
   EXPECT_LT(sf.at({3}), 0.0F);
