@@ -20,6 +20,7 @@
 
 #include "cli_config.hpp"
 #include "riftco_transformer/errors.hpp"
+#include "riftco_transformer/memory.hpp"
 
 namespace rt_cli {
 
@@ -166,6 +167,26 @@ inline int run_tool(const std::string& tool, CLI::App& app, int argc, char** arg
     std::cerr << "\n" << tool << ": error: " << e.what() << "\n";
     return 1;
   }
+}
+
+/// --device for the tools that run a saved model (rt-generate, rt-eval):
+/// where the model moves after loading, as rt-train's --device.
+inline CLI::Option* add_device_option(CLI::App& app, std::string& device) {
+  return app.add_option("--device", device, "run on this device: the model moves there after loading (default cpu)")
+      ->type_name("DEVICE")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
+}
+
+/// The device --device names, refused (exit 1, before the model is read)
+/// when this build or machine has no such device.
+inline riftco_transformer::Backend device_to_use(const std::string& tool, const std::string& device) {
+  const riftco_transformer::Backend backend = riftco_transformer::parse_backend(device, "--device");
+  if (!riftco_transformer::backend_available(backend)) {
+    throw riftco_transformer::BackendError("[" + tool + "] device " + device + ": " +
+                                           riftco_transformer::backend_unavailable_reason(backend) +
+                                           "; use --device cpu");
+  }
+  return backend;
 }
 
 /// The project's help layout: wide enough for the long option names.

@@ -23,14 +23,19 @@ int main(int argc, char** argv) {
   CLI::Option* to = app.add_option("--to-hf", to_hf, "model-state file to write as a transformers checkpoint")
                         ->type_name("PATH");
   from->excludes(to);
+  // Required, but checked after parsing: a --config file may name it.
   app.add_option("--output", output,
                  "--from-hf: the model-state file to write; --to-hf: the directory to write (config.json and "
-                 "model.safetensors)")
-      ->type_name("PATH")
-      ->required();
+                 "model.safetensors) (required)")
+      ->type_name("PATH");
   app.add_flag("--allow-non-finite", load.allow_non_finite, "convert weights holding NaN or infinity (refused by default)");
+  rt_cli::add_config_option(app);
   return rt_cli::run_tool("rt-convert", app, argc, argv, [&](bool& running) {
     if (from_hf.empty() && to_hf.empty()) throw rt_cli::UsageError("give --from-hf DIR or --to-hf PATH");
+    // The command line refuses both (excludes); one from a --config file and
+    // the other from the command line meet only here.
+    if (!from_hf.empty() && !to_hf.empty()) throw rt_cli::UsageError("give --from-hf DIR or --to-hf PATH, not both");
+    if (app.count("--output") == 0) throw rt_cli::UsageError("--output PATH is required");
     if (output.empty()) throw rt_cli::UsageError("--output must not be empty");
     // `running` stays false: the conversions' ValueErrors are about their
     // arguments (an --output that would replace the input), so usage errors;

@@ -47,9 +47,12 @@ int main(int argc, char** argv) {
   app.add_flag("--allow-non-finite", load.allow_non_finite, "load weights holding NaN or infinity");
   app.add_flag("--allow-base-mismatch", load.allow_base_mismatch,
                "apply an adapter trained on another base model of the same dimensions");
+  std::string device = "cpu";
+  rt_cli::add_device_option(app, device);
   rt_cli::add_config_option(app);
   return rt_cli::run_tool("rt-eval", app, argc, argv, [&](bool& running) {
     if (model_path.empty()) throw rt_cli::UsageError("--model PATH is required");
+    const Backend backend = rt_cli::device_to_use("rt-eval", device);
     if (app.count("--data") > 0 && data.empty()) {
       throw rt_cli::UsageError("option '--data' must name a file (leave it out for the default corpus)");
     }
@@ -72,6 +75,7 @@ int main(int argc, char** argv) {
     std::unique_ptr<DecoderOnlyTransformer> model =
         load_model(model_path, FullSequenceAttentionKind::Flash, ActivationCheckpointingKind::Disabled, load);
     if (!adapter_path.empty()) load_adapter_state(*model, adapter_path, load);
+    if (backend != Backend::Cpu) model->to(backend);  // adapters included
     const std::string text = data.empty() ? load_default_corpus() : load_text_file(data);
     std::string_view part = text;
     if (split != "all") part = split_text(text, split == "train" ? Split::Train : Split::Validation, validation_fraction);

@@ -77,9 +77,12 @@ int main(int argc, char** argv) {
                "load weights holding NaN or infinity (refused by default)");
   app.add_flag("--allow-base-mismatch", load.allow_base_mismatch,
                "apply an adapter trained on another base model of the same dimensions");
+  std::string device = "cpu";
+  rt_cli::add_device_option(app, device);
   rt_cli::add_config_option(app);
   return rt_cli::run_tool("rt-generate", app, argc, argv, [&](bool& running) {
     if (model_path.empty()) throw rt_cli::UsageError("--model PATH is required");
+    const Backend backend = rt_cli::device_to_use("rt-generate", device);
     if (prompt.empty()) throw rt_cli::UsageError("--prompt must not be empty");
     if (o.temperature < 0.0F) throw rt_cli::UsageError("option '--temperature' must be >= 0 (0 = greedy)");
     if (!(o.top_p > 0.0F && o.top_p <= 1.0F)) throw rt_cli::UsageError("option '--top-p' must be in (0, 1]");
@@ -98,6 +101,7 @@ int main(int argc, char** argv) {
     std::unique_ptr<DecoderOnlyTransformer> model =
         load_model(model_path, FullSequenceAttentionKind::Materialized, ActivationCheckpointingKind::Disabled, load);
     if (!adapter_path.empty()) load_adapter_state(*model, adapter_path, load);
+    if (backend != Backend::Cpu) model->to(backend);  // adapters included
     std::vector<std::int32_t> ids = tokenizer.encode(prompt);
     const std::int64_t context = model->dimensions().context_length;
     if (static_cast<std::int64_t>(ids.size()) > context) {

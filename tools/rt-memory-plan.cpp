@@ -165,6 +165,7 @@ int main(int argc, char** argv) {
   app.add_option("--rounds", o.rounds, "rounds over every row (with --measure); each row keeps its fastest step")
       ->check(rt_cli::integer_at_least(1));
   app.add_option("--output", o.output, "folder for memory_plan.{json,md} and the SVG charts")->type_name("DIR");
+  rt_cli::add_config_option(app);
   return rt_cli::run_tool("rt-memory-plan", app, argc, argv, [&](bool& running) {
     if (!o.shape.empty()) {
       apply_preset(o);

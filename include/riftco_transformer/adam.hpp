@@ -12,6 +12,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "riftco_transformer/variable.hpp"
@@ -53,7 +54,10 @@ class Adam {
   Adam(std::vector<ParameterGroup> groups, AdamOptions options);
 
   /// One update of every parameter that has a gradient. Parameters without a
-  /// gradient are skipped (their moments do not move). Returns the global
+  /// gradient are skipped (their moments and their step count do not move:
+  /// each parameter's bias correction uses the number of updates it has had,
+  /// PyTorch's per-parameter state['step'], so one that joins late is
+  /// corrected as a first step, not as the optimizer's n-th). Returns the global
   /// gradient norm before clipping. Throws ShapeError (and changes nothing)
   /// when a gradient's shape differs from its parameter's, or when a
   /// parameter's shape or backend changed (set_value, to()) since this Adam
@@ -107,7 +111,13 @@ class Adam {
 
   const AdamOptions& options() const { return options_; }
   void set_learning_rate(float lr);
+  /// How many step()s updated at least one parameter.
   std::int64_t step_count() const { return steps_; }
+  /// How many updates parameters()[index] has had (PyTorch's
+  /// state[p]['step']): its next update is bias-corrected as step
+  /// parameter_step_count(index) + 1. Equal to step_count() for a parameter
+  /// that had a gradient at every step. ValueError for an index out of range.
+  std::int64_t parameter_step_count(std::size_t index) const;
   const std::vector<Variable>& parameters() const { return params_; }
   /// The weight decay Adam applies to parameters()[index].
   float weight_decay_of(std::size_t index) const;
@@ -125,13 +135,24 @@ class Adam {
     std::int64_t steps = 0;
     std::vector<Tensor> first_moment;   // one per parameter, same shape
     std::vector<Tensor> second_moment;  // one per parameter, same shape
+    /// One per parameter: the updates it has had (parameter_step_count), each
+    /// in [0, steps], 0 only with both moments zero. Empty: every parameter
+    /// at `steps` (the form of states saved before per-parameter counts).
+    /// Last, so a State{steps, m, v} built by position still compiles.
+    std::vector<std::int64_t> parameter_steps;
   };
   State state() const;
   /// Validates before changing anything: the moments' count and shapes
   /// (ValueError / ShapeError), then values no step could have made
   /// (ValueError naming the parameter and element): a step count outside
-  /// [0, 2^63 - 1), a first moment not finite, a second moment NaN or < 0.
+  /// [0, 2^63 - 1), a parameter's count outside [0, steps] or 0 with a
+  /// moment that is not zero, a first moment not finite, a second moment NaN
+  /// or < 0.
   void set_state(const State& state);
+  /// set_state's checks of the values (not the shapes) of `state` for
+  /// `parameters`, without a set_state: what a writer of saved states
+  /// checks first (save_training_checkpoint). ValueError tagged `op`.
+  static void check_state_values(std::string_view op, const State& state, const std::vector<Variable>& parameters);
 
  private:
   void add_parameters(std::vector<Variable> parameters);
@@ -148,6 +169,7 @@ class Adam {
   std::vector<GroupInfo> groups_;
   std::vector<float> weight_decay_;  // per parameter
   std::int64_t steps_ = 0;
+  std::vector<std::int64_t> parameter_steps_;  // per parameter (parameter_step_count)
   std::vector<Tensor> m_;
   std::vector<Tensor> v_;
   /// Per parameter, the grad_serial() of the committed gradient step()

@@ -78,6 +78,11 @@ struct GenerationOptions {
   std::int64_t num_samples = 1;
   /// Empty: bytes_detokenizer.
   Detokenizer detokenize;
+  /// Called before each token the model decodes (the prompt's and the new
+  /// ones, in every sample): what it throws stops the generation and reaches
+  /// the caller (the model is only read, so nothing is left half-done).
+  /// Empty: never called. Python's bindings check for Ctrl-C here.
+  std::function<void()> interrupt;
   /// ValueError naming the option.
   void validate() const;
 };
@@ -91,6 +96,12 @@ struct GenerationResult {
   std::string text;                  // detokenize(tokens), cut before a matched stop string
   std::int64_t stop_index = -1;      // which of options.stop matched; -1: none
 };
+
+/// What generate() and generate_samples() check of the prompt first: a
+/// ValueError for an empty prompt or one longer than the model's context
+/// length. Takes the length alone, so a caller can check it before it makes
+/// a view over the prompt's buffer (the C ABI).
+void check_prompt_length(const DecoderOnlyTransformer& model, std::size_t length);
 
 /// Feeds `prompt` (non-empty) through a DecodeSession, then samples.
 /// options.num_samples must be 1 (see generate_samples).

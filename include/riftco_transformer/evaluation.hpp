@@ -2,6 +2,7 @@
 // Evaluation of a model on a text: loss, perplexity and bits per byte, so
 // models with different tokenizers compare (docs/pipelines.md, rt-eval).
 #include <cstdint>
+#include <functional>
 #include <string_view>
 
 #include "riftco_transformer/tokenizer.hpp"
@@ -14,6 +15,10 @@ struct EvaluationOptions {
   std::int64_t batch = 8;
   /// Window length; 0: the model's context length.
   std::int64_t sequence_length = 0;
+  /// Called before each batch's forward pass: what it throws stops the
+  /// evaluation and reaches the caller, with the model's training mode
+  /// restored. Empty: never called. Python's bindings check for Ctrl-C here.
+  std::function<void()> interrupt;
 };
 
 struct EvaluationResult {

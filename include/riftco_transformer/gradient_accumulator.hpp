@@ -23,7 +23,10 @@ class GradientAccumulator {
   explicit GradientAccumulator(std::vector<Variable> parameters);
 
   /// buffer_i += weight · grad_i for every parameter with a committed
-  /// gradient (others add nothing), element by element in a fixed order, so
+  /// gradient this accumulator has not added yet (Variable::grad_serial;
+  /// others add nothing: a parameter the last pass did not reach, whose
+  /// gradient is an earlier pass's, is not summed again, as PyTorch's
+  /// .grad += counts each pass once), element by element in a fixed order, so
   /// the sums are deterministic (for any thread count). The first add into an
   /// empty buffer stores weight · grad (weight 1: an exact copy). Checks every gradient's shape
   /// and backend (ShapeError) and the weight (finite, ValueError) before any
@@ -37,12 +40,14 @@ class GradientAccumulator {
   const std::vector<Variable>& parameters() const { return params_; }
   /// add() calls since construction or the last clear().
   std::int64_t count() const { return count_; }
-  /// Drops every buffer.
+  /// Drops every buffer. A gradient added before stays added: a clear()
+  /// starts a new sum of new passes' gradients.
   void clear();
 
  private:
   std::vector<Variable> params_;
   std::vector<Tensor> sums_;
+  std::vector<std::uint64_t> added_serial_;  // per parameter: the grad_serial() last added (0: none)
   std::int64_t count_ = 0;
 };
 

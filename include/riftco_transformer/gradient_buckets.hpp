@@ -65,9 +65,10 @@ class GradientBucketer final : public BackwardHooks {
   /// The last micro-batch of a gradient-accumulation step (PyTorch DDP
   /// reduces only then): reduces base[i] + weight · g_i instead of the pass's
   /// g_i, with GradientAccumulator::add(weight)'s arithmetic (weight · g_i
-  /// when base[i] is undefined, base[i] when the pass gave no g_i, zeros when
-  /// neither), so the result equals the accumulator's sums followed by a
-  /// plain all-reduce, bit for bit. `base`: one tensor per parameter (e.g.
+  /// when base[i] is undefined, base[i] when the pass gave no g_i, zeros on
+  /// this rank when neither, and no gradient at all when no rank has either),
+  /// so the result equals the accumulator's sums followed by a plain
+  /// all-reduce (synchronize_gradients), bit for bit. `base`: one tensor per parameter (e.g.
   /// GradientAccumulator::gradients() of the earlier micro-batches), each
   /// undefined or of its parameter's shape on the parameters' backend
   /// (ShapeError, or BackendError for another backend, before anything runs). output.backward() must take a scalar. `graph`: what the
@@ -79,7 +80,12 @@ class GradientBucketer final : public BackwardHooks {
   /// loss it will report as diverged) while the others call backward(): the
   /// same collectives in the same order, over `base` alone (undefined:
   /// zeros). Returns the reduced gradients, one per parameter; commits
-  /// nothing.
+  /// nothing. A parameter no rank had a gradient for (no pass reached it and
+  /// no `base` held one) is undefined here and left as it was by backward()
+  /// (its earlier gradient, which an optimizer does not step with twice), as
+  /// in one process and as synchronize_gradients: an unused branch does not
+  /// move (before 2026-12-02 it got zeros, and Adam decayed it and moved its
+  /// moments).
   std::vector<Tensor> reduce(std::span<const Tensor> base);
 
   const std::vector<Variable>& parameters() const { return params_; }
@@ -123,7 +129,16 @@ class GradientBucketer final : public BackwardHooks {
     std::int64_t offset = 0;  // into the bucket's buffer
     std::int64_t elements = 0;  // the parameter's, at construction
     bool filled = false;      // final this pass
+    bool present = false;     // this pass reached it on this rank, or `base` holds its gradient
   };
+  /// After the buckets' waits: the per-parameter presence flags summed over
+  /// the ranks (one more collective, on the host), then each parameter's
+  /// reduced gradient, undefined where no rank had one (as
+  /// synchronize_gradients leaves it: an optimizer skips it).
+  std::vector<Tensor> reduced_gradients();
+  /// finish()'s first part: the unreached slots filled, every bucket
+  /// started and waited for.
+  void complete_pass();
   void fill(std::size_t index, const Tensor* gradient);
   void set_base(std::span<const Tensor> base, float weight);
   void start_ready_buckets();

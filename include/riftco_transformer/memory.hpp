@@ -18,6 +18,9 @@ Backend parse_backend(const std::string& name, const char* op);
 /// True when this build contains the backend's kernels and, for cuda, a
 /// CUDA device is present.
 bool backend_available(Backend backend);
+/// Why `backend` is not available ("the cuda backend is not built in this
+/// package", "no CUDA device: ..."); empty when it is.
+std::string backend_unavailable_reason(Backend backend);
 
 struct MemoryStats {
   std::int64_t live_bytes = 0;        // bytes currently allocated

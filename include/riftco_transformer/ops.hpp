@@ -49,7 +49,9 @@ Variable repeat_heads(const Variable& x, std::int64_t groups);
 Variable embedding(const Variable& weight, std::span<const std::int32_t> ids, const Shape& ids_shape);
 /// x (..., C) * rsqrt(mean(x²) + eps) * weight (C).
 Variable rms_norm(const Variable& x, const Variable& weight, float eps);
-/// Softmax over the last axis.
+/// Softmax over the last axis. A row that is all -inf (every key masked)
+/// gives zeros with a zero gradient, where PyTorch gives NaN: a fully masked
+/// row contributes nothing instead of poisoning the result.
 Variable softmax(const Variable& x);
 /// scores (..., Tq, Tk): entries with key j > query i + offset become -inf
 /// (offset = Tk - Tq when queries are the last Tq positions).
@@ -60,6 +62,9 @@ Variable causal_mask(const Variable& scores, std::int64_t offset = 0);
 Variable rope(const Variable& x, std::int64_t position_offset = 0, float base = 10000.0F);
 /// Mean cross-entropy of logits (..., V) against targets (one per row);
 /// rows whose target equals ignore_index are skipped. Fused log-softmax.
+/// With no row left (every target ignored, or no rows) the loss is 0 with
+/// zero gradients, where PyTorch's mean gives NaN: a batch without a real
+/// target adds nothing (the pipelines weigh batches by their targets).
 Variable cross_entropy(const Variable& logits, std::span<const std::int32_t> targets,
                        std::int32_t ignore_index = -100);
 

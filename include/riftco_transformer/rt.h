@@ -1,4 +1,4 @@
-/* riftco C ABI 2.x (2.0 and what 2.1-2.7 appended): a stable C interface over the C++ library.
+/* riftco C ABI 2.x (2.0 and what 2.1-2.8 appended): a stable C interface over the C++ library.
  *
  * Plain C11 (also valid C++). Every function returns an rt_status; on failure
  * rt_last_error_message() gives the calling thread's message. Exceptions never
@@ -24,7 +24,7 @@ extern "C" {
 #endif
 
 #define RT_ABI_VERSION_MAJOR 2
-#define RT_ABI_VERSION_MINOR 7
+#define RT_ABI_VERSION_MINOR 8
 
 /* ---- status and errors ---------------------------------------------------- */
 
@@ -366,6 +366,14 @@ RT_API rt_status rt_adam_step(rt_adam* adam, float* grad_norm);
 RT_API rt_status rt_adam_backward_and_step(rt_adam* adam, const rt_variable* loss, float* grad_norm);
 RT_API rt_status rt_adam_zero_grad(rt_adam* adam);
 RT_API rt_status rt_adam_set_learning_rate(rt_adam* adam, float learning_rate);
+/* Appended in ABI 2.8: how many steps updated at least one parameter (C++
+ * Adam::step_count), and how many updates the named parameter has had
+ * (Adam::parameter_step_count, PyTorch's per-parameter state['step']): each
+ * parameter's bias correction uses its own count, so one that had no
+ * gradient at some steps is corrected by the updates it had. A name this
+ * Adam does not train is RT_ERROR_VALUE. */
+RT_API rt_status rt_adam_step_count(const rt_adam* adam, int64_t* steps);
+RT_API rt_status rt_adam_parameter_step_count(const rt_adam* adam, const char* parameter_name, int64_t* steps);
 
 /* ---- decoding --------------------------------------------------------------------------------- */
 
@@ -590,6 +598,18 @@ typedef struct rt_evaluation_result {
  * result->struct_size must be set. */
 RT_API rt_status rt_evaluate(rt_model* model, const char* text, size_t text_length, const char* tokenizer,
                              int64_t batch, int64_t sequence_length, rt_evaluation_result* result);
+
+/* Appended in ABI 2.8: the part of text[0, text_length) that a run with
+ * validation_fraction trains on (RT_SPLIT_TRAIN) or holds out
+ * (RT_SPLIT_VALIDATION: the last floor(fraction * bytes) bytes, the cut moved
+ * forward to a UTF-8 character boundary), as C++ split_text, Python's
+ * riftco.split_text and rt-eval --split: *offset and *length locate it in
+ * `text` (no copy), so rt_evaluate(model, text + offset, length, ...) scores
+ * the held-out part. validation_fraction outside [0, 1) is RT_ERROR_VALUE;
+ * another split value RT_ERROR_INVALID_ARGUMENT. */
+typedef enum rt_split { RT_SPLIT_TRAIN = 0, RT_SPLIT_VALIDATION = 1, RT_SPLIT_MAX_ENUM = 0x7FFFFFFF } rt_split;
+RT_API rt_status rt_split_text(const char* text, size_t text_length, rt_split split, double validation_fraction,
+                               size_t* offset, size_t* length);
 
 #ifdef __cplusplus
 }

@@ -71,6 +71,9 @@ class ShardedAdam {
   const AdamOptions& options() const { return options_; }
   void set_learning_rate(float lr);
   std::int64_t step_count() const { return steps_; }
+  /// As Adam::parameter_step_count: the updates parameters()[index] has had,
+  /// its bias correction's step (the same on every rank).
+  std::int64_t parameter_step_count(std::size_t index) const;
   const std::vector<Variable>& parameters() const { return params_; }
   /// Where the moments and the step's buffers live: the parameters' backend.
   Backend backend() const { return backend_; }
@@ -141,6 +144,7 @@ class ShardedAdam {
   std::vector<std::size_t> chunk_bounds_;  // rank r's chunks: [chunk_bounds_[r], chunk_bounds_[r+1])
   std::vector<std::int64_t> bounds_;       // rank r's shard: [bounds_[r], bounds_[r+1])
   std::int64_t steps_ = 0;
+  std::vector<std::int64_t> parameter_steps_;  // per parameter, as Adam's
   std::vector<std::uint64_t> stepped_serial_;  // per parameter, as Adam's
   std::string failure_;  // set when a step's parameter all-gather failed (failed_step())
   Tensor m_;  // (shard)

@@ -164,6 +164,31 @@ ExclusiveChange::~ExclusiveChange() {
   if (held_) variables_lock().unlock();
 }
 
+SignalCheck::SignalCheck() : last_(std::chrono::steady_clock::now()) {
+  const nb::object threading = nb::module_::import_("threading");
+  main_thread_ = threading.attr("current_thread")().is(threading.attr("main_thread")());
+}
+
+std::function<void()> SignalCheck::function() {
+  if (!main_thread_) return {};  // Python runs signal handlers on the main thread only
+  return [this] {
+    const auto now = std::chrono::steady_clock::now();
+    if (now - last_ < std::chrono::milliseconds(20)) return;  // a token is cheaper than the GIL's round trip
+    last_ = now;
+    nb::gil_scoped_acquire gil;
+    if (PyErr_CheckSignals() == 0) return;
+    pending_.emplace();  // takes the raised exception (KeyboardInterrupt) from Python's error state
+    throw Interrupted{};
+  };
+}
+
+void SignalCheck::rethrow_if_pending() {
+  if (!pending_) return;
+  nb::python_error error = std::move(*pending_);
+  pending_.reset();
+  throw error;
+}
+
 nb::str str_of_bytes(std::string_view bytes) {
   PyObject* text = PyUnicode_DecodeUTF8(bytes.data(), static_cast<Py_ssize_t>(bytes.size()), "backslashreplace");
   if (text == nullptr) throw nb::python_error();

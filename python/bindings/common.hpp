@@ -11,7 +11,10 @@
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
+#include <chrono>
 #include <cstdint>
+#include <functional>
+#include <optional>
 #include <limits>
 #include <memory>
 #include <string>
@@ -106,6 +109,27 @@ class ComputeWithoutGil {
 /// Called for every Variable Python makes: one made inside a computation of
 /// this thread may be changed there.
 void note_made_in_computation(const rt::Variable& made);
+
+/// Ctrl-C during a computation that runs without the GIL (generate,
+/// evaluate): function() is an `interrupt` for GenerationOptions /
+/// EvaluationOptions that, on the main thread and at most every 20 ms, takes
+/// the GIL and runs Python's pending signal handlers; the exception one
+/// raises (KeyboardInterrupt) is kept and SignalCheck::Interrupted thrown to
+/// stop the computation. Catch Interrupted around the computation, then call
+/// rethrow_if_pending() with the GIL held: it raises the kept exception.
+/// Built with the GIL held.
+class SignalCheck {
+ public:
+  struct Interrupted {};
+  SignalCheck();
+  std::function<void()> function();
+  void rethrow_if_pending();
+
+ private:
+  bool main_thread_ = false;
+  std::chrono::steady_clock::time_point last_;
+  std::optional<nb::python_error> pending_;
+};
 
 class ExclusiveChange {
  public:

@@ -179,10 +179,14 @@ void init_decode(nb::module_& m) {
         const std::vector<std::int32_t> ids = prompt_ids(prompt, tokenizer);
         use_tokenizer(options, tokenizer);
         rt::GenerationResult r;
-        {
+        SignalCheck signals;
+        options.interrupt = signals.function();
+        try {
           ComputeWithoutGil release;
           r = rt::generate(model, ids, options);
+        } catch (const SignalCheck::Interrupted&) {
         }
+        signals.rethrow_if_pending();  // Ctrl-C: KeyboardInterrupt
         return to_python(r, tokenizer, with_text);
       },
       nb::scope(model_type), nb::is_method(), nb::name("generate"), "prompt"_a, nb::kw_only(), "max_new_tokens"_a = d.max_new_tokens,
@@ -192,7 +196,7 @@ void init_decode(nb::module_& m) {
       "model's Tokenizer (None: bytes) for the prompt, .text and stop strings (token ids with tokenizer=None on a\n"
       "model whose vocabulary is not 256: ids out, .text None). temperature 0: greedy. top_p in (0, 1]\n"
       "(1: off), repetition_penalty > 0 (1: off), stop: a str or list of str ending the text (excluded\n"
-      "from .text). Releases the GIL.");
+      "from .text). Releases the GIL; Ctrl-C stops it between tokens (KeyboardInterrupt).");
   model_type.attr("generate_samples") = nb::cpp_function(
       [](const rt::DecoderOnlyTransformer& model, nb::handle prompt, std::int64_t num_samples,
          std::int64_t max_new_tokens, float temperature, std::int64_t top_k, std::uint64_t seed, float top_p,
@@ -204,10 +208,14 @@ void init_decode(nb::module_& m) {
         const std::vector<std::int32_t> ids = prompt_ids(prompt, tokenizer);
         use_tokenizer(options, tokenizer);
         std::vector<rt::GenerationResult> r;
-        {
+        SignalCheck signals;
+        options.interrupt = signals.function();
+        try {
           ComputeWithoutGil release;
           r = rt::generate_samples(model, ids, options);
+        } catch (const SignalCheck::Interrupted&) {
         }
+        signals.rethrow_if_pending();  // Ctrl-C: KeyboardInterrupt
         std::vector<Generated> out;
         for (const rt::GenerationResult& one : r) out.push_back(to_python(one, tokenizer, with_text));
         return out;
@@ -217,7 +225,8 @@ void init_decode(nb::module_& m) {
       "seed"_a = d.seed, "top_p"_a = d.top_p, "repetition_penalty"_a = d.repetition_penalty, "stop"_a = nb::none(),
       "tokenizer"_a = nb::none(),
       "num_samples independent continuations (a list of GenerationResult); sample i uses the seed\n"
-      "seed + i * 0x9E3779B97F4A7C15 (mod 2**64), so sample 0 is generate(seed=seed). Releases the GIL.");
+      "seed + i * 0x9E3779B97F4A7C15 (mod 2**64), so sample 0 is generate(seed=seed). Releases the GIL;\n"
+      "Ctrl-C stops it between tokens (KeyboardInterrupt).");
 }
 
 }  // namespace riftco_python

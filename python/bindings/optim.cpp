@@ -22,8 +22,9 @@ rt::ParameterGroup group_from_dict(const nb::dict& d, std::size_t index) {
         g.parameters.push_back(nb::cast<rt::Variable>(p));
       }
     } else if (k == "weight_decay") {
-      if (!nb::isinstance<nb::float_>(value) && !nb::isinstance<nb::int_>(value)) {
-        throw rt::ValueError(where + ": 'weight_decay' must be a number");
+      // A bool is an int to Python: refused, as the config fields refuse it.
+      if (nb::isinstance<nb::bool_>(value) || (!nb::isinstance<nb::float_>(value) && !nb::isinstance<nb::int_>(value))) {
+        throw rt::ValueError(where + ": 'weight_decay' must be a number (not a bool)");
       }
       g.weight_decay = nb::cast<float>(value);
     } else if (k == "name") {
@@ -56,7 +57,9 @@ void init_optim(nb::module_& m) {
           // several Python threads (released, one freed the sums the other
           // was writing: segfault).
           [](rt::GradientAccumulator& a, float weight) { a.add(weight); },
-          "weight"_a = 1.0F, "Adds weight * each parameter's current gradient to its sum.")
+          "weight"_a = 1.0F,
+          "Adds weight * each parameter's current gradient to its sum, once per gradient: a parameter the\n"
+          "last backward did not reach (its .grad an earlier pass's, already added) adds nothing.")
       .def_prop_ro("count", &rt::GradientAccumulator::count, "add() calls since the last clear()")
       .def_prop_ro(
           "gradients",
@@ -77,9 +80,24 @@ void init_optim(nb::module_& m) {
   m.def(
       "default_parameter_groups",
       [](nb::iterable parameters, float weight_decay, bool decay_embeddings) {
+        // (name, Variable) pairs (model.named_parameters(): the model's
+        // structural names, whatever the Variables' labels) or Variables
+        // (grouped by their labels).
         std::vector<rt::NamedParameter> named;
-        for (const rt::Variable& v : variables_from_python(parameters, "default_parameter_groups")) {
-          named.push_back({v.name(), v});
+        for (nb::handle item : parameters) {
+          if (nb::isinstance<nb::tuple>(item) && nb::len(item) == 2 && nb::isinstance<nb::str>(item[0]) &&
+              nb::isinstance<rt::Variable>(item[1])) {
+            named.push_back({utf8_of(item[0], "[default_parameter_groups] a parameter's name"),
+                             nb::cast<rt::Variable>(item[1])});
+          } else if (nb::isinstance<rt::Variable>(item)) {
+            const rt::Variable v = nb::cast<rt::Variable>(item);
+            named.push_back({v.name(), v});
+          } else {
+            throw nb::type_error(("[default_parameter_groups] parameter " + std::to_string(named.size()) +
+                                  " must be a Variable or a (name, Variable) pair, got " +
+                                  nb::cast<std::string>(nb::str(item.type().attr("__name__"))))
+                                     .c_str());
+          }
         }
         nb::list out;
         for (const rt::ParameterGroup& g : rt::default_parameter_groups(named, weight_decay, decay_embeddings)) {
@@ -93,7 +111,9 @@ void init_optim(nb::module_& m) {
       },
       "parameters"_a, "weight_decay"_a, nb::kw_only(), "decay_embeddings"_a = true,
       "The pipelines' two Adam groups from the parameters' names: 'decay' (weight_decay) and 'no_decay'\n"
-      "(0: every norm weight, plus token_embedding.weight and lm_head.weight unless decay_embeddings).");
+      "(0: every norm weight, plus token_embedding.weight and lm_head.weight unless decay_embeddings).\n"
+      "parameters: (name, Variable) pairs, e.g. model.named_parameters() (the model's own names), or\n"
+      "Variables (grouped by their labels, Variable.name).");
 
   const rt::AdamOptions d{};
   nb::class_<rt::Adam>(m, "Adam", "AdamW over leaves that require grad. step() bumps their versions.")
@@ -164,7 +184,17 @@ void init_optim(nb::module_& m) {
       .def("zero_grad", &rt::Adam::zero_grad, "Drops every parameter's gradient.")
       .def_prop_rw("learning_rate", [](const rt::Adam& a) { return short_double(a.options().learning_rate); },
                    &rt::Adam::set_learning_rate)
-      .def_prop_ro("step_count", &rt::Adam::step_count)
+      .def_prop_ro("step_count", &rt::Adam::step_count, "How many step()s updated at least one parameter.")
+      .def_prop_ro(
+          "parameter_step_counts",
+          [](const rt::Adam& a) {
+            std::vector<std::int64_t> counts;
+            for (std::size_t i = 0; i < a.parameters().size(); ++i) counts.push_back(a.parameter_step_count(i));
+            return counts;
+          },
+          "How many updates each parameter has had, in .parameters order (PyTorch's per-parameter\n"
+          "state['step']): each is bias-corrected by its own count, so one without a gradient at some\n"
+          "steps (a frozen branch, an inactive adapter) is not corrected as if it had moved at every one.")
       .def_prop_ro("parameters", &rt::Adam::parameters)
       .def_prop_ro(
           "groups",

@@ -84,12 +84,21 @@ void init_tokenizer(nb::module_& m) {
         o.batch = batch;
         o.sequence_length = sequence_length;
         const rt::Tokenizer t = tokenizer.value_or(rt::Tokenizer{});
-        ComputeWithoutGil release;
-        return rt::evaluate(model, text, t, o);
+        SignalCheck signals;
+        o.interrupt = signals.function();
+        rt::EvaluationResult result;
+        try {
+          ComputeWithoutGil release;
+          result = rt::evaluate(model, text, t, o);
+        } catch (const SignalCheck::Interrupted&) {
+        }
+        signals.rethrow_if_pending();  // Ctrl-C: KeyboardInterrupt
+        return result;
       },
       "model"_a, "text"_a, "tokenizer"_a = nb::none(), "batch"_a = 8, "sequence_length"_a = 0,
       "Loss, perplexity and bits per byte of `model` on `text` (non-overlapping windows of sequence_length, 0: "
-      "the context length). tokenizer None: bytes.");
+      "the context length). tokenizer None: bytes. Releases the GIL; Ctrl-C stops it between batches\n"
+      "(KeyboardInterrupt, the model's training mode restored).");
   m.def(
       "split_text",
       [](nb::str text_object, nb::str split_object, double validation_fraction) {

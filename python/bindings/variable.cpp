@@ -109,7 +109,9 @@ void init_variable(nb::module_& m) {
                      std::string text = utf8_of(name, "[Variable.name] the name");
                      const ExclusiveChange change("name", &v);
                      v.set_name(std::move(text));
-                   })
+                   },
+                   "A label for messages and reprs. A model's parameters keep their structural names\n"
+                   "(model.named_parameters(), saved files) whatever their label.")
       .def_prop_ro("op", &rt::Variable::op, "The op that made this node ('leaf' for leaves).")
       .def_prop_ro("version", &rt::Variable::version)
       .def_prop_ro("value_version", &rt::Variable::value_version)

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <optional>
+#include <unordered_map>
 #include <unordered_set>
 
 #include "../backend/kernels.hpp"
@@ -257,6 +258,72 @@ class ChannelScope {
   PassChannel channel_;
 };
 
+/// The passes running on this thread, outermost first. A pass a hook or a
+/// checkpoint replay starts runs inside them.
+struct RunningOrder {
+  const std::vector<std::shared_ptr<Node>>* order;
+  bool indexed;  // its interior nodes are counted in t_running_nodes
+};
+thread_local std::vector<RunningOrder> t_running;
+/// Interior nodes of the indexed running passes (a count per pass that has
+/// the node), indexed only once a nested pass needs the check: a pass with
+/// no pass inside it pays nothing. A released node leaves at once (its
+/// address may be reused by a node made later, a replay's).
+thread_local std::unordered_map<const Node*, int> t_running_nodes;
+
+void forget_running(const Node* node) {
+  if (t_running_nodes.empty()) return;
+  const auto it = t_running_nodes.find(node);
+  if (it != t_running_nodes.end() && --it->second == 0) t_running_nodes.erase(it);
+}
+
+/// A pass's place on t_running while it runs. A pass started inside another
+/// on the same thread — a checkpoint function calling loss.backward() when
+/// its replay runs, a hook doing so — that reaches an interior node of a
+/// running pass is a BackwardError before it computes anything: with
+/// Release on either side it freed or donated what the other still read (a
+/// crash), and with Keep on both it replayed the same checkpoint again and
+/// again (unbounded recursion). Passes over other graphs (a replay's own, a
+/// hook's over another model) and shared leaves are fine: each pass sums into
+/// its own context. Linear: each running pass is indexed at most once, when
+/// the first pass inside it starts.
+class RunningPass {
+ public:
+  RunningPass(const std::vector<std::shared_ptr<Node>>& order, const char* op) {
+    if (!t_running.empty()) check_apart(order, op);
+    t_running.push_back({&order, false});
+  }
+  ~RunningPass() {
+    const RunningOrder& mine = t_running.back();
+    if (mine.indexed) {
+      for (const auto& n : *mine.order) {
+        if (n != nullptr && !n->is_leaf) forget_running(n.get());  // null: released, forgotten then
+      }
+    }
+    t_running.pop_back();
+  }
+  RunningPass(const RunningPass&) = delete;
+  RunningPass& operator=(const RunningPass&) = delete;
+
+ private:
+  static void check_apart(const std::vector<std::shared_ptr<Node>>& order, const char* op) {
+    for (RunningOrder& r : t_running) {
+      if (r.indexed) continue;
+      for (const auto& n : *r.order) {
+        if (n != nullptr && !n->is_leaf) ++t_running_nodes[n.get()];
+      }
+      r.indexed = true;
+    }
+    for (const auto& n : order) {
+      if (n->is_leaf || !t_running_nodes.contains(n.get())) continue;
+      throw BackwardError(std::string("[") + op + "] the graph of " + n->label() +
+                          " is being differentiated by a backward pass still running on this thread (this one "
+                          "started from a checkpoint function its replay runs again, or from a hook): a pass "
+                          "cannot run inside another over the same nodes; call backward() after it returns");
+    }
+  }
+};
+
 /// GraphAfterBackward::Release: `node` ran (or received no gradient) and
 /// its leaf inputs were reported; what it kept for its backward goes now.
 /// Its inputs stay alive through `order` until they ran themselves; the
@@ -269,6 +336,7 @@ void release(std::shared_ptr<Node>& handle) {
   node.saved.clear();
   node.watched.clear();
   std::vector<Edge>().swap(node.parents);
+  forget_running(&node);
   handle.reset();
 }
 
@@ -341,7 +409,8 @@ PassResult run_backward_pass(const Variable& root_var, const Tensor& seed, const
                        backend_name(root->value.backend()) + ": move the seed to the output's backend");
   }
   std::vector<std::shared_ptr<Node>> order = topological_order(root_var.node_ptr());
-  validate_versions(order, op);  // before anything is computed or touched
+  const RunningPass running(order, op);  // before anything is computed or touched
+  validate_versions(order, op);
 
   if (hooks != nullptr) hooks->begin_pass();
 

@@ -19,16 +19,6 @@ const rt::DecoderOnlyTransformer& model_of(const rt_model* model, const char* fu
   return *m.model;
 }
 
-/// A prompt longer than the context is refused before its buffer is read
-/// (a wrapped length, SIZE_MAX from `n - 1` with n = 0, read far past it).
-void check_prompt_length(const rt::DecoderOnlyTransformer& model, size_t prompt_length) {
-  const std::int64_t context = model.dimensions().context_length;
-  if (prompt_length > static_cast<std::uint64_t>(context)) {
-    throw rt::ValueError("[generate] the prompt has " + std::to_string(prompt_length) +
-                         " tokens, more than the context length " + std::to_string(context));
-  }
-}
-
 rt::StageSettings stage_settings(const rt_stage_settings& c, const char* function) {
   rt::StageSettings s;
   s.attention = rt_c::attention(c.attention, function);
@@ -212,20 +202,43 @@ rt_status rt_adam_create_grouped(rt_model* model, const rt_adam_options* options
   });
 }
 
+/// The index in `adam`'s parameters of the one named `name` (a C caller
+/// cannot rename a Variable: the model's structural names); ValueError
+/// naming the function otherwise.
+namespace {
+std::size_t parameter_index(const rt::Adam& adam, const char* name, const char* function) {
+  for (std::size_t i = 0; i < adam.parameters().size(); ++i) {
+    if (adam.parameters()[i].name() == name) return i;
+  }
+  throw rt::ValueError(std::string("[") + function + "] this Adam trains no parameter named '" + name + "'");
+}
+}  // namespace
+
 rt_status rt_adam_weight_decay(const rt_adam* adam, const char* parameter_name, float* weight_decay) {
   constexpr const char* f = "rt_adam_weight_decay";
   return guard(f, [&] {
     const rt::Adam& a = require(adam, f, "adam").adam;
     require(parameter_name, f, "parameter_name");
-    const std::string name = parameter_name;
     float& out = require(weight_decay, f, "weight_decay");
-    for (std::size_t i = 0; i < a.parameters().size(); ++i) {
-      if (a.parameters()[i].name() == name) {
-        out = a.weight_decay_of(i);
-        return;
-      }
-    }
-    throw rt::ValueError("[rt_adam_weight_decay] this Adam trains no parameter named '" + name + "'");
+    out = a.weight_decay_of(parameter_index(a, parameter_name, f));
+  });
+}
+
+rt_status rt_adam_step_count(const rt_adam* adam, int64_t* steps) {
+  constexpr const char* f = "rt_adam_step_count";
+  return guard(f, [&] {
+    const rt::Adam& a = require(adam, f, "adam").adam;
+    require(steps, f, "steps") = a.step_count();
+  });
+}
+
+rt_status rt_adam_parameter_step_count(const rt_adam* adam, const char* parameter_name, int64_t* steps) {
+  constexpr const char* f = "rt_adam_parameter_step_count";
+  return guard(f, [&] {
+    const rt::Adam& a = require(adam, f, "adam").adam;
+    require(parameter_name, f, "parameter_name");
+    int64_t& out = require(steps, f, "steps");
+    out = a.parameter_step_count(parameter_index(a, parameter_name, f));
   });
 }
 
@@ -316,7 +329,7 @@ rt_status rt_generate(const rt_model* model, const int32_t* prompt, size_t promp
       bad_argument(f, "capacity " + std::to_string(capacity) + " is smaller than max_new_tokens " +
                           std::to_string(o.max_new_tokens));
     }
-    check_prompt_length(m, prompt_length);
+    rt::check_prompt_length(m, prompt_length);  // before a view over the buffer is made
     const rt::GenerationOptions g = generation_options(o, f);
     const rt::GenerationResult r = rt::generate(m, std::span<const std::int32_t>(prompt, prompt_length), g);
     std::copy(r.tokens.begin(), r.tokens.end(), tokens);
@@ -333,7 +346,7 @@ rt_status rt_generate_samples(const rt_model* model, const int32_t* prompt, size
     const rt_generation_options& o = require_struct(options, f, "options");
     if (prompt_length > 0) require(prompt, f, "prompt");
     require(out, f, "out");
-    check_prompt_length(m, prompt_length);
+    rt::check_prompt_length(m, prompt_length);  // before a view over the buffer is made
     const rt::GenerationOptions g = generation_options(o, f);
     auto generation = std::make_unique<rt_generation>();
     generation->samples = rt::generate_samples(m, std::span<const std::int32_t>(prompt, prompt_length), g);
@@ -526,6 +539,25 @@ rt_status rt_evaluate(rt_model* model, const char* text, size_t text_length, con
     write_struct(result, rt_evaluation_result{sizeof(rt_evaluation_result), e.tokens, e.bytes, e.loss, e.perplexity,
                                               e.bits_per_byte},
                  f, "result");
+  });
+}
+
+rt_status rt_split_text(const char* text, size_t text_length, rt_split split, double validation_fraction,
+                        size_t* offset, size_t* length) {
+  constexpr const char* f = "rt_split_text";
+  return guard(f, [&] {
+    if (text == nullptr && text_length > 0) bad_argument(f, "text is NULL");
+    const int value = rt_c::enum_value(split);
+    if (value != RT_SPLIT_TRAIN && value != RT_SPLIT_VALIDATION) {
+      bad_argument(f, "split " + std::to_string(value) + " is not an rt_split value (0 train, 1 validation)");
+    }
+    size_t& at = require(offset, f, "offset");
+    size_t& size = require(length, f, "length");
+    const std::string_view all(text == nullptr ? "" : text, text_length);
+    const std::string_view part = rt::split_text(
+        all, value == RT_SPLIT_TRAIN ? rt::Split::Train : rt::Split::Validation, validation_fraction);
+    at = static_cast<size_t>(part.data() - all.data());
+    size = part.size();
   });
 }
 

@@ -126,18 +126,16 @@ void GradientBucketer::backward(const Variable& output, std::span<const Tensor> 
 
 std::vector<Tensor> GradientBucketer::reduce(std::span<const Tensor> base) {
   set_base(base, 1.0F);
-  std::vector<std::pair<Variable, Tensor>> reduced;
+  std::vector<Tensor> out;
   try {
     begin_pass();
-    reduced = finish();  // every slot from `base`; the buckets start in order
+    complete_pass();  // every slot from `base`; the buckets start in order
+    out = reduced_gradients();
   } catch (...) {
     base_.clear();
     throw;
   }
   base_.clear();
-  std::vector<Tensor> out;
-  out.reserve(reduced.size());
-  for (auto& [param, g] : reduced) out.push_back(std::move(g));
   return out;
 }
 
@@ -154,7 +152,10 @@ void GradientBucketer::begin_pass() {
                              ": the ranks are out of step; end the job");
   }
   for (Bucket& b : buckets_) b.pending = b.members.size();
-  for (Slot& s : slots_) s.filled = false;
+  for (Slot& s : slots_) {
+    s.filled = false;
+    s.present = false;
+  }
   next_start_ = 0;
   final_count_ = 0;
   report_ = PassReport{};
@@ -202,6 +203,7 @@ void GradientBucketer::fill(std::size_t index, const Tensor* gradient) {
     kernels.fill_values(out, n, 0.0F);  // no contribution on this rank: zeros, as the commit would publish
   }
   slot.filled = true;
+  slot.present = slot.present || source != nullptr;
   ++final_count_;
   --buckets_[slot.bucket].pending;
 }
@@ -233,6 +235,7 @@ void GradientBucketer::gradient_final(const Variable& leaf, const Tensor& gradie
   }
   const auto it = index_.find(leaf.node());
   if (it == index_.end() || slots_[it->second].filled) return;  // not a registered parameter (an input)
+  slots_[it->second].present = true;  // reached (without a contribution: the commit's zeros)
   fill(it->second, &gradient);
   start_ready_buckets();
   progress();
@@ -243,6 +246,19 @@ void GradientBucketer::node_done() {
 }
 
 std::vector<std::pair<Variable, Tensor>> GradientBucketer::finish() {
+  complete_pass();
+  std::vector<Tensor> gradients = reduced_gradients();
+  std::vector<std::pair<Variable, Tensor>> reduced;
+  reduced.reserve(params_.size());
+  for (std::size_t k = 0; k < params_.size(); ++k) {
+    // No rank had one: the commit leaves the parameter as backward() does
+    // a leaf it did not reach.
+    if (gradients[k].defined()) reduced.emplace_back(params_[k], std::move(gradients[k]));
+  }
+  return reduced;
+}
+
+void GradientBucketer::complete_pass() {
   if (!in_pass_) throw BackwardError("[GradientBucketer] finish outside a pass: use GradientBucketer::backward");
   report_.started_during_backward = next_start_;
   // Parameters the pass did not reach: zeros (this rank adds nothing).
@@ -258,11 +274,17 @@ std::vector<std::pair<Variable, Tensor>> GradientBucketer::finish() {
     r->wait();
     r.reset();
   }
+}
+
+std::vector<Tensor> GradientBucketer::reduced_gradients() {
+  std::vector<float> present(params_.size(), 0.0F);
+  for (std::size_t k = 0; k < params_.size(); ++k) present[k] = slots_[k].present ? 1.0F : 0.0F;
+  comm_.all_reduce_sum(std::span<float>(present));
   const auto world = static_cast<float>(comm_.world_size());
   const backend::Kernels& kernels = backend::kernels(backend_, "GradientBucketer");
-  std::vector<std::pair<Variable, Tensor>> reduced;
-  reduced.reserve(params_.size());
+  std::vector<Tensor> out(params_.size());
   for (std::size_t k = 0; k < params_.size(); ++k) {
+    if (present[k] == 0.0F) continue;
     const Slot& slot = slots_[k];
     const float* in = std::as_const((*buffers_)[slot.bucket]).device_data() + slot.offset;
     Tensor g = Tensor::empty(params_[k].shape(), backend_);
@@ -271,9 +293,9 @@ std::vector<std::pair<Variable, Tensor>> GradientBucketer::finish() {
     } else {
       kernels.copy_values(in, g.device_data(), g.numel());
     }
-    reduced.emplace_back(params_[k], std::move(g));
+    out[k] = std::move(g);
   }
-  return reduced;
+  return out;
 }
 
 }  // namespace riftco_transformer

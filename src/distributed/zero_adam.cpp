@@ -123,6 +123,7 @@ void ShardedAdam::layout() {
     const std::int64_t n = params_[i].value().numel();
     offset_.push_back(total);
     numel_.push_back(n);
+    parameter_steps_.push_back(0);
     for (std::int64_t b = 0; b < n; b += kNormChunk) chunks_.push_back({i, total + b, total + std::min(n, b + kNormChunk)});
     total += n;
   }
@@ -189,6 +190,14 @@ float ShardedAdam::weight_decay_of(std::size_t index) const {
   return weight_decay_[index];
 }
 
+std::int64_t ShardedAdam::parameter_step_count(std::size_t index) const {
+  if (index >= params_.size()) {
+    throw ValueError("[ShardedAdam] parameter index " + std::to_string(index) + " out of range (" +
+                     std::to_string(params_.size()) + " parameters)");
+  }
+  return parameter_steps_[index];
+}
+
 void ShardedAdam::set_learning_rate(float lr) {
   AdamOptions next = options_;
   next.learning_rate = lr;
@@ -247,6 +256,7 @@ namespace {
 }  // namespace
 
 float ShardedAdam::update(std::span<const Tensor* const> gradients, Gradients kind) {
+  detail::refuse_inside_replay("ShardedAdam");  // before any collective
   if (!failure_.empty()) refuse_after_failure(failure_, "step");
   const std::size_t count = params_.size();
   // Local checks, before any communication.
@@ -357,14 +367,15 @@ float ShardedAdam::update(std::span<const Tensor* const> gradients, Gradients ki
     std::vector<float> culprits(static_cast<std::size_t>(world_));
     comm_.all_gather(std::span<const float>(&culprit, 1), culprits);
     const float first = *std::min_element(culprits.begin(), culprits.end());
-    detail::throw_non_finite_gradient_norm(
-        "ShardedAdam", first == std::numeric_limits<float>::max() ? "" : params_[static_cast<std::size_t>(first)].name());
+    const auto index = static_cast<std::size_t>(first);
+    detail::throw_non_finite_gradient_norm("ShardedAdam", params_,
+                                           first == std::numeric_limits<float>::max() ? nullptr : &index);
   }
   const auto norm = static_cast<float>(std::sqrt(squares));
 
   // 3. Adam on this rank's shard, in the parameters' own buffers.
   ++steps_;
-  const backend::AdamCoefficients c = detail::adam_coefficients(options_, steps_, detail::adam_clip_factor(options_, norm));
+  const float clip = detail::adam_clip_factor(options_, norm);
   std::vector<float*> theta(count, nullptr);
   for (std::size_t i = 0; i < count; ++i) {
     if (!steps(i)) continue;
@@ -375,12 +386,17 @@ float ShardedAdam::update(std::span<const Tensor* const> gradients, Gradients ki
   float* m = m_.device_data();
   float* v = v_.device_data();
   std::vector<backend::AdamUpdate> updates;
+  std::vector<std::int64_t> update_steps;  // each piece's step: its parameter's count + 1, as Adam's
   for_each_piece(rank_, [&](std::size_t i, std::int64_t b, std::int64_t e) {
     if (!steps(i)) return;
     updates.push_back({theta[i] + (b - offset_[i]), m + (b - begin), v + (b - begin), grad + (b - begin), e - b,
                        detail::adam_decay_factor(options_, weight_decay_[i])});
+    update_steps.push_back(parameter_steps_[i] + 1);
   });
-  kernels.adam_update(updates, c);
+  detail::run_adam_updates(kernels, options_, clip, updates, update_steps);
+  for (std::size_t i = 0; i < count; ++i) {
+    if (steps(i)) ++parameter_steps_[i];  // on every rank (the flags are the same everywhere)
+  }
   grad_shard = Tensor();  // done with: the all-gather below does not hold it too
 
   // 4. Every rank gets every updated shard (in slices: gather_shards).
@@ -412,6 +428,7 @@ Adam::State ShardedAdam::state() const {
   const backend::Kernels& kernels = backend::kernels(backend_, "ShardedAdam");
   Adam::State s;
   s.steps = steps_;
+  s.parameter_steps = parameter_steps_;
   for (const Tensor* moment : {&m_, &v_}) {
     const float* mine = moment->device_data();
     std::vector<Tensor> full;
@@ -462,6 +479,8 @@ void ShardedAdam::set_state(const Adam::State& state) {
   m_ = std::move(m);
   v_ = std::move(v);
   steps_ = state.steps;
+  parameter_steps_ = state.parameter_steps.empty() ? std::vector<std::int64_t>(params_.size(), state.steps)
+                                                   : state.parameter_steps;
   failure_.clear();
 }
 

@@ -70,7 +70,13 @@ GenerationResult generate_one(const DecoderOnlyTransformer& model, std::span<con
   DecodeSession session(model);
   Tensor logits;
   // Sampling runs on the host: the logits (V) are read there (a no-op copy on cpu).
-  for (const std::int32_t t : prompt) logits = session.decode_token(t).to(Backend::Cpu);
+  const auto check_interrupt = [&] {
+    if (options.interrupt) options.interrupt();
+  };
+  for (const std::int32_t t : prompt) {
+    check_interrupt();
+    logits = session.decode_token(t).to(Backend::Cpu);
+  }
   Random random(options.seed);
   GenerationResult result;
   std::vector<std::int32_t> order(static_cast<std::size_t>(vocab));
@@ -130,23 +136,26 @@ GenerationResult generate_one(const DecoderOnlyTransformer& model, std::span<con
       }
       break;
     }
-    if (n + 1 < options.max_new_tokens) logits = session.decode_token(next).to(Backend::Cpu);
+    if (n + 1 < options.max_new_tokens) {
+      check_interrupt();
+      logits = session.decode_token(next).to(Backend::Cpu);
+    }
   }
   if (result.message.empty()) result.message = "generated " + std::to_string(result.tokens.size()) + " tokens";
   result.text = detokenize(result.tokens);
   return result;
 }
 
-void check_prompt(const DecoderOnlyTransformer& model, std::span<const std::int32_t> prompt) {
-  if (prompt.empty()) throw ValueError("[generate] the prompt is empty: give at least one token");
+}  // namespace
+
+void check_prompt_length(const DecoderOnlyTransformer& model, std::size_t length) {
+  if (length == 0) throw ValueError("[generate] the prompt is empty: give at least one token");
   const std::int64_t context = model.dimensions().context_length;
-  if (prompt.size() > static_cast<std::uint64_t>(context)) {  // unsigned: a size of 2^63 or more is not negative
-    throw ValueError("[generate] the prompt has " + std::to_string(prompt.size()) +
-                     " tokens, more than the context length " + std::to_string(context));
+  if (length > static_cast<std::uint64_t>(context)) {  // unsigned: a size of 2^63 or more is not negative
+    throw ValueError("[generate] the prompt has " + std::to_string(length) + " tokens, more than the context length " +
+                     std::to_string(context));
   }
 }
-
-}  // namespace
 
 std::string bytes_detokenizer(std::span<const std::int32_t> tokens) {
   std::string text;
@@ -249,7 +258,7 @@ SamplingCandidates sampling_candidates(std::span<const float> logits, std::span<
 
 GenerationResult generate(const DecoderOnlyTransformer& model, std::span<const std::int32_t> prompt,
                           const GenerationOptions& options) {
-  check_prompt(model, prompt);
+  check_prompt_length(model, prompt.size());
   options.validate();
   if (options.num_samples != 1) {
     throw ValueError("[generate] num_samples is " + std::to_string(options.num_samples) +
@@ -260,7 +269,7 @@ GenerationResult generate(const DecoderOnlyTransformer& model, std::span<const s
 
 std::vector<GenerationResult> generate_samples(const DecoderOnlyTransformer& model,
                                                std::span<const std::int32_t> prompt, const GenerationOptions& options) {
-  check_prompt(model, prompt);
+  check_prompt_length(model, prompt.size());
   options.validate();
   std::vector<GenerationResult> samples;
   for (std::int64_t i = 0; i < options.num_samples; ++i) {

@@ -234,10 +234,12 @@ void DecoderOnlyTransformer::set_lora_active(bool active) {
 std::vector<NamedParameter> DecoderOnlyTransformer::lora_parameters() const {
   const StructureReadLock structure(*core_);
   std::vector<NamedParameter> out;
-  for (const BlockWeights& b : core_->blocks) {
-    for (const LoraAdapter& adapter : b.adapters) {
-      out.push_back({adapter.a.name(), adapter.a});
-      out.push_back({adapter.b.name(), adapter.b});
+  for (std::size_t i = 0; i < core_->blocks.size(); ++i) {
+    for (const LoraAdapter& adapter : core_->blocks[i].adapters) {
+      // From the structure, as parameters(): not the Variables' labels.
+      const std::string prefix = adapter_prefix(i, adapter.target);
+      out.push_back({prefix + ".lora_a", adapter.a});
+      out.push_back({prefix + ".lora_b", adapter.b});
     }
   }
   return out;

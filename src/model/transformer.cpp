@@ -160,17 +160,18 @@ DecoderOnlyTransformer::DecoderOnlyTransformer(const TransformerDimensions& dime
   const float residual_std = kStd / std::sqrt(2.0F * static_cast<float>(m.dims.layers));
   m.token_embedding = parameter_leaf(Tensor::normal({v, c}, random, 0.0F, kStd), "token_embedding.weight");
   for (std::int64_t i = 0; i < m.dims.layers; ++i) {
-    const std::string p = "blocks." + std::to_string(i) + ".";
+    // In base_block_parameters' order, which names them.
+    const std::vector<std::string> n = base_block_parameter_names(static_cast<std::size_t>(i));
     BlockWeights b;
-    b.attention_norm = parameter_leaf(Tensor::ones({c}), p + "attention_norm.weight");
-    b.query = parameter_leaf(Tensor::normal({c, c}, random, 0.0F, kStd), p + "attention.query.weight");
-    b.key = parameter_leaf(Tensor::normal({kv, c}, random, 0.0F, kStd), p + "attention.key.weight");
-    b.value = parameter_leaf(Tensor::normal({kv, c}, random, 0.0F, kStd), p + "attention.value.weight");
-    b.output = parameter_leaf(Tensor::normal({c, c}, random, 0.0F, residual_std), p + "attention.output.weight");
-    b.mlp_norm = parameter_leaf(Tensor::ones({c}), p + "mlp_norm.weight");
-    b.gate = parameter_leaf(Tensor::normal({f, c}, random, 0.0F, kStd), p + "mlp.gate.weight");
-    b.up = parameter_leaf(Tensor::normal({f, c}, random, 0.0F, kStd), p + "mlp.up.weight");
-    b.down = parameter_leaf(Tensor::normal({c, f}, random, 0.0F, residual_std), p + "mlp.down.weight");
+    b.attention_norm = parameter_leaf(Tensor::ones({c}), n[0]);
+    b.query = parameter_leaf(Tensor::normal({c, c}, random, 0.0F, kStd), n[1]);
+    b.key = parameter_leaf(Tensor::normal({kv, c}, random, 0.0F, kStd), n[2]);
+    b.value = parameter_leaf(Tensor::normal({kv, c}, random, 0.0F, kStd), n[3]);
+    b.output = parameter_leaf(Tensor::normal({c, c}, random, 0.0F, residual_std), n[4]);
+    b.mlp_norm = parameter_leaf(Tensor::ones({c}), n[5]);
+    b.gate = parameter_leaf(Tensor::normal({f, c}, random, 0.0F, kStd), n[6]);
+    b.up = parameter_leaf(Tensor::normal({f, c}, random, 0.0F, kStd), n[7]);
+    b.down = parameter_leaf(Tensor::normal({c, f}, random, 0.0F, residual_std), n[8]);
     m.blocks.push_back(std::move(b));
   }
   m.final_norm = parameter_leaf(Tensor::ones({c}), "final_norm.weight");
@@ -316,14 +317,17 @@ std::vector<Variable> DecoderOnlyTransformer::block_dependencies(std::size_t ind
 
 std::vector<NamedParameter> DecoderOnlyTransformer::parameters() const {
   const StructureReadLock structure(*core_);
+  // Names from the structure, not Variable::name(): a renamed Variable
+  // (riftco's Variable.name setter) keeps its key in saved files.
   std::vector<NamedParameter> out;
-  auto push = [&out](const Variable& v) { out.push_back({v.name(), v}); };
-  push(core_->token_embedding);
+  out.push_back({"token_embedding.weight", core_->token_embedding});
   for (std::size_t i = 0; i < core_->blocks.size(); ++i) {
-    for (const Variable& v : base_block_parameters(core_->blocks[i])) push(v);
+    const std::vector<Variable> block = base_block_parameters(core_->blocks[i]);
+    const std::vector<std::string> names = base_block_parameter_names(i);
+    for (std::size_t k = 0; k < block.size(); ++k) out.push_back({names[k], block[k]});
   }
-  push(core_->final_norm);
-  if (!core_->dims.tie_embeddings) push(core_->lm_head);
+  out.push_back({"final_norm.weight", core_->final_norm});
+  if (!core_->dims.tie_embeddings) out.push_back({"lm_head.weight", core_->lm_head});
   return out;
 }
 

@@ -16,6 +16,10 @@ void check_checkpointing_plan(const ActivationCheckpointingPlan& plan, std::int6
 
 /// The nine base parameters of a block, in their fixed order.
 std::vector<Variable> base_block_parameters(const BlockWeights& block);
+/// The names of block `index`'s base_block_parameters, in their order: the
+/// keys of saved files, fixed by the model's structure (a Variable's own
+/// name is a label a user may change).
+std::vector<std::string> base_block_parameter_names(std::size_t index);
 
 struct TransformerCore {
   TransformerDimensions dims;

@@ -14,6 +14,13 @@ std::vector<Variable> base_block_parameters(const BlockWeights& b) {
   return {b.attention_norm, b.query, b.key, b.value, b.output, b.mlp_norm, b.gate, b.up, b.down};
 }
 
+std::vector<std::string> base_block_parameter_names(std::size_t index) {
+  const std::string p = "blocks." + std::to_string(index) + ".";
+  return {p + "attention_norm.weight", p + "attention.query.weight", p + "attention.key.weight",
+          p + "attention.value.weight", p + "attention.output.weight", p + "mlp_norm.weight",
+          p + "mlp.gate.weight", p + "mlp.up.weight", p + "mlp.down.weight"};
+}
+
 const Variable& BlockWeights::projection(LoraTarget target) const {
   switch (target) {
     case LoraTarget::Query:

@@ -1,7 +1,9 @@
 #include "riftco_transformer/adam.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <span>
 #include <unordered_set>
 #include <utility>
@@ -9,6 +11,7 @@
 
 #include "../backend/kernels.hpp"
 #include "adam_coefficients.hpp"
+#include "riftco_transformer/checkpoint.hpp"
 #include "riftco_transformer/gradient_accumulator.hpp"
 
 namespace riftco_transformer {
@@ -36,6 +39,7 @@ void Adam::add_parameters(std::vector<Variable> parameters) {
     }
     m_.push_back(Tensor::zeros(p.value().shape(), p.value().backend()));
     stepped_serial_.push_back(0);
+    parameter_steps_.push_back(0);
     v_.push_back(Tensor::zeros(p.value().shape(), p.value().backend()));
     params_.push_back(std::move(p));
   }
@@ -85,6 +89,14 @@ float Adam::weight_decay_of(std::size_t index) const {
                      std::to_string(params_.size()) + " parameters)");
   }
   return weight_decay_[index];
+}
+
+std::int64_t Adam::parameter_step_count(std::size_t index) const {
+  if (index >= params_.size()) {
+    throw ValueError("[Adam] parameter index " + std::to_string(index) + " out of range (" +
+                     std::to_string(params_.size()) + " parameters)");
+  }
+  return parameter_steps_[index];
 }
 
 void Adam::set_learning_rate(float lr) {
@@ -154,6 +166,7 @@ void Adam::check_gradient(std::size_t i, const Tensor& g, const std::size_t* fir
 }
 
 float Adam::update(std::span<const Tensor* const> gradients) {
+  detail::refuse_inside_replay("Adam");
   // Validate everything first: a bad gradient changes nothing.
   std::vector<std::size_t> with_grad;
   std::vector<std::span<const float>> grads;
@@ -169,29 +182,32 @@ float Adam::update(std::span<const Tensor* const> gradients) {
   const double squares = kernels.sum_of_squares(grads);
   if (!std::isfinite(static_cast<float>(std::sqrt(squares)))) {
     // One pass to name the culprit; only on this failure path.
-    std::string culprit;
-    for (std::size_t k = 0; k < with_grad.size() && culprit.empty(); ++k) {
-      if (!kernels.all_finite(grads[k])) culprit = params_[with_grad[k]].name();
+    std::optional<std::size_t> culprit;
+    for (std::size_t k = 0; k < with_grad.size() && !culprit; ++k) {
+      if (!kernels.all_finite(grads[k])) culprit = with_grad[k];
     }
-    detail::throw_non_finite_gradient_norm("Adam", culprit);
+    detail::throw_non_finite_gradient_norm("Adam", params_, culprit ? &*culprit : nullptr);
   }
   const auto norm = static_cast<float>(std::sqrt(squares));
   // No gradient at all (as PyTorch's step() with every .grad None): nothing
   // to update, and the step count stays, so the next real step's bias
   // correction is a first step's.
   if (with_grad.empty()) return norm;
-  ++steps_;
-  const backend::AdamCoefficients c =
-      detail::adam_coefficients(options_, steps_, detail::adam_clip_factor(options_, norm));
+  const float clip = detail::adam_clip_factor(options_, norm);
   std::vector<backend::AdamUpdate> updates;
+  std::vector<std::int64_t> steps;  // each update's step: its parameter's count + 1
   updates.reserve(with_grad.size());
+  steps.reserve(with_grad.size());
   for (std::size_t k = 0; k < with_grad.size(); ++k) {
     const std::size_t i = with_grad[k];
     updates.push_back(detail::adam_update_of(params_[i], m_[i], v_[i], grads[k].data(),
                                              detail::adam_decay_factor(options_, weight_decay_[i]),
                                              "updated in place by Adam::step"));
+    steps.push_back(parameter_steps_[i] + 1);
   }
-  kernels.adam_update(updates, c);
+  detail::run_adam_updates(kernels, options_, clip, updates, steps);
+  ++steps_;
+  for (const std::size_t i : with_grad) ++parameter_steps_[i];
   return norm;
 }
 
@@ -202,6 +218,7 @@ void Adam::zero_grad() {
 Adam::State Adam::state() const {
   State s;
   s.steps = steps_;
+  s.parameter_steps = parameter_steps_;
   for (const Tensor& t : m_) s.first_moment.push_back(t.clone());
   for (const Tensor& t : v_) s.second_moment.push_back(t.clone());
   return s;
@@ -233,6 +250,12 @@ void Adam::set_state(const State& state) {
   m_ = std::move(m);
   v_ = std::move(v);
   steps_ = state.steps;
+  parameter_steps_ = state.parameter_steps.empty() ? std::vector<std::int64_t>(params_.size(), state.steps)
+                                                   : state.parameter_steps;
+}
+
+void Adam::check_state_values(std::string_view op, const State& state, const std::vector<Variable>& parameters) {
+  detail::check_adam_state_values(op, state, parameters);
 }
 
 namespace detail {
@@ -256,18 +279,67 @@ void check_adam_state_values(std::string_view op, const Adam::State& state, cons
   if (state.steps < 0 || state.steps == std::numeric_limits<std::int64_t>::max()) {
     throw ValueError(tag + "state's step count " + std::to_string(state.steps) + " is outside [0, 2^63 - 1)");
   }
+  if (!state.parameter_steps.empty() && state.parameter_steps.size() != parameters.size()) {
+    throw ValueError(tag + "state has " + std::to_string(state.parameter_steps.size()) +
+                     " per-parameter step counts for " + std::to_string(parameters.size()) +
+                     " parameters (give one per parameter, or none: every parameter at the step count)");
+  }
+  for (std::size_t i = 0; i < state.parameter_steps.size(); ++i) {
+    if (state.parameter_steps[i] < 0 || state.parameter_steps[i] > state.steps) {
+      throw ValueError(tag + "state for '" + parameters[i].name() + "': its step count " +
+                       std::to_string(state.parameter_steps[i]) + " is outside [0, " + std::to_string(state.steps) +
+                       "] (a parameter is updated at most once per step)");
+    }
+  }
+  // Before its first update a parameter's moments are zero: a count of 0
+  // with other moments would correct them as a first step's.
+  const auto never_updated = [&](std::size_t i) {
+    return state.parameter_steps.empty() ? state.steps == 0 : state.parameter_steps[i] == 0;
+  };
   for (std::size_t i = 0; i < parameters.size(); ++i) {
     for (const bool second : {false, true}) {
       const std::vector<float> values = (second ? state.second_moment : state.first_moment)[i].to_vector();
       for (std::size_t k = 0; k < values.size(); ++k) {
         // A step keeps m a mix of finite gradients; v can reach +inf (a
         // finite gradient whose square overflows), never NaN or below 0.
+        if (never_updated(i) && values[k] != 0.0F) {
+          throw ValueError(tag + "state for '" + parameters[i].name() + "': its step count is 0 but its " +
+                           (second ? "second" : "first") + " moment holds " + float_text(values[k]) +
+                           " at element " + std::to_string(k) + " (moments are zero before the first update)");
+        }
         if (second ? values[k] >= 0.0F : std::isfinite(values[k])) continue;
         throw ValueError(tag + "state for '" + parameters[i].name() + "': its " + (second ? "second" : "first") +
                          " moment holds " + float_text(values[k]) + " at element " + std::to_string(k) +
                          (second ? " (a second moment is >= 0)" : " (a first moment is finite)"));
       }
     }
+  }
+}
+
+void refuse_inside_replay(std::string_view op) {
+  if (!checkpoint_replaying()) return;
+  throw ValueError("[" + std::string(op) +
+                   "] step() called from a checkpoint function while backward replays it: the replay must "
+                   "compute what the forward did, and a step moves the weights it reads; no parameter was "
+                   "changed (step after backward() returns)");
+}
+
+void run_adam_updates(const backend::Kernels& kernels, const AdamOptions& options, float clip,
+                      std::span<const backend::AdamUpdate> updates, std::span<const std::int64_t> steps) {
+  if (updates.empty()) return;
+  if (std::all_of(steps.begin(), steps.end(), [&](std::int64_t s) { return s == steps.front(); })) {
+    kernels.adam_update(updates, adam_coefficients(options, steps.front(), clip));  // the usual case: one call
+    return;
+  }
+  std::vector<std::int64_t> distinct(steps.begin(), steps.end());
+  std::sort(distinct.begin(), distinct.end());
+  distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
+  for (const std::int64_t step : distinct) {
+    std::vector<backend::AdamUpdate> group;
+    for (std::size_t k = 0; k < updates.size(); ++k) {
+      if (steps[k] == step) group.push_back(updates[k]);
+    }
+    kernels.adam_update(group, adam_coefficients(options, step, clip));
   }
 }
 
@@ -302,10 +374,15 @@ backend::AdamUpdate adam_update_of(Variable& parameter, Tensor& m, Tensor& v, co
   return {theta, m.device_data(), v.device_data(), gradient, parameter.value().numel(), decay};
 }
 
-void throw_non_finite_gradient_norm(std::string_view op, const std::string& culprit) {
-  throw ValueError("[" + std::string(op) + "] the gradient norm is not finite" +
-                   (culprit.empty() ? std::string(" (it overflowed)") : " ('" + culprit + "' has a non-finite gradient)") +
-                   ": no parameter was changed");
+void throw_non_finite_gradient_norm(std::string_view op, const std::vector<Variable>& parameters,
+                                    const std::size_t* culprit) {
+  std::string why = " (it overflowed)";
+  if (culprit != nullptr) {
+    const std::string& name = parameters[*culprit].name();
+    why = " (" + (name.empty() ? "parameter " + std::to_string(*culprit) : "'" + name + "'") +
+          " has a non-finite gradient)";
+  }
+  throw ValueError("[" + std::string(op) + "] the gradient norm is not finite" + why + ": no parameter was changed");
 }
 
 }  // namespace detail

@@ -5,10 +5,12 @@
 // and each parameter's decay factor, and the error for a non-finite norm.
 // Private to the optim and distributed layers.
 #include <cstdint>
+#include <span>
 #include <string>
 #include <string_view>
 
 #include "../backend/kernel_types.hpp"
+#include "../backend/kernels.hpp"
 #include "riftco_transformer/adam.hpp"
 
 namespace riftco_transformer::detail {
@@ -21,6 +23,21 @@ float adam_clip_factor(const AdamOptions& options, float norm);
 /// 1 - beta^step, computed in double).
 backend::AdamCoefficients adam_coefficients(const AdamOptions& options, std::int64_t step, float clip);
 
+/// A ValueError tagged `op`, before anything changes, when a checkpoint
+/// replay runs on this thread (checkpoint_replaying()): a step from the
+/// replayed function moves weights the replay reads, which the contract
+/// reported only after they had moved. (A hook's step on a parameter whose
+/// gradient is final is fine: backward_and_step does that.)
+void refuse_inside_replay(std::string_view op);
+
+/// The kernel over `updates`, updates[k] bias-corrected as step steps[k]
+/// (1-based: its parameter's own count + 1, as PyTorch's per-parameter
+/// state['step']): one adam_update call when every step is the same (the
+/// usual case), else one per distinct step, in ascending order. Parameters
+/// are elementwise-independent, so the grouping changes no value.
+void run_adam_updates(const backend::Kernels& kernels, const AdamOptions& options, float clip,
+                      std::span<const backend::AdamUpdate> updates, std::span<const std::int64_t> steps);
+
 /// θ's factor for decoupled weight decay: 1 - learning_rate · weight_decay.
 float adam_decay_factor(const AdamOptions& options, float weight_decay);
 
@@ -31,9 +48,11 @@ backend::AdamUpdate adam_update_of(Variable& parameter, Tensor& m, Tensor& v, co
                                    const char* why);
 
 /// The ValueError for a non-finite gradient norm: "[op] the gradient norm is
-/// not finite ('name' has a non-finite gradient): no parameter was changed",
-/// or "(it overflowed)" when `culprit` is empty.
-[[noreturn]] void throw_non_finite_gradient_norm(std::string_view op, const std::string& culprit);
+/// not finite ('name' has a non-finite gradient): no parameter was changed"
+/// (an unnamed one is "parameter i"), or "(it overflowed)" when `culprit`
+/// is null (every gradient finite).
+[[noreturn]] void throw_non_finite_gradient_norm(std::string_view op, const std::vector<Variable>& parameters,
+                                                 const std::size_t* culprit);
 
 /// The values of a restored state that no step could have made, a
 /// ValueError tagged `op` naming the first: a step count outside
@@ -47,7 +66,8 @@ void check_adam_state_values(std::string_view op, const Adam::State& state, cons
 /// its own, read with its serial: Variable::grad_with_serial), or an
 /// undefined Tensor (skipped) where its grad_serial() is `stepped[i]`, a
 /// gradient already stepped with. `serials` receives every grad_serial(),
-/// to become `stepped` once the step succeeds (Adam and ShardedAdam).
+/// to become `stepped` once the step succeeds (Adam, ShardedAdam, and
+/// GradientAccumulator with the serials it added).
 std::vector<Tensor> fresh_gradients(const std::vector<Variable>& parameters,
                                     const std::vector<std::uint64_t>& stepped, std::vector<std::uint64_t>& serials);
 

@@ -6,8 +6,8 @@
 //
 // Bit-identity with backward() + step(): the same checks (check_gradient),
 // the same kernel (adam_update, elementwise, cut per parameter from its
-// start) with the same coefficients (step steps_ + 1, clip factor 1: no
-// clipping here), and the norm summed from each parameter's
+// start) with the same coefficients (each parameter's own step, its
+// parameter_step_count() + 1; clip factor 1: no clipping here), and the norm summed from each parameter's
 // sum_of_squares_partials in parameters() order once the pass is over,
 // exactly the terms and order step()'s sum_of_squares adds.
 #include <algorithm>
@@ -30,7 +30,6 @@ class Adam::StepInBackward final : public BackwardHooks {
  public:
   explicit StepInBackward(Adam& adam)
       : adam_(adam),
-        coefficients_(detail::adam_coefficients(adam.options_, adam.steps_ + 1, 1.0F)),
         partials_(adam.params_.size()),
         stepped_(adam.params_.size(), false),
         reached_(adam.params_.size(), false) {
@@ -129,7 +128,9 @@ class Adam::StepInBackward final : public BackwardHooks {
         detail::adam_update_of(parameter, adam_.m_[i], adam_.v_[i], values.data(),
                                detail::adam_decay_factor(adam_.options_, adam_.weight_decay_[i]),
                                "updated in place by Adam::backward_and_step");
-    kernels.adam_update(std::span(&update, 1), coefficients_);
+    kernels.adam_update(std::span(&update, 1),
+                        detail::adam_coefficients(adam_.options_, adam_.parameter_steps_[i] + 1, 1.0F));
+    ++adam_.parameter_steps_[i];
     partials_[i] = std::move(partials);
     stepped_[i] = true;
     if (!first_stepped_) first_ = i;
@@ -138,7 +139,6 @@ class Adam::StepInBackward final : public BackwardHooks {
   }
 
   Adam& adam_;
-  backend::AdamCoefficients coefficients_;
   std::unordered_map<const Node*, std::size_t> index_;
   std::vector<std::vector<double>> partials_;
   std::vector<bool> stepped_;
@@ -165,6 +165,7 @@ std::string message_of(const std::exception_ptr& error) {
 }  // namespace
 
 float Adam::backward_and_step(const Variable& loss, GraphAfterBackward graph) {
+  detail::refuse_inside_replay("Adam::backward_and_step");  // as step(): no weight moves under a replay
   if (options_.max_grad_norm > 0.0F) {
     throw ValueError("[Adam::backward_and_step] max_grad_norm is " + float_text(options_.max_grad_norm) +
                      ": clipping scales every gradient by the global norm, known only once every gradient is; "
@@ -173,7 +174,7 @@ float Adam::backward_and_step(const Variable& loss, GraphAfterBackward graph) {
   StepInBackward hooks(*this);
   const std::int64_t steps_before = steps_;
   try {
-    steps_ = steps_before + 1;  // the coefficients' step; restored when nothing was updated
+    steps_ = steps_before + 1;  // restored when nothing was updated
     hooks.check_before(loss);
     loss.backward(hooks, graph);  // BackwardError for a non-scalar loss, before anything runs
     const auto norm = static_cast<float>(std::sqrt(hooks.sum_of_squares()));

@@ -4,11 +4,12 @@
 #include <string>
 
 #include "../backend/kernels.hpp"
+#include "adam_coefficients.hpp"
 
 namespace riftco_transformer {
 
 GradientAccumulator::GradientAccumulator(std::vector<Variable> parameters)
-    : params_(std::move(parameters)), sums_(params_.size()) {
+    : params_(std::move(parameters)), sums_(params_.size()), added_serial_(params_.size(), 0) {
   for (std::size_t i = 0; i < params_.size(); ++i) {
     if (!params_[i].defined()) throw ValueError("[GradientAccumulator] parameter " + std::to_string(i) + " is undefined");
   }
@@ -20,9 +21,8 @@ void GradientAccumulator::add(float weight) {
   }
   // One handle per gradient, checked and then added: a backward committing
   // in another thread meanwhile can neither free nor change what is added.
-  std::vector<Tensor> grads;
-  grads.reserve(params_.size());
-  for (const Variable& p : params_) grads.push_back(p.grad_with_serial().first);
+  std::vector<std::uint64_t> serials;
+  const std::vector<Tensor> grads = detail::fresh_gradients(params_, added_serial_, serials);  // added already: none
   for (std::size_t i = 0; i < params_.size(); ++i) {
     const Tensor& g = grads[i];
     if (!g.defined()) continue;
@@ -47,6 +47,7 @@ void GradientAccumulator::add(float weight) {
     } else {
       kernels.axpy_inplace(sums_[i], weight, g);  // sum += weight · g
     }
+    added_serial_[i] = serials[i];
   }
   ++count_;
 }

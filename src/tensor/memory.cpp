@@ -253,6 +253,10 @@ bool backend_available(Backend backend) {
   return backend == Backend::Cpu || (backend == Backend::Cuda && detail::cuda_device_present());
 }
 
+std::string backend_unavailable_reason(Backend backend) {
+  return backend_available(backend) ? std::string() : detail::cuda_unavailable_reason();
+}
+
 namespace {
 thread_local ThreadMemoryMeter* t_innermost_meter = nullptr;
 }  // namespace

@@ -48,6 +48,7 @@ EvaluationResult evaluate(DecoderOnlyTransformer& model, std::string_view text, 
   double total_nats = 0.0;
   try {
     for (std::int64_t first = 0; first < windows; first += options.batch) {
+      if (options.interrupt) options.interrupt();
       const std::int64_t rows = std::min(options.batch, windows - first);
       std::vector<std::int32_t> tokens(static_cast<std::size_t>(rows * window), 0);
       std::vector<std::int32_t> targets(static_cast<std::size_t>(rows * window), kIgnoreTarget);

@@ -34,7 +34,7 @@ void StageSettings::check_device(const char* op) const {
   }
   if (!backend_available(device)) {
     throw BackendError(std::string("[") + op + "] device " + backend_name(device) + ": " +
-                       detail::cuda_unavailable_reason() + "; train with device cpu");
+                       backend_unavailable_reason(device) + "; train with device cpu");
   }
 }
 

@@ -98,6 +98,38 @@ const std::string& meta(const TensorFile& f, const std::string& key, const std::
   return it->second;
 }
 
+/// "adam_parameter_steps": {name: count} for the trainable parameters with
+/// fewer updates than `steps`, each a whole number in [0, steps]; the
+/// others (all of them when the key is absent) at `steps`.
+std::vector<std::int64_t> read_parameter_steps(const TensorFile& f, const std::vector<NamedParameter>& trainable,
+                                               std::int64_t steps, const std::string& where) {
+  std::vector<std::int64_t> counts(trainable.size(), steps);
+  const auto it = f.metadata.find("adam_parameter_steps");
+  if (it == f.metadata.end()) return counts;
+  auto bad = [&](const std::string& why) {
+    throw ModelStateError(where + "metadata 'adam_parameter_steps' " + why);
+  };
+  nlohmann::json h;
+  try {  // bounded depth, no duplicate keys
+    h = nlohmann::json::parse(detail::parse_untrusted_json(it->second).dump());
+  } catch (const detail::JsonReadError& e) {
+    bad(e.what());
+  }
+  if (!h.is_object()) bad("is not a JSON object of parameter names and step counts");
+  std::map<std::string, std::size_t> index;
+  for (std::size_t i = 0; i < trainable.size(); ++i) index.emplace(trainable[i].name, i);
+  for (const auto& [name, value] : h.items()) {
+    const auto at = index.find(name);
+    if (at == index.end()) bad("names '" + detail::quote(name) + "', which the run does not train");
+    if (!value.is_number_unsigned() || value.get<std::uint64_t>() > static_cast<std::uint64_t>(steps)) {
+      bad("gives '" + detail::quote(name) + "' " + detail::quote(value.dump()) + ", not a step count in [0, " +
+          std::to_string(steps) + "]");
+    }
+    counts[at->second] = value.get<std::int64_t>();
+  }
+  return counts;
+}
+
 /// The "world_size_history" of a checkpoint at `step` made by `saved_world`
 /// ranks: contiguous entries from step 1 to `step`, the last at
 /// `saved_world`. A file without it ran every step at `saved_world`.
@@ -158,16 +190,27 @@ nlohmann::json extend_world_size_history(const nlohmann::json& history, std::int
 
 void save_training_checkpoint(const std::filesystem::path& path, const std::vector<NamedParameter>& trainable,
                               const Adam::State& moments, const TrainingState& state, const nlohmann::json& config) {
-  if (moments.first_moment.size() != trainable.size()) {
-    throw ValueError("[save_training_checkpoint] Adam has " + std::to_string(moments.first_moment.size()) +
-                     " parameters, the run trains " + std::to_string(trainable.size()));
+  if (moments.first_moment.size() != trainable.size() || moments.second_moment.size() != trainable.size()) {
+    throw ValueError("[save_training_checkpoint] Adam has " + std::to_string(moments.first_moment.size()) + " and " +
+                     std::to_string(moments.second_moment.size()) + " moments, the run trains " +
+                     std::to_string(trainable.size()) + " parameters");
   }
   for (std::size_t i = 0; i < trainable.size(); ++i) {
-    if (moments.first_moment[i].shape() != trainable[i].variable.shape()) {
-      throw ShapeError("[save_training_checkpoint] '" + trainable[i].name + "' is " +
-                       shape_string(trainable[i].variable.shape()) + " but its Adam moments are " +
-                       shape_string(moments.first_moment[i].shape()));
+    for (const Tensor* moment : {&moments.first_moment[i], &moments.second_moment[i]}) {
+      if (moment->shape() != trainable[i].variable.shape()) {
+        throw ShapeError("[save_training_checkpoint] '" + trainable[i].name + "' is " +
+                         shape_string(trainable[i].variable.shape()) + " but its Adam moments are " +
+                         shape_string(moment->shape()));
+      }
     }
+  }
+  {
+    // What a resume's set_state would refuse, refused before the file is
+    // written (counts outside [0, steps], a count of 0 beside moments a
+    // step made, moments no step makes).
+    std::vector<Variable> variables;
+    for (const NamedParameter& p : trainable) variables.push_back(p.variable);
+    Adam::check_state_values("save_training_checkpoint", moments, variables);
   }
   // On the host (a cuda run's parameters and moments are copied back once
   // per checkpoint; cpu tensors are not copied): the checksum reads them there.
@@ -189,6 +232,14 @@ void save_training_checkpoint(const std::filesystem::path& path, const std::vect
     throw ValueError("[save_training_checkpoint] " + std::to_string(state.other_ranks_dropout_random.size() + 1) +
                      " dropout streams for " + std::to_string(state.world_size) + " ranks");
   }
+  // Parameters with fewer updates than the optimizer's steps (a frozen or
+  // unreached one: Adam::parameter_step_count); absent when every parameter
+  // had every step, as in files from before per-parameter counts.
+  nlohmann::json behind = nlohmann::json::object();
+  for (std::size_t i = 0; i < moments.parameter_steps.size(); ++i) {
+    if (moments.parameter_steps[i] != moments.steps) behind[trainable[i].name] = moments.parameter_steps[i];
+  }
+  if (!behind.empty()) metadata["adam_parameter_steps"] = behind.dump();
   if (state.elapsed_seconds) {
     char text[32];
     const auto r = std::to_chars(text, text + sizeof text, *state.elapsed_seconds);  // round-trips
@@ -226,13 +277,14 @@ void load_training_checkpoint(const std::filesystem::path& path, const std::vect
     }
     // Execution policy and logistics may change on resume (e.g. switch to
     // block checkpointing after running out of memory: the gradients are the
-    // same); everything that decides the numbers must not.
+    // same); everything that decides the numbers must not — the attention
+    // kind included: flash and materialized agree only within rounding
+    // (docs/attention.md), so a switch gave other weights than the run.
     for (auto* j : {&saved, &expected}) {
       for (const char* key : {"resume", "output_dir", "activation_checkpointing", "checkpoint_segment_blocks",
                               "activation_memory_budget", "activation_offload", "zero_stage",
                               "gradient_bucket_mib", "device", "optimizer_in_backward",
-                              "attention", "eval_interval", "eval_batches", "checkpoint_interval",
-                              "allow_non_finite"}) {
+                              "eval_interval", "eval_batches", "checkpoint_interval", "allow_non_finite"}) {
         j->erase(key);
       }
     }
@@ -322,6 +374,7 @@ void load_training_checkpoint(const std::filesystem::path& path, const std::vect
                           std::to_string(moments.steps) + ") does not fit a run of " + std::to_string(total) +
                           " steps");
   }
+  moments.parameter_steps = read_parameter_steps(f, trainable, moments.steps, where);
   if (const auto it = f.metadata.find("elapsed_seconds"); it != f.metadata.end()) {
     loaded.elapsed_seconds = parse_seconds(it->second, path);
   }
@@ -340,8 +393,13 @@ void load_training_checkpoint(const std::filesystem::path& path, const std::vect
     loaded.dropout_random = loaded.other_ranks_dropout_random.at(static_cast<std::size_t>(rank - 1));
   }
   loaded.world_size = world_size;
-  // Everything validated: apply.
-  set_state(moments);
+  // Everything validated: apply. The optimizer checks the moments' values
+  // and counts (nothing changes when it refuses them): a file's fault here.
+  try {
+    set_state(moments);
+  } catch (const ValueError& e) {
+    throw ModelStateError(where + "its Adam state: " + e.what());
+  }
   for (std::size_t i = 0; i < trainable.size(); ++i) {
     Variable v = trainable[i].variable;
     // One copy: to() makes it on a device; on the cpu it would share the

@@ -185,8 +185,8 @@ static void test_struct_init(void) {
 }
 
 static void test_version_and_names(void) {
-  CHECK(rt_abi_version() == ((2u << 16) | 7u));
-  CHECK(RT_ABI_VERSION_MAJOR == 2 && RT_ABI_VERSION_MINOR == 7);
+  CHECK(rt_abi_version() == ((2u << 16) | 8u));
+  CHECK(RT_ABI_VERSION_MAJOR == 2 && RT_ABI_VERSION_MINOR == 8);
   CHECK(strcmp(rt_status_name(RT_ERROR_STALE_GRAPH), "RT_ERROR_STALE_GRAPH") == 0);
   CHECK(strcmp(rt_status_name(RT_ERROR_PARTIAL_STEP), "RT_ERROR_PARTIAL_STEP") == 0 && RT_ERROR_PARTIAL_STEP == 13);
   CHECK(strcmp(rt_status_name((rt_status)99), "unknown") == 0);
@@ -703,6 +703,9 @@ static void test_training_lora_and_files(void) {
   FAILS(rt_generate(model, prompt, SIZE_MAX, &g, NULL, 0, &count, NULL), RT_ERROR_VALUE, "more than the context length");
   rt_generation* many = NULL;
   FAILS(rt_generate_samples(model, prompt, (size_t)1 << 63, &g, &many), RT_ERROR_VALUE, "more than the context length");
+  CHECK(many == NULL);
+  FAILS(rt_generate_samples(model, prompt, SIZE_MAX, &g, &many), RT_ERROR_VALUE, "more than the context length");
+  FAILS(rt_generate_samples(model, prompt, 65, &g, &many), RT_ERROR_VALUE, "65 tokens");
   CHECK(many == NULL);
   rt_model_destroy(copy);
   rt_model_destroy(model);
@@ -1670,6 +1673,68 @@ static void test_model_transfer_and_offload(void) {
   rt_model_destroy(model);
 }
 
+/* ABI 2.8: the optimizer's step count and each parameter's (PyTorch's
+ * per-parameter state['step']): an adapter active at one step of three has
+ * had one update, the base weights three. */
+static void test_adam_step_counts(void) {
+  rt_transformer_config c = tiny_config();
+  rt_model* model = NULL;
+  OK(rt_model_create(&c, 5, RT_ATTENTION_FLASH, RT_ACTIVATION_CHECKPOINTING_DISABLED, &model));
+  rt_lora_config lora;
+  OK(rt_lora_config_default(&lora));
+  lora.rank = 2;
+  lora.targets = RT_LORA_QUERY;
+  OK(rt_model_add_lora(model, &lora, 3));
+  rt_adam_options options;
+  OK(rt_adam_options_default(&options));
+  rt_adam* adam = NULL;
+  OK(rt_adam_create(model, &options, &adam));
+  int64_t steps = -1;
+  OK(rt_adam_step_count(adam, &steps));
+  CHECK(steps == 0);
+  for (int step = 0; step < 3; ++step) {
+    OK(rt_model_set_lora_active(model, step == 0));
+    rt_variable* loss = NULL;
+    OK(rt_model_loss(model, g_tokens, g_targets, B, T, &loss));
+    OK(rt_variable_backward(loss));
+    OK(rt_adam_step(adam, NULL));
+    OK(rt_adam_zero_grad(adam));
+    rt_variable_destroy(loss);
+  }
+  OK(rt_adam_step_count(adam, &steps));
+  CHECK(steps == 3);
+  OK(rt_adam_parameter_step_count(adam, "token_embedding.weight", &steps));
+  CHECK(steps == 3);
+  OK(rt_adam_parameter_step_count(adam, "blocks.0.attention.query.lora_a", &steps));
+  CHECK(steps == 1);
+  FAILS(rt_adam_parameter_step_count(adam, "no.such.weight", &steps), RT_ERROR_VALUE, "no.such.weight");
+  FAILS(rt_adam_parameter_step_count(adam, NULL, &steps), RT_ERROR_INVALID_ARGUMENT, "parameter_name");
+  FAILS(rt_adam_step_count(adam, NULL), RT_ERROR_INVALID_ARGUMENT, "steps");
+  FAILS(rt_adam_step_count(NULL, &steps), RT_ERROR_INVALID_ARGUMENT, "adam");
+  rt_adam_destroy(adam);
+  rt_model_destroy(model);
+}
+
+/* ABI 2.8: rt_split_text locates the part rt-eval --split and Python's
+ * riftco.split_text give: the last floor(f * bytes) bytes, the cut moved to a
+ * UTF-8 character boundary. */
+static void test_split_text(void) {
+  const char* text = "abcdefgh\xc3\xa9ij"; /* 12 bytes: "abcdefgh", é (2 bytes), "ij" */
+  size_t offset = 99, length = 99;
+  OK(rt_split_text(text, 12, RT_SPLIT_VALIDATION, 0.25, &offset, &length));
+  CHECK(offset == 10 && length == 2); /* the last 3 bytes start inside é (bytes 8-9): moved past it */
+  OK(rt_split_text(text, 12, RT_SPLIT_TRAIN, 0.25, &offset, &length));
+  CHECK(offset == 0 && length == 10);
+  OK(rt_split_text(text, 12, RT_SPLIT_VALIDATION, 0.0, &offset, &length));
+  CHECK(length == 0);
+  OK(rt_split_text(NULL, 0, RT_SPLIT_TRAIN, 0.5, &offset, &length));
+  CHECK(offset == 0 && length == 0);
+  FAILS(rt_split_text(text, 12, RT_SPLIT_TRAIN, 1.0, &offset, &length), RT_ERROR_VALUE, "validation_fraction");
+  FAILS(rt_split_text(text, 12, (rt_split)7, 0.1, &offset, &length), RT_ERROR_INVALID_ARGUMENT, "split 7");
+  FAILS(rt_split_text(NULL, 3, RT_SPLIT_TRAIN, 0.1, &offset, &length), RT_ERROR_INVALID_ARGUMENT, "text is NULL");
+  FAILS(rt_split_text(text, 12, RT_SPLIT_TRAIN, 0.1, NULL, &length), RT_ERROR_INVALID_ARGUMENT, "offset");
+}
+
 int main(void) {
   snprintf(g_dir, sizeof g_dir, "/tmp/rt_c_abi_XXXXXX");
   if (mkdtemp(g_dir) == NULL) return 2;
@@ -1695,6 +1760,8 @@ int main(void) {
   test_adam_backward_and_step();
   test_optimizer_in_backward();
   test_model_transfer_and_offload();
+  test_adam_step_counts();
+  test_split_text();
   char command[600];
   snprintf(command, sizeof command, "rm -rf '%s'", g_dir);
   if (system(command) != 0) fprintf(stderr, "could not remove %s\n", g_dir);

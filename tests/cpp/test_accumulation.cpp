@@ -369,3 +369,30 @@ TEST(GradientAccumulation, PostTrainingWithMaskedTargetsMatchesTheLargerBatch) {
     EXPECT_LT(worst, 1e-5);
   }
 }
+
+// Each commit's gradient is summed once: a parameter the last pass did not
+// reach still holds an earlier pass's gradient, which add() used to sum
+// again unless zero_grad() ran between adds (PyTorch's .grad += counts each
+// pass once). A clear() does not make an added gradient new again.
+TEST(GradientAccumulation, AGradientAddedOnceIsNotAddedAgainByALaterAdd) {
+  Variable a(Tensor::from_data({2}, {1.0F, 2.0F}), true, "a");
+  Variable b(Tensor::from_data({2}, {3.0F, -1.0F}), true, "b");
+  GradientAccumulator acc({a, b});
+  add(sum(mul(a, a)), sum(mul(b, b))).backward();  // pass 1 reaches a and b: 2a, 2b
+  acc.add(0.5F);
+  sum(mul(a, a)).backward();  // pass 2 reaches a only; b keeps pass 1's gradient
+  acc.add(0.5F);
+  EXPECT_EQ(acc.count(), 2);
+  EXPECT_EQ(acc.gradients()[0].to_vector(), (std::vector<float>{2.0F, 4.0F}));   // 0.5·2a + 0.5·2a
+  EXPECT_EQ(acc.gradients()[1].to_vector(), (std::vector<float>{3.0F, -1.0F}));  // 0.5·2b once, not twice
+  acc.add(1.0F);  // no pass since: nothing new
+  EXPECT_EQ(acc.gradients()[0].to_vector(), (std::vector<float>{2.0F, 4.0F}));
+  acc.clear();
+  acc.add(1.0F);  // still the same commits: nothing new to sum after the clear either
+  EXPECT_FALSE(acc.gradients()[0].defined());
+  EXPECT_FALSE(acc.gradients()[1].defined());
+  sum(mul(b, b)).backward();  // a new commit of b: summed
+  acc.add(1.0F);
+  EXPECT_FALSE(acc.gradients()[0].defined());
+  EXPECT_EQ(acc.gradients()[1].to_vector(), (std::vector<float>{6.0F, -2.0F}));
+}

@@ -11,6 +11,7 @@
 
 #include "log_probe.hpp"
 #include "model_fixtures.hpp"
+#include "riftco_transformer/adam.hpp"
 #include "riftco_transformer/checkpoint.hpp"
 #include "riftco_transformer/gradient_accumulator.hpp"
 #include "riftco_transformer/gradient_buckets.hpp"
@@ -240,7 +241,12 @@ TEST(GradientBucketer, AFailedPassCommitsNothingAndTheNextPassWorks) {
   EXPECT_EQ(bucketer.last_pass().started.size(), 4U);
 }
 
-TEST(GradientBucketer, AParameterThePassMissesGetsZeros) {
+// A parameter no rank's pass reached (and no base held) is left as backward()
+// leaves a leaf it did not reach, as in one process and as
+// synchronize_gradients: no gradient, or its earlier one (whose serial an
+// optimizer already stepped with). It used to get zeros, which Adam stepped:
+// decay and moments moved for an unused branch.
+TEST(GradientBucketer, AParameterNoRankReachedIsLeftAsBackwardLeavesIt) {
   const auto comm = make_single_process_communicator();
   Chain chain(2);
   Variable unused(randn({3}, 5), true, "unused");
@@ -249,7 +255,22 @@ TEST(GradientBucketer, AParameterThePassMissesGetsZeros) {
   GradientBucketer bucketer(*comm, params);
   std::vector<std::string> log;
   bucketer.backward(chain.loss(log));
-  EXPECT_EQ(unused.grad().to_vector(), std::vector<float>(3, 0.0F));
+  EXPECT_FALSE(unused.grad().defined());
+  sum(mul(unused, unused)).backward();  // an earlier pass that reached it
+  const std::uint64_t serial = unused.grad_serial();
+  const Tensor earlier = unused.grad();
+  bucketer.backward(chain.loss(log));
+  EXPECT_EQ(unused.grad_serial(), serial);
+  EXPECT_EQ(unused.grad().storage_id(), earlier.storage_id());
+  // Adam over the bucketer's gradients: the unused parameter stays put, as
+  // after plain backward() and step().
+  Adam adam(params);
+  adam.step();  // steps the earlier gradient once (it is fresh to this Adam)
+  const std::vector<float> after_first = unused.value().to_vector();
+  bucketer.backward(chain.loss(log));
+  adam.step();
+  EXPECT_EQ(unused.value().to_vector(), after_first);
+  EXPECT_EQ(adam.parameter_step_count(params.size() - 1), 1);
 }
 
 TEST(GradientBucketer, AccumulationReducesTheAccumulatorsSumsBitForBit) {
@@ -274,13 +295,14 @@ TEST(GradientBucketer, AccumulationReducesTheAccumulatorsSumsBitForBit) {
   for (std::size_t k = 0; k < chain.w.size(); ++k) {
     EXPECT_TRUE(same_bits(chain.w[k].grad(), reference.gradients()[k])) << k;
   }
-  EXPECT_EQ(unused.grad().to_vector(), std::vector<float>(3, 0.0F));  // in neither
+  EXPECT_FALSE(unused.grad().defined());  // in neither: as the accumulator, no gradient
+  EXPECT_FALSE(reference.gradients()[3].defined());
   // A rank with no pass: the base alone, nothing committed.
   const Tensor committed = chain.w[0].grad();
   const std::vector<Tensor> reduced = bucketer.reduce(base_copy);
   ASSERT_EQ(reduced.size(), params.size());
   for (std::size_t k = 0; k < chain.w.size(); ++k) EXPECT_TRUE(same_bits(reduced[k], base_copy[k]));
-  EXPECT_EQ(reduced[3].to_vector(), std::vector<float>(3, 0.0F));
+  EXPECT_FALSE(reduced[3].defined());  // no base held one
   EXPECT_EQ(chain.w[0].grad().storage_id(), committed.storage_id());
   // Wrong bases are ShapeErrors before anything runs.
   EXPECT_THROW(bucketer.reduce(std::vector<Tensor>(2)), ShapeError);

@@ -843,3 +843,60 @@ TEST(CheckpointAttack, ACachedConstantReplacedBeforeTheBackwardIsAStaleGraph) {
   again.backward();  // a second replay reads the same constants
   EXPECT_EQ(x.grad().to_vector(), (std::vector<float>{3, 3}));
 }
+
+// ---- a pass inside a pass (the fourth adversarial pass) ----
+// A checkpoint function that calls backward() over the running pass's graph
+// when its replay runs (or a hook that does) freed nodes the outer pass was
+// still reading: SIGSEGV, SIGBUS or a garbled message. Now a BackwardError
+// before the inner pass computes anything, and the outer pass fails
+// committing nothing; an optimizer step from the replay is a ValueError
+// before any weight moves. A pass over another graph stays allowed.
+TEST(CheckpointAttack, APassOverTheRunningGraphOrAStepInsideAReplayIsRefusedBeforeAnythingChanges) {
+  for (const int what : {0, 1, 2, 3, 4}) {
+    Variable x(Tensor::from_data({3}, {1, 2, 3}), true, "x");
+    Variable w(Tensor::from_data({3}, {0.5F, -1, 2}), true, "w");
+    Adam adam({w});
+    Variable outer;                        // the loss whose pass runs the replay
+    const Variable h = scale(x, 2.0F);     // an interior node of that pass: the checkpoint's input
+    const Variable side = sum(mul(w, x));  // another graph, sharing only leaves
+    bool misbehave = true;
+    Fn f = [&](const Variable& in) {
+      Variable out = mul(in, w);
+      if (checkpoint_replaying() && misbehave) {
+        if (what == 0) outer.backward(GraphAfterBackward::Release);
+        if (what == 1) sum(h).backward(GraphAfterBackward::Release);
+        if (what == 2) adam.step();
+        if (what == 3) side.backward();
+        if (what == 4) outer.backward();  // Keep inside Keep: it replayed this checkpoint without end
+      }
+      return out;
+    };
+    side.backward();  // a gradient for w, so the step would have something to apply
+    const Tensor w_before = w.value().clone();
+    const Tensor w_grad = w.grad();
+    const std::vector<Variable> dependencies{w};
+    const Variable loss = sum(checkpoint(h, dependencies, f));
+    outer = loss;
+    if (what == 3) {
+      loss.backward();  // apart from the running pass's nodes: allowed
+      EXPECT_NE(w.grad().storage_id(), w_grad.storage_id());
+      continue;
+    }
+    try {
+      loss.backward();
+      ADD_FAILURE() << what << ": accepted";
+    } catch (const Error& e) {
+      const std::string text = e.what();
+      const bool named = what == 2 ? text.find("step() called from a checkpoint function") != std::string::npos
+                                   : text.find("a pass cannot run inside another over the same nodes") !=
+                                         std::string::npos;
+      EXPECT_TRUE(named) << what << ": " << text;
+    }
+    EXPECT_TRUE(bit_equal(w.value(), w_before)) << what;
+    EXPECT_EQ(w.grad().storage_id(), w_grad.storage_id()) << what;  // nothing committed
+    EXPECT_EQ(adam.step_count(), 0);
+    misbehave = false;
+    loss.backward();  // the same graph still works: the failed pass released nothing
+    EXPECT_NE(w.grad().storage_id(), w_grad.storage_id());
+  }
+}

@@ -250,3 +250,32 @@ TEST(GenerationOptions, MinusInfinityMasksATokenInSamplingCandidates) {
   const std::vector<std::int32_t> outside{7};
   EXPECT_NE(error_of([&] { sampling_candidates(logits, outside, o); }).find("history token 7"), std::string::npos);
 }
+
+// GenerationOptions::interrupt runs before every token the model decodes
+// (prompt and new, every sample); what it throws stops the generation and
+// reaches the caller (Python's Ctrl-C goes through it).
+TEST(GenerationOptions, InterruptRunsBeforeEveryDecodedTokenAndItsExceptionStopsGeneration) {
+  Random init(21);
+  DecoderOnlyTransformer model(dims(), init);
+  const std::vector<std::int32_t> prompt{1, 2, 3, 4};
+  GenerationOptions o;
+  o.max_new_tokens = 6;
+  o.num_samples = 2;
+  int calls = 0;
+  o.interrupt = [&] { ++calls; };
+  const std::vector<GenerationResult> all = generate_samples(model, prompt, o);
+  EXPECT_EQ(calls, 2 * (4 + 6 - 1));  // per sample: 4 prompt tokens, then 5 decodes (the 6th token is not fed back)
+  o.interrupt = {};
+  EXPECT_EQ(generate_samples(model, prompt, o)[1].tokens, all[1].tokens);  // the hook changes nothing else
+  struct Stop {};
+  calls = 0;
+  o.interrupt = [&] {
+    if (++calls == 7) throw Stop{};
+  };
+  EXPECT_THROW(generate_samples(model, prompt, o), Stop);
+  EXPECT_EQ(calls, 7);
+  // The prompt is checked before the hook runs.
+  calls = 0;
+  EXPECT_THROW(generate(model, std::vector<std::int32_t>{}, o), ValueError);
+  EXPECT_EQ(calls, 0);
+}

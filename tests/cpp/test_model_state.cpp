@@ -10,6 +10,7 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 
+#include "riftco_transformer/lora.hpp"
 #include "riftco_transformer/model_state.hpp"
 #include "riftco_transformer/transformer.hpp"
 
@@ -275,4 +276,32 @@ TEST(ModelStateLimits, AHeaderCannotAskForAHugeModel) {
   } catch (const ModelStateError& e) {
     EXPECT_NE(std::string(e.what()).find("the file holds 0 values"), std::string::npos) << e.what();
   }
+}
+
+// A Variable's name is a label (Python's Variable.name setter changes it):
+// the model names its parameters by its structure, so a renamed parameter
+// keeps its key in saved files and in parameter(name). Renaming one used to
+// save it under the new label: a file no model could load.
+TEST(ModelState, ARenamedParameterKeepsItsStructuralNameInFiles) {
+  auto model = make_model(3);
+  Variable query = model->parameter("blocks.1.attention.query.weight");
+  query.set_name("my favourite weight");
+  Random random(4);
+  LoraConfig lora;
+  lora.rank = 2;
+  model->add_lora(lora, random);
+  Variable adapter = model->lora_parameters().front().variable;
+  const std::string adapter_key = model->lora_parameters().front().name;
+  adapter.set_name("renamed adapter");
+  EXPECT_EQ(adapter_key, "blocks.0.attention.query.lora_a");
+  EXPECT_EQ(model->lora_parameters().front().name, adapter_key);
+  EXPECT_EQ(model->parameter("blocks.1.attention.query.weight").node(), query.node());
+  for (const NamedParameter& p : model->parameters()) EXPECT_NE(p.name, "my favourite weight");
+  const fs::path dir = fs::temp_directory_path() / ("rt_renamed_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  save_model_state(*model, dir / "model.safetensors");
+  auto copy = make_model(5);
+  load_model_state(*copy, dir / "model.safetensors");
+  EXPECT_TRUE(bit_equal(copy->parameter("blocks.1.attention.query.weight").value(), query.value()));
+  fs::remove_all(dir);
 }

@@ -198,6 +198,18 @@ TEST(OpForward, GeluAndSiluKnownValues) {
   EXPECT_EQ(s.at({1}), 0.0F);
   const Tensor g = gelu(Variable(x)).value();
   EXPECT_NEAR(g.at({2}), 1.9545977, 1e-5);  // GPT-2 tanh GELU(2)
+  // Below -88.72284 the sigmoid is 0, as exp(-x) overflows in float32
+  // (PyTorch: 0); it floored at ~6e-39, so silu(-1e30) was -6e-9 and swiglu
+  // of two such values 6e21. -88.5 keeps a tiny value (PyTorch: -3.3e-37).
+  const Tensor far = Tensor::from_data({4}, {-1e30F, -1000.0F, -88.8F, -88.5F});
+  const Tensor sf = silu(Variable(far)).value();
+  for (std::int64_t i = 0; i < 3; ++i) EXPECT_EQ(sf.at({i}), 0.0F) << i;
+  EXPECT_LT(sf.at({3}), 0.0F);
+  EXPECT_EQ(swiglu(Variable(far), Variable(far)).value().at({0}), 0.0F);
+  Variable v(far, true, "v");
+  sum(silu(v)).backward();
+  for (std::int64_t i = 0; i < 3; ++i) EXPECT_EQ(v.grad().at({i}), 0.0F) << i;
+  EXPECT_TRUE(std::isnan(silu(Variable(Tensor::from_data({1}, {std::numeric_limits<float>::quiet_NaN()}))).value().at({0})));
 }
 
 // linear names itself, x and weight in its errors (they said matmul, lhs
@@ -273,4 +285,19 @@ TEST(OpDeterminism, SameInputsSameBits) {
   const auto b = run();
   EXPECT_TRUE(bit_equal(a.first, b.first));
   EXPECT_TRUE(bit_equal(a.second, b.second));
+}
+
+// A broadcast operand's gradient sums the output gradient over the
+// broadcast rows. It was summed in a float: 2^22 rows of 0.1 came to about
+// 10% off (past 2^19 an added 0.1 rounds to 0.125); now each sum is a double,
+// rounded once, on both the row (suffix) and the general path.
+TEST(OpBackward, ABroadcastOperandsGradientIsSummedWithoutLosingTheRowCount) {
+  const std::int64_t rows = std::int64_t{1} << 22;
+  const double expected = static_cast<double>(0.1F) * static_cast<double>(rows);
+  Variable b(Tensor::zeros({2}), true, "b");  // (2,) against (rows, 2): the suffix path
+  sum(scale(add(Variable(Tensor::zeros({rows, 2})), b), 0.1F)).backward();
+  for (std::int64_t j = 0; j < 2; ++j) EXPECT_NEAR(b.grad().at({j}), expected, expected * 1e-6) << j;
+  Variable c(Tensor::zeros({2, 1}), true, "c");  // (2, 1) against (2, rows): the general path
+  sum(scale(add(Variable(Tensor::zeros({2, rows})), c), 0.1F)).backward();
+  for (std::int64_t j = 0; j < 2; ++j) EXPECT_NEAR(c.grad().at({j, 0}), expected, expected * 1e-6) << j;
 }

@@ -408,3 +408,29 @@ TEST(ModelStateTokenizer, ARecordThatCouldNotBeReadBackIsRefusedBeforeWriting) {
   EXPECT_EQ(read_model_tokenizer(dir / "m.safetensors").path, "t.model");
   fs::remove_all(dir);
 }
+
+// EvaluationOptions::interrupt runs before every batch's forward; what it
+// throws stops the evaluation and reaches the caller with the model's
+// training mode restored (Python's Ctrl-C goes through it).
+TEST(Evaluation, InterruptRunsBeforeEveryBatchAndItsExceptionRestoresTheMode) {
+  Random init(3);
+  DecoderOnlyTransformer model({256, 16, 16, 2, 1, 24}, init);
+  const std::string text = sample_text().substr(0, 500);  // 499 targets: 32 windows of 16
+  EvaluationOptions options;
+  options.batch = 3;
+  int calls = 0;
+  options.interrupt = [&] { ++calls; };
+  const double loss = evaluate(model, text, Tokenizer{}, options).loss;
+  EXPECT_EQ(calls, 11);  // ceil(32 / 3) batches
+  options.interrupt = {};
+  EXPECT_EQ(evaluate(model, text, Tokenizer{}, options).loss, loss);
+  struct Stop {};
+  calls = 0;
+  options.interrupt = [&] {
+    if (++calls == 4) throw Stop{};
+  };
+  model.set_training(true);
+  EXPECT_THROW(evaluate(model, text, Tokenizer{}, options), Stop);
+  EXPECT_TRUE(model.training());
+  EXPECT_EQ(calls, 4);
+}

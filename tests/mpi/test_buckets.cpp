@@ -167,6 +167,28 @@ TEST(MpiBuckets, AccumulationWithARankThatRunsNoPassIsTheAccumulatorPlusPlainAll
   }
 }
 
+TEST(MpiBuckets, AParameterOneRankReachesIsAveragedAndOneNoRankReachesIsLeftAlone) {
+  // As synchronize_gradients: a gradient on some rank is averaged with the
+  // others' zeros; a parameter no rank reached gets none (an optimizer skips
+  // it, as in one process), where it used to get zeros that Adam stepped.
+  Variable w(Tensor::full({3}, 1.0F), true, "w");
+  Variable only_rank_1(Tensor::full({2}, 2.0F), true, "only_rank_1");
+  Variable unused(Tensor::full({4}, 3.0F), true, "unused");
+  GradientBucketer bucketer(comm(), {w, only_rank_1, unused});
+  Variable loss = sum(scale(w, 1.0F + static_cast<float>(comm().rank())));
+  if (comm().rank() == 1) loss = add(loss, sum(scale(only_rank_1, 4.0F)));
+  bucketer.backward(loss);
+  const float world = static_cast<float>(comm().world_size());
+  float expected_w = 0.0F;
+  for (int r = 0; r < comm().world_size(); ++r) expected_w += 1.0F + static_cast<float>(r);
+  for (const float v : w.grad().values()) EXPECT_EQ(v, expected_w / world);
+  ASSERT_TRUE(only_rank_1.grad().defined()) << "rank " << comm().rank();
+  for (const float v : only_rank_1.grad().values()) EXPECT_EQ(v, 4.0F / world);
+  EXPECT_FALSE(unused.grad().defined()) << "rank " << comm().rank();
+  const std::vector<Tensor> reduced = bucketer.reduce(std::vector<Tensor>(3));  // no base anywhere
+  for (const Tensor& g : reduced) EXPECT_FALSE(g.defined());
+}
+
 TEST(MpiBuckets, TransformerUnderEveryPolicyGivesThePlainAllReduceBits) {
   // The model's own checkpointing (block, segments, sub-blocks): its
   // parameters are final after their block's replay, and the reduced

@@ -647,3 +647,17 @@ def test_tokenizer_output_that_cannot_be_written_fails_before_training(tools, co
     for target in (tmp_path, pathlib.Path("/dev/full")):
         r = run(tools[0], "tokenizer", "--data", corpus, "--vocab-size", 300, "--output", target)
         assert r.returncode == 1 and str(target) in r.stderr and "wrote" not in r.stdout, r.stderr
+
+
+def test_memory_plan_reads_a_config_file_as_the_other_tools_do(build_dir, tmp_path):
+    plan = build_dir / "rt-memory-plan"
+    config = tmp_path / "plan.toml"
+    config.write_text('model-width = 16\nheads = 2\nlayers = 2\nfeed-forward-width = 32\nsequence-length = 16\n'
+                      f'budgets = 2\noutput = "{tmp_path / "mp"}"\n')
+    r = run(plan, "--config", config, "--layers", 3)  # the command line wins
+    assert r.returncode == 0, r.stderr
+    dims = json.loads((tmp_path / "mp" / "memory_plan.json").read_text())["dimensions"]
+    assert dims["model_width"] == 16 and dims["layers"] == 3
+    config.write_text("budgets = 1\n")
+    r = run(plan, "--config", config, "--output", tmp_path / "other")
+    assert r.returncode == 2 and "--budgets" in r.stderr, r.stderr

@@ -232,3 +232,26 @@ def test_rt_convert_tool(build_dir, tmp_path):
     missing = subprocess.run([str(tool), "--from-hf", str(tmp_path / "nope"), "--output", str(tmp_path / "x")],
                              capture_output=True, text=True)
     assert missing.returncode == 1 and "rt-convert: error: " in missing.stderr and "nope" in missing.stderr
+
+
+def test_rt_convert_reads_a_config_file_as_the_other_tools_do(build_dir, tmp_path):
+    tool = build_dir / "rt-convert"
+    if not tool.exists():
+        pytest.skip(f"{tool} not built")
+    build_hf(tmp_path / "hf", CONFIGS["gqa"])
+    config = tmp_path / "convert.toml"
+    config.write_text(f'from-hf = "{tmp_path / "hf"}"\noutput = "{tmp_path / "m.safetensors"}"\n')
+    run = subprocess.run([str(tool), "--config", str(config)], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert (tmp_path / "m.safetensors").exists()
+    # The command line wins over the file; one direction from each is refused.
+    run = subprocess.run([str(tool), "--config", str(config), "--output", str(tmp_path / "n.safetensors")],
+                         capture_output=True, text=True)
+    assert run.returncode == 0 and (tmp_path / "n.safetensors").exists(), run.stderr
+    run = subprocess.run([str(tool), "--config", str(config), "--to-hf", str(tmp_path / "m.safetensors")],
+                         capture_output=True, text=True)
+    assert run.returncode == 2 and "not both" in run.stderr, run.stderr
+    no_output = tmp_path / "no_output.toml"
+    no_output.write_text(f'from-hf = "{tmp_path / "hf"}"\n')
+    run = subprocess.run([str(tool), "--config", str(no_output)], capture_output=True, text=True)
+    assert run.returncode == 2 and "--output PATH is required" in run.stderr, run.stderr

@@ -97,3 +97,30 @@ def test_cli_cuda_without_cuda_fails_before_the_output_directory(rt_train, tmp_p
     assert r.returncode == 1, r.stderr
     assert f"rt-train: error: [{command}] device cuda: the cuda backend is not built in this package" in r.stderr
     assert not out.exists()
+
+
+@pytest.fixture(scope="module")
+def saved_model(tmp_path_factory):
+    path = tmp_path_factory.mktemp("device") / "model.safetensors"
+    riftco.DecoderOnlyTransformer(riftco.TransformerConfig(**SHAPE), seed=2).save(str(path))
+    return path
+
+
+@pytest.mark.parametrize("tool", ["rt-generate", "rt-eval"])
+def test_generate_and_eval_take_device_as_rt_train_does(build_dir, saved_model, tmp_path, tool):
+    exe = build_dir / tool
+    if not exe.exists():
+        pytest.skip(f"{tool} not built")
+    text = tmp_path / "text.txt"
+    text.write_text("the quick brown fox jumps over the lazy dog.\n" * 20)
+    work = ["--prompt", "the", "--max-new-tokens", "5"] if tool == "rt-generate" else ["--data", text]
+    on_cpu = cli(exe, "--model", saved_model, *work, "--device", "cpu")
+    assert on_cpu.returncode == 0, on_cpu.stderr
+    assert on_cpu.stdout == cli(exe, "--model", saved_model, *work).stdout  # cpu is the default
+    bad = cli(exe, "--model", saved_model, *work, "--device", "gpu")
+    assert bad.returncode == 2 and "--device" in bad.stderr and "gpu" in bad.stderr, bad.stderr
+    if NO_CUDA:
+        r = cli(exe, "--model", saved_model, *work, "--device", "cuda")
+        assert r.returncode == 1, r.stderr
+        assert f"[{tool}] device cuda: the cuda backend is not built in this package; use --device cpu" in r.stderr \
+            or f"[{tool}] device cuda: " in r.stderr and "--device cpu" in r.stderr, r.stderr

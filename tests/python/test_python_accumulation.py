@@ -32,6 +32,12 @@ def test_parameter_groups_keep_norm_weights_out_of_weight_decay():
         "blocks.1.mlp_norm.weight", "final_norm.weight"]
     no_embeddings = riftco.default_parameter_groups(model.trainable_parameters(), 0.5, decay_embeddings=False)
     assert {"token_embedding.weight", "lm_head.weight"} <= {p.name for p in no_embeddings[1]["params"]}
+    # By the model's own names: a relabelled norm weight stays out of decay.
+    model.parameter("final_norm.weight").name = "my label"
+    by_label = riftco.default_parameter_groups(model.trainable_parameters(), 0.5)
+    by_name = riftco.default_parameter_groups(model.named_parameters(), 0.5)
+    assert len(by_label[1]["params"]) == 4 and len(by_name[1]["params"]) == 5
+    model.parameter("final_norm.weight").name = "final_norm.weight"
 
     opt = riftco.Adam(groups, learning_rate=0.1)
     assert [(g["name"], g["weight_decay"]) for g in opt.groups] == [("decay", 0.5), ("no_decay", 0.0)]
@@ -49,6 +55,7 @@ def test_parameter_groups_keep_norm_weights_out_of_weight_decay():
     ([{"weight_decay": 0.1}], "'params' is missing"),
     ([{"params": [], "lr": 0.1}], "unknown key 'lr'"),
     ([{"params": [], "weight_decay": "high"}], "'weight_decay' must be a number"),
+    ([{"params": [], "weight_decay": True}], "'weight_decay' must be a number (not a bool)"),
     ([{"params": [], "weight_decay": -1.0}], "weight_decay must be finite and >= 0"),
     ([{"params": [1, 2]}], "'params' must hold Variables"),
 ])
@@ -188,6 +195,7 @@ def test_step_with_an_accumulator_of_other_parameters_is_refused():
     (lambda: riftco.Adam("ab"), r"\[Adam\] parameter 0 must be a Variable"),
     (lambda: riftco.GradientAccumulator([None]), r"\[GradientAccumulator\] parameter 0 must be a Variable, got NoneType"),
     (lambda: riftco.default_parameter_groups([1.5], 0.1), r"\[default_parameter_groups\] parameter 0 .* got float"),
+    (lambda: riftco.default_parameter_groups([("w", 1.5)], 0.1), r"\[default_parameter_groups\] parameter 0 .* got tuple"),
     (lambda: riftco.TransformerConfig(rope_base="big"), r"TransformerConfig.rope_base expects float, got str"),
     (lambda: riftco.TransformerConfig(rope_base=None), r"TransformerConfig.rope_base expects float, got NoneType"),
     (lambda: riftco.PretrainingConfig(tokenizer=5), r"PretrainingConfig.tokenizer expects .*, got int"),
@@ -234,6 +242,7 @@ def test_accumulator_used_from_several_threads_does_not_crash():
             work()
 
     def step():
+        model.loss(tokens, tokens).backward()  # a new commit: add() sums each commit's gradient once
         acc.add(1.0)
         opt.step(acc)
 

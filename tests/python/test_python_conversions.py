@@ -64,8 +64,11 @@ def test_a_grad_view_keeps_its_pass_and_accumulator_views_show_later_adds():
     acc.add()
     sums = acc.gradients[0]
     assert not sums.flags.writeable
-    acc.add()  # adds into the same buffer
-    np.testing.assert_array_equal(sums, np.full(3, 6.0))
+    acc.add()  # the same commit again: summed once only
+    np.testing.assert_array_equal(sums, np.full(3, 3.0))
+    riftco.sum(w * 4.0).backward()
+    acc.add()  # a new commit: added into the same buffer
+    np.testing.assert_array_equal(sums, np.full(3, 7.0))
 
 
 # --- error messages ----------------------------------------------------------

@@ -1,6 +1,7 @@
 // Elementwise arithmetic, broadcasting and its reduction, and permutes.
 #include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "kernels.hpp"
 #include "parallel.hpp"
@@ -152,20 +153,32 @@ Tensor reduce_to_shape(const Tensor& grad, const Shape& shape) {
   const std::int64_t n = grad.numel();
   const float* pg = grad.data();
   float* po = out.data();
+  // Every sum in double, rounded once at the end: a float accumulator lost
+  // digits with the row count (2^24 equal rows stop growing), where
+  // PyTorch's float sums are cascaded.
   if (is_suffix(shape, gs)) {
-    // Sum rows: parallel over columns, each column summed in row order.
+    // Sum rows: column blocks in parallel, rows in order within each (a
+    // column's sum does not depend on the thread count).
+    constexpr std::int64_t kBlock = 256;
     const std::int64_t inner = out.numel();
     const std::int64_t rows = inner == 0 ? 0 : n / inner;
+    const std::int64_t blocks = (inner + kBlock - 1) / kBlock;
 #pragma omp parallel for schedule(static) if (n > 32768)
-    for (std::int64_t j = 0; j < inner; ++j) {
-      float acc = 0.0F;
-      for (std::int64_t r = 0; r < rows; ++r) acc += pg[r * inner + j];
-      po[j] = acc;
+    for (std::int64_t b = 0; b < blocks; ++b) {
+      const std::int64_t j0 = b * kBlock;
+      const std::int64_t width = std::min(kBlock, inner - j0);
+      double acc[kBlock] = {};
+      for (std::int64_t r = 0; r < rows; ++r) {
+        const float* row = pg + r * inner + j0;
+        for (std::int64_t j = 0; j < width; ++j) acc[j] += row[j];
+      }
+      for (std::int64_t j = 0; j < width; ++j) po[j0 + j] = static_cast<float>(acc[j]);
     }
     return out;
   }
   const std::size_t ndim = gs.size();
   const auto so = broadcast_strides(shape, ndim, gs);
+  std::vector<double> sums(static_cast<std::size_t>(out.numel()), 0.0);
   for (std::int64_t i = 0; i < n; ++i) {  // serial: fixed order
     std::int64_t rem = i;
     std::int64_t off = 0;
@@ -173,8 +186,9 @@ Tensor reduce_to_shape(const Tensor& grad, const Shape& shape) {
       off += (rem % gs[d]) * so[d];
       rem /= gs[d];
     }
-    po[off] += pg[i];
+    sums[static_cast<std::size_t>(off)] += pg[i];
   }
+  for (std::size_t k = 0; k < sums.size(); ++k) po[k] = static_cast<float>(sums[k]);
   return out;
 }
 

@@ -125,9 +125,20 @@ constexpr float kLn2 = 0.693147180559945309F;
   return std::bit_cast<float>(std::bit_cast<std::uint32_t>(result) | (nan ? kQuietNanBits : 0U));
 }
 
-/// 1 / (1 + exp(-x)) through exp_approx: exactly 1 for large x, about 6e-39
-/// for x <= -88 (exp clamps at 88); NaN stays NaN.
-[[gnu::always_inline]] inline float sigmoid_approx(float x) { return 1.0F / (1.0F + exp_approx(-x)); }
+/// 1 / (1 + exp(-x)) through exp_approx: exactly 1 for large x, 0 below
+/// -88.72284 (where float exp(-x) overflows, as PyTorch's sigmoid does:
+/// exp_approx clamps at 88, which left about 6e-39 there, so silu(-1e30)
+/// was -6e-9 and swiglu(-1e30, -1e30) 6e21); about 6e-39 on (-88.72284,
+/// -88] (the clamp); NaN stays NaN. Branch-free: the test compares bit
+/// patterns (negative floats order by magnitude like theirs).
+[[gnu::always_inline]] inline float sigmoid_approx(float x) {
+  constexpr std::uint32_t kOverflowBits = 0xC2B17218U;  // -88.72284f, the first float whose exp(-x) overflows
+  constexpr std::uint32_t kMinusInfBits = 0xFF800000U;  // above: negative NaNs
+  const std::uint32_t raw = std::bit_cast<std::uint32_t>(x);
+  const bool below = raw >= kOverflowBits && raw <= kMinusInfBits;
+  const float s = 1.0F / (1.0F + exp_approx(-x));
+  return std::bit_cast<float>(std::bit_cast<std::uint32_t>(s) & (below ? 0U : ~0U));
+}
 
 }  // namespace riftco_transformer::cpu::vec
 
