@@ -98,6 +98,25 @@ const std::string& meta(const TensorFile& f, const std::string& key, const std::
   return it->second;
 }
 
+/// A thrower of ModelStateError "<where>metadata '<key>' <why>".
+auto metadata_error(const std::string& where, const char* key) {
+  return [where, key](const std::string& why) {
+    throw ModelStateError(where + "metadata '" + key + "' " + why);
+  };
+}
+
+/// A metadata value parsed as JSON under the bounded parser (depth, no
+/// duplicate keys); `bad` names what is wrong.
+template <typename Bad>
+nlohmann::json metadata_json(const std::string& text, const Bad& bad) {
+  try {
+    return nlohmann::json::parse(detail::parse_untrusted_json(text).dump());
+  } catch (const detail::JsonReadError& e) {
+    bad(e.what());
+  }
+  return {};  // unreached: bad throws
+}
+
 /// "adam_parameter_steps": {name: count} for the trainable parameters with
 /// fewer updates than `steps`, each a whole number in [0, steps]; the
 /// others (all of them when the key is absent) at `steps`.
@@ -106,15 +125,8 @@ std::vector<std::int64_t> read_parameter_steps(const TensorFile& f, const std::v
   std::vector<std::int64_t> counts(trainable.size(), steps);
   const auto it = f.metadata.find("adam_parameter_steps");
   if (it == f.metadata.end()) return counts;
-  auto bad = [&](const std::string& why) {
-    throw ModelStateError(where + "metadata 'adam_parameter_steps' " + why);
-  };
-  nlohmann::json h;
-  try {  // bounded depth, no duplicate keys
-    h = nlohmann::json::parse(detail::parse_untrusted_json(it->second).dump());
-  } catch (const detail::JsonReadError& e) {
-    bad(e.what());
-  }
+  const auto bad = metadata_error(where, "adam_parameter_steps");
+  const nlohmann::json h = metadata_json(it->second, bad);
   if (!h.is_object()) bad("is not a JSON object of parameter names and step counts");
   std::map<std::string, std::size_t> index;
   for (std::size_t i = 0; i < trainable.size(); ++i) index.emplace(trainable[i].name, i);
@@ -137,15 +149,8 @@ nlohmann::json read_world_size_history(const TensorFile& f, std::int64_t step, s
                                        const std::string& where) {
   const auto it = f.metadata.find("world_size_history");
   if (it == f.metadata.end()) return extend_world_size_history(nlohmann::json::array(), saved_world, 1, step);
-  auto bad = [&](const std::string& why) {
-    throw ModelStateError(where + "metadata 'world_size_history' " + why);
-  };
-  nlohmann::json h;
-  try {  // bounded depth, no duplicate keys
-    h = nlohmann::json::parse(detail::parse_untrusted_json(it->second).dump());
-  } catch (const detail::JsonReadError& e) {
-    bad(e.what());
-  }
+  const auto bad = metadata_error(where, "world_size_history");
+  const nlohmann::json h = metadata_json(it->second, bad);
   if (!h.is_array() || h.empty()) bad("is not a non-empty JSON array");
   std::int64_t next = 1;
   for (const nlohmann::json& e : h) {

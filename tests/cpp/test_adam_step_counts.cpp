@@ -74,6 +74,15 @@ struct Reference {
   }
 };
 
+/// `steps` plain steps of `adam` on the pair (b reached at steps 0, 3, 4).
+void train(Adam& adam, Pair& p, int steps) {
+  for (int step = 0; step < steps; ++step) {
+    adam.zero_grad();
+    loss_at(step, p.a, p.b).backward();
+    adam.step();
+  }
+}
+
 Reference reference_of(const Variable& p) {
   const std::vector<float> f = p.value().to_vector();
   const std::vector<double> d(f.begin(), f.end());
@@ -103,11 +112,7 @@ std::pair<Reference, Reference> reference_run(bool optimizer_count) {
 TEST(AdamStepCounts, ASkippedParameterIsBiasCorrectedByItsOwnUpdatesAsPyTorch) {
   Pair p;
   Adam adam({p.a, p.b}, options());
-  for (int step = 0; step < kSteps; ++step) {
-    adam.zero_grad();
-    loss_at(step, p.a, p.b).backward();
-    adam.step();
-  }
+  train(adam, p, kSteps);
   EXPECT_EQ(adam.step_count(), kSteps);
   EXPECT_EQ(adam.parameter_step_count(0), kSteps);
   EXPECT_EQ(adam.parameter_step_count(1), 3);
@@ -151,11 +156,7 @@ TEST(AdamStepCounts, TheFusedStepAndShardedAdamMatchStepBitForBit) {
 TEST(AdamStepCounts, StateCarriesTheCountsAndRefusesImpossibleOnesChangingNothing) {
   Pair p;
   Adam adam({p.a, p.b}, options());
-  for (int step = 0; step < 3; ++step) {
-    adam.zero_grad();
-    loss_at(step, p.a, p.b).backward();
-    adam.step();
-  }
+  train(adam, p, 3);
   Adam::State s = adam.state();
   EXPECT_EQ(s.steps, 3);
   EXPECT_EQ(s.parameter_steps, (std::vector<std::int64_t>{3, 1}));
@@ -204,11 +205,7 @@ TEST(AdamStepCounts, TheTrainingCheckpointKeepsThemAndRefusesHostileOnes) {
   const fs::path path = dir / "training_checkpoint.safetensors";
   Pair p;
   Adam adam({p.a, p.b}, options());
-  for (int step = 0; step < 3; ++step) {
-    adam.zero_grad();
-    loss_at(step, p.a, p.b).backward();
-    adam.step();
-  }
+  train(adam, p, 3);
   const std::vector<NamedParameter> trainable{{"a", p.a}, {"b", p.b}};
   const nlohmann::json config = {{"steps", 10}, {"gradient_accumulation_steps", 1}};
   stage::TrainingState state;
