@@ -137,6 +137,14 @@ ComputeWithoutGil::~ComputeWithoutGil() {
   if (held_) variables_lock().unlock_shared();
 }
 
+void refuse_inside_computation(const char* op) {
+  if (t_computing > 0) {
+    throw rt::ValueError(std::string("[") + op +
+                         "] called from code that runs inside a forward, backward, optimizer step or generation "
+                         "on this thread (a checkpoint function, a hook): change variables between those calls");
+  }
+}
+
 ExclusiveChange::ExclusiveChange(const char* op, const rt::Variable* target) {
   const auto own = [&] {
     return target != nullptr &&
@@ -146,11 +154,7 @@ ExclusiveChange::ExclusiveChange(const char* op, const rt::Variable* target) {
     ++t_changing;
     return;
   }
-  if (t_computing > 0) {
-    throw rt::ValueError(std::string("[") + op +
-                         "] called from code that runs inside a forward, backward, optimizer step or generation "
-                         "on this thread (a checkpoint function, a hook): change variables between those calls");
-  }
+  refuse_inside_computation(op);
   if (t_changing == 0) {
     nb::gil_scoped_release wait;  // readers may need the GIL to finish
     variables_lock().lock();

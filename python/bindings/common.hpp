@@ -131,6 +131,10 @@ class SignalCheck {
   std::optional<nb::python_error> pending_;
 };
 
+/// The ValueError ExclusiveChange raises from inside a computation of this
+/// thread, for a change that wants to refuse before it reads anything.
+void refuse_inside_computation(const char* op);
+
 class ExclusiveChange {
  public:
   /// `target`: the Variable changed, if one (a model change has none).
