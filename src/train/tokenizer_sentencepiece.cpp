@@ -11,6 +11,7 @@
 
 #include "../io/atomic_file.hpp"
 #include "../tensor/hash.hpp"
+#include "tokenizer_charsmap.hpp"
 #include "riftco_transformer/atomic_file.hpp"
 #include "riftco_transformer/data.hpp"
 
@@ -104,6 +105,9 @@ Tokenizer Tokenizer::from_serialized(std::string_view model_bytes, const std::fi
     tokenizer_error(source, std::string("not a valid SentencePiece model (") + e.what() + ")");
   }
   if (!status.ok()) tokenizer_error(source, "not a valid SentencePiece model (" + status.ToString() + ")");
+  if (const std::string problem = detail::charsmap_problem(model_bytes); !problem.empty()) {
+    tokenizer_error(source, "not a usable SentencePiece model (" + problem + ")");
+  }
   const int size = impl->processor.GetPieceSize();
   if (size < 2 || size > (1 << 24)) tokenizer_error(source, "vocabulary of " + std::to_string(size) + " pieces");
   impl->piece_bytes.resize(static_cast<std::size_t>(size));
