@@ -273,13 +273,14 @@ RT_API rt_status rt_model_merge_lora(rt_model* model);
 RT_API rt_status rt_model_set_base_trainable(rt_model* model, int trainable);
 RT_API rt_status rt_model_has_lora(const rt_model* model, int* has_lora);
 
-/* State files (safetensors). flags: RT_LOAD_* bits. */
+/* State files (safetensors). flags: RT_LOAD_ALLOW_NON_FINITE (the adapter loader
+ * below also takes RT_LOAD_ALLOW_BASE_MISMATCH). */
 RT_API rt_status rt_model_save(const rt_model* model, const char* path);
 RT_API rt_status rt_model_load(rt_model* model, const char* path, uint32_t flags);
 /* Hugging Face transformers Llama checkpoints (LlamaForCausalLM; config.json
  * plus model.safetensors or model.safetensors.index.json and shards; F32, F16
- * or BF16). from_hf: checkpoint directory → model-state file. to_hf:
- * model-state file → directory (created when missing) holding config.json and
+ * or BF16). from_hf: checkpoint directory -> model-state file. to_hf:
+ * model-state file -> directory (created when missing) holding config.json and
  * model.safetensors. Unsupported config fields (rope_scaling, biases, ...) are
  * RT_ERROR_MODEL_STATE naming the field. flags: RT_LOAD_ALLOW_NON_FINITE. */
 RT_API rt_status rt_convert_from_hf(const char* directory, const char* output, uint32_t flags);

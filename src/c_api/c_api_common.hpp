@@ -38,6 +38,36 @@ struct ArgumentError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+/// The C ABI's process-wide reader/writer lock over what handles share: the
+/// models' variables (docs/c-abi.md, "Threading"). A call that replaces
+/// variables' values or flags or a model's parameters (set_value, load, to,
+/// the LoRA changes) holds it exclusively (ChangeLock); a call that reads
+/// them (a forward, backward, optimizer step, decode, generation, save, a
+/// value or shape) holds it shared (ReadLock). Without it, a value replaced
+/// on one thread under a backward pass on another freed what that pass read
+/// (heap corruption). A call nested in one of the same thread takes nothing
+/// more. Runs (rt_run_*) hold nothing: their callback may call anything.
+class ReadLock {
+ public:
+  ReadLock();
+  ~ReadLock();
+  ReadLock(const ReadLock&) = delete;
+  ReadLock& operator=(const ReadLock&) = delete;
+
+ private:
+  bool held_ = false;
+};
+class ChangeLock {
+ public:
+  explicit ChangeLock(const char* function);
+  ~ChangeLock();
+  ChangeLock(const ChangeLock&) = delete;
+  ChangeLock& operator=(const ChangeLock&) = delete;
+
+ private:
+  bool held_ = false;
+};
+
 /// Records the message for rt_last_error_message() and returns `status`.
 rt_status fail(rt_status status, const char* message) noexcept;
 const char* last_error() noexcept;

@@ -1,5 +1,6 @@
 // rt_* errors, version, defaults, enum and struct conversions.
 #include <cstdio>
+#include <shared_mutex>
 
 #include "c_api_common.hpp"
 #include "riftco_transformer/memory.hpp"
@@ -7,7 +8,43 @@
 namespace rt_c {
 namespace {
 thread_local std::string t_last_error;
+thread_local int t_reading = 0;   // ReadLock scopes open on this thread
+thread_local int t_changing = 0;  // ChangeLock scopes open on this thread
+std::shared_mutex& handles_lock() {
+  static std::shared_mutex lock;
+  return lock;
+}
 }  // namespace
+
+ReadLock::ReadLock() {
+  if (t_reading == 0 && t_changing == 0) {
+    handles_lock().lock_shared();
+    held_ = true;
+  }
+  ++t_reading;
+}
+
+ReadLock::~ReadLock() {
+  --t_reading;
+  if (held_) handles_lock().unlock_shared();
+}
+
+ChangeLock::ChangeLock(const char* function) {
+  if (t_reading > 0) {  // no rt_* call runs another inside a read today; never wait on ourselves
+    throw riftco_transformer::ValueError(std::string("[") + function +
+                                         "] called from inside a call that reads variables on this thread");
+  }
+  if (t_changing == 0) {
+    handles_lock().lock();
+    held_ = true;
+  }
+  ++t_changing;
+}
+
+ChangeLock::~ChangeLock() {
+  --t_changing;
+  if (held_) handles_lock().unlock();
+}
 
 rt_status fail(rt_status status, const char* message) noexcept {
   try {

@@ -626,6 +626,16 @@ static void test_training_lora_and_files(void) {
   CHECK(strlen(fa) == 16 && strcmp(fa, fb) == 0);
   FAILS(rt_model_fingerprint(model, fa, 16), RT_ERROR_INVALID_ARGUMENT, "too small");
   OK(rt_model_load(copy, path_in("model.safetensors"), RT_LOAD_ALLOW_NON_FINITE));
+  /* Since 2.8.1: the adapters' flag is refused by the model-state loaders, as by rt_convert_*. */
+  FAILS(rt_model_load(copy, path_in("model.safetensors"), RT_LOAD_ALLOW_BASE_MISMATCH), RT_ERROR_INVALID_ARGUMENT,
+        "RT_LOAD_ALLOW_NON_FINITE (the only flag it takes)");
+  {
+    rt_model* none = NULL;
+    FAILS(rt_model_load_new(path_in("model.safetensors"), RT_ATTENTION_FLASH, RT_ACTIVATION_CHECKPOINTING_DISABLED,
+                            RT_LOAD_ALLOW_BASE_MISMATCH, &none),
+          RT_ERROR_INVALID_ARGUMENT, "RT_LOAD_ALLOW_NON_FINITE");
+    CHECK(none == NULL);
+  }
 
   /* LoRA: add, train the adapters only, save, load into the copy, deactivate, merge. */
   rt_lora_config lora;
