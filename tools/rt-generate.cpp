@@ -54,7 +54,7 @@ int main(int argc, char** argv) {
   app.add_option("--temperature", o.temperature, "0 = greedy")
       ->type_name("T")
       ->check(rt_cli::kFiniteFloat);
-  app.add_option("--top-k", o.top_k, "sample from the K most likely (0 = all)")
+  app.add_option("--top-k", o.top_k, "sample from the K most likely and any tied with the K-th, as Hugging Face (0 = all)")
       ->type_name("K")
       ->check(rt_cli::integer_at_least(0));
   app.add_option("--seed", o.seed, "sampling seed (sample i of --num-samples uses seed + i*0x9E3779B97F4A7C15)")

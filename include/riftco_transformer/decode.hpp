@@ -57,7 +57,9 @@ struct GenerationOptions {
   std::int64_t max_new_tokens = 64;
   /// 0 = greedy (argmax); otherwise logits are divided by it before sampling.
   float temperature = 1.0F;
-  /// Keep only the k most likely tokens when sampling; 0 = all.
+  /// Keep only the k most likely tokens when sampling, and every token tied
+  /// with the k-th (as Hugging Face's top-k: a logit at least the k-th
+  /// largest stays); 0 = all.
   std::int64_t top_k = 0;
   std::uint64_t seed = 0;
   /// Nucleus sampling: keep the smallest set of the most likely tokens whose

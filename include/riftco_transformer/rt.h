@@ -167,7 +167,7 @@ typedef struct rt_generation_options {
   size_t struct_size;
   int64_t max_new_tokens;
   float temperature; /* 0 = greedy */
-  int64_t top_k;     /* 0 = all */
+  int64_t top_k;     /* the k most likely and any tied with the k-th; 0 = all */
   uint64_t seed;
   /* Appended after ABI 2.0 (a struct_size that ends before a field gets its
    * default). top_p: nucleus sampling in (0, 1], 1 = off. repetition_penalty:

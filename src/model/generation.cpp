@@ -19,9 +19,21 @@ constexpr std::uint64_t kSampleSeedStep = 0x9E3779B97F4A7C15ULL;
 std::pair<std::int64_t, double> distribution(const float* l, std::int64_t vocab, const GenerationOptions& o,
                                              std::vector<std::int32_t>& order, std::vector<double>& probs) {
   std::iota(order.begin(), order.end(), 0);
+  const auto before = [l](std::int32_t a, std::int32_t b) { return l[a] > l[b] || (l[a] == l[b] && a < b); };
   std::int64_t keep = o.top_k == 0 ? vocab : std::min(o.top_k, vocab);
-  std::partial_sort(order.begin(), order.begin() + keep, order.end(),
-                    [l](std::int32_t a, std::int32_t b) { return l[a] > l[b] || (l[a] == l[b] && a < b); });
+  std::partial_sort(order.begin(), order.begin() + keep, order.end(), before);
+  if (keep < vocab) {
+    // Hugging Face's top-k keeps every token whose (temperature-scaled) logit
+    // is at least the k-th largest: tokens tied with the k-th stay too.
+    const float kth = l[order[static_cast<std::size_t>(keep - 1)]];
+    if (kth != -std::numeric_limits<float>::infinity()) {
+      const float scaled = kth / o.temperature;
+      const auto tied = std::partition(order.begin() + keep, order.end(),
+                                       [&](std::int32_t i) { return l[i] / o.temperature >= scaled; });
+      std::sort(order.begin() + keep, tied, before);
+      keep = tied - order.begin();
+    }
+  }
   const double top = l[order[0]];
   double total = 0.0;
   for (std::int64_t i = 0; i < keep; ++i) {

@@ -88,6 +88,34 @@ TEST(GenerationOptions, TopPKeepsTheSmallestSetReachingTheMass) {
   EXPECT_EQ(sampling_candidates(logits, {}, o).tokens, (std::vector<std::int32_t>{1, 3}));
 }
 
+TEST(GenerationOptions, TopKKeepsEveryTokenTiedWithTheKthAsHuggingFaceDoes) {
+  // transformers' TopKLogitsWarper removes only logits below the k-th
+  // largest (`scores < topk(scores, k).values[..., -1]`): the values below
+  // are what it gives (sampling_vs_hf.py of the 2026-12-02 attack).
+  GenerationOptions o;
+  o.top_k = 1;
+  SamplingCandidates c = sampling_candidates(std::vector<float>{1, 1, 1, 0}, {}, o);
+  EXPECT_EQ(c.tokens, (std::vector<std::int32_t>{0, 1, 2}));  // was {0}
+  for (double p : c.probabilities) EXPECT_NEAR(p, 1.0 / 3.0, 1e-12);
+  o.top_k = 2;
+  c = sampling_candidates(std::vector<float>{2, 1, 1, 1, 0}, {}, o);
+  EXPECT_EQ(c.tokens, (std::vector<std::int32_t>{0, 1, 2, 3}));  // was {0, 1}
+  const double e = std::exp(1.0);
+  EXPECT_NEAR(c.probabilities[0], e / (e + 3), 1e-12);  // 0.475
+  EXPECT_NEAR(c.probabilities[3], 1 / (e + 3), 1e-12);  // 0.175
+  // Ties beyond the k-th, out of id order in the logits: kept, lower id first.
+  o.top_k = 2;
+  c = sampling_candidates(std::vector<float>{0.5F, 3, 0.5F, -1, 0.5F}, {}, o);
+  EXPECT_EQ(c.tokens, (std::vector<std::int32_t>{1, 0, 2, 4}));
+  // No tie: exactly k. A masked (-inf) k-th never brings the masked ones in.
+  c = sampling_candidates(std::vector<float>{3, 2, 1, 0}, {}, o);
+  EXPECT_EQ(c.tokens, (std::vector<std::int32_t>{0, 1}));
+  const float inf = std::numeric_limits<float>::infinity();
+  o.top_k = 3;
+  c = sampling_candidates(std::vector<float>{1, -inf, 2, -inf}, {}, o);
+  EXPECT_EQ(c.tokens, (std::vector<std::int32_t>{2, 0}));
+}
+
 TEST(GenerationOptions, RepetitionPenaltyDividesPositiveAndMultipliesNegativeLogits) {
   std::vector<float> logits{2.0F, -1.0F, 0.5F, 3.0F, 0.0F};
   apply_repetition_penalty(logits, std::vector<std::int32_t>{0, 1, 1, 4, 0}, 2.0F);  // repeats count once
