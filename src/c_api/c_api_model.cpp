@@ -239,15 +239,7 @@ rt_status rt_model_parameter(const rt_model* model, const char* name, rt_variabl
     const rt::DecoderOnlyTransformer& m = model_of(model, f);
     require(name, f, "name");
     require(out, f, "out");
-    for (const auto& list : {m.parameters(), m.lora_parameters()}) {
-      for (const rt::NamedParameter& p : list) {
-        if (p.name == name) {
-          *out = wrap(p.variable);
-          return;
-        }
-      }
-    }
-    m.parameter(name);  // throws ValueError naming it
+    *out = wrap(m.parameter(name));  // base or adapter; a ValueError naming a missing one
   });
 }
 

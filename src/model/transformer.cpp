@@ -332,8 +332,10 @@ std::vector<NamedParameter> DecoderOnlyTransformer::parameters() const {
 }
 
 Variable DecoderOnlyTransformer::parameter(const std::string& name) const {
-  for (const NamedParameter& p : parameters()) {
-    if (p.name == name) return p.variable;
+  for (const auto& list : {parameters(), lora_parameters()}) {
+    for (const NamedParameter& p : list) {
+      if (p.name == name) return p.variable;
+    }
   }
   const std::string shown = name.size() > 120 ? name.substr(0, 120) + "... (" + std::to_string(name.size()) + " bytes)" : name;
   throw ValueError("[parameter] the model has no parameter named '" + shown + "'");
