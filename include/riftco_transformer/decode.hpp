@@ -29,6 +29,10 @@ class DecodeSession {
   /// wait for each other (each token still goes to one position).
   Tensor decode_token(std::int32_t token);
   std::int64_t position() const;
+  /// The most tokens the session holds (the context length). Its K/V caches
+  /// grow to it as tokens come (128 positions first, then twice as many each
+  /// time they fill); memory for a growth that cannot be had is an
+  /// OutOfMemoryError naming the size, the session as it was.
   std::int64_t capacity() const;
   /// Logits per decode_token() call.
   std::int64_t vocab_size() const;
@@ -37,8 +41,8 @@ class DecodeSession {
 
  private:
   std::shared_ptr<TransformerCore> core_;
-  std::vector<Tensor> keys_;    // per layer (H, context, D)
-  std::vector<Tensor> values_;  // per layer (H, context, D)
+  std::vector<Tensor> keys_;    // per layer (G, rows, D): rows double as positions fill them, up to the context
+  std::vector<Tensor> values_;  // per layer (G, rows, D)
   std::vector<std::uint64_t> versions_;
   std::int64_t position_ = 0;
   std::unique_ptr<std::mutex> lock_ = std::make_unique<std::mutex>();  // movable session
