@@ -120,9 +120,9 @@ rt::ProgressCallback progress_of(rt_progress_fn progress, void* user_data) {
 /// (a run that cannot report must not train and write files first).
 void check_result(rt_run_result* out, const std::filesystem::path& output_dir, const char* function) {
   const rt_run_result& r = require(out, function, "result");
-  if (r.struct_size < sizeof(rt_run_result)) {
+  if (r.struct_size < abi20_size<rt_run_result>()) {
     bad_argument(function, "result->struct_size is " + std::to_string(r.struct_size) + ", smaller than ABI 2.0's " +
-                               std::to_string(sizeof(rt_run_result)));
+                               std::to_string(abi20_size<rt_run_result>()));
   }
   const std::size_t longest = (output_dir / "adapter.safetensors").string().size();
   if (longest >= RT_PATH_CAPACITY) {
@@ -551,9 +551,9 @@ rt_status rt_evaluate(rt_model* model, const char* text, size_t text_length, con
     if (!m.model) bad_argument(f, "model handle holds no model");
     if (text == nullptr && text_length > 0) bad_argument(f, "text is NULL");
     const rt_evaluation_result& r = require(result, f, "result");
-    if (r.struct_size < sizeof(rt_evaluation_result)) {
-      bad_argument(f, "result->struct_size is " + std::to_string(r.struct_size) + ", smaller than this ABI's " +
-                          std::to_string(sizeof(rt_evaluation_result)));
+    if (r.struct_size < abi20_size<rt_evaluation_result>()) {
+      bad_argument(f, "result->struct_size is " + std::to_string(r.struct_size) + ", smaller than its first version's " +
+                          std::to_string(abi20_size<rt_evaluation_result>()));
     }
     const rt::Tokenizer t =
         tokenizer == nullptr || tokenizer[0] == '\0' ? rt::Tokenizer{} : rt::Tokenizer::load(tokenizer);

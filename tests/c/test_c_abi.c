@@ -727,6 +727,15 @@ static void test_training_lora_and_files(void) {
   OK(rt_memory_stats_get(RT_BACKEND_CPU, &m));
   CHECK(m.peak_bytes == m.live_bytes && m.allocation_count >= m.free_count);
   FAILS(rt_memory_stats_get((rt_backend)5, &m), RT_ERROR_INVALID_ARGUMENT, "rt_backend");
+  {
+    /* A struct_size that ends inside a field (9 wrote one byte of live_bytes
+     * before 2.8.1): refused, nothing written. */
+    rt_memory_stats partial;
+    memset(&partial, 0x5A, sizeof partial);
+    partial.struct_size = 9;
+    FAILS(rt_memory_stats_get(RT_BACKEND_CPU, &partial), RT_ERROR_INVALID_ARGUMENT, "first version");
+    CHECK(partial.struct_size == 9 && partial.live_bytes == (int64_t)0x5A5A5A5A5A5A5A5ALL);
+  }
 }
 
 static int stop_after_two(const rt_step_report* report, void* user_data) {
