@@ -71,7 +71,12 @@ struct TokenArray {
   std::size_t ndim = 0;  // of the input: 1 for (T,), 2 for (B, T)
   std::int64_t batch() const { return shape[0]; }
 };
-TokenArray tokens_from_python(nb::handle values, const char* op);
+/// Token ids from a list, tuple or integer numpy array of 1 or 2 dimensions
+/// (bytes and bytearray are refused: text is a str). `max_length` >= 0 (the
+/// model's context) refuses a longer sequence before any copy is made: a
+/// (65536, 65536) array was converted in full (tens of GiB) before the
+/// model's own check.
+TokenArray tokens_from_python(nb::handle values, const char* op, std::int64_t max_length = -1);
 
 /// Variables from a Python iterable (a TypeError naming `op` and the
 /// offending item's type for anything else; was RuntimeError std::bad_cast).
