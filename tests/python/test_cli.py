@@ -171,6 +171,7 @@ def test_help_reads_well(tools):
     (["pretrain", "--batch", "4611686018427387904"], 2, "batch must be in"),
     (["pretrain", "--weight-decay", "inf"], 2, "--weight-decay: expects a finite number, got 'inf'"),
     (["pretrain", "--steps"], 2, "--steps: 1 required INT missing"),
+    (["pretrain", "--steps=", "--batch", "2"], 2, "--steps: no value after '='"),
     ([], 2, "A subcommand is required"),
     (["post-train", "--base-model", "x", "--data", "x.jsonl", "--method", "full", "--lora-rank", "4"], 2,
      "apply to --method lora only"),
@@ -220,6 +221,10 @@ def test_bad_files_fail_cleanly_and_leave_outputs_intact(tools, pretrained, corp
     (["--temperature", "-0.5"], "'--temperature' must be >= 0"),
     (["--max-new-tokens", "-1"], "--max-new-tokens: expects an integer >= 0, got '-1'"),
     (["--seed", "-1"], "--seed: expects an integer in [0, 18446744073709551615], got '-1'"),
+    # `--opt=` with no value took the next argument as its value (the prompt
+    # "--max-new-tokens=3", then 200 tokens, exit 0).
+    (["--prompt=", "--max-new-tokens=3"], "--prompt: no value after '='"),
+    (["--prompt=hi", "--max-new-tokens="], "--max-new-tokens: no value after '='"),
 ])
 def test_generate_bad_arguments_exit_2_with_a_hint(tools, pretrained, args, needle):
     r = run(tools[1], "--model", pretrained / "model.safetensors", *args)
