@@ -6,6 +6,7 @@
 #include <sentencepiece_processor.h>
 #include <sentencepiece_trainer.h>
 
+#include <cstdlib>
 #include <mutex>
 #include <unordered_map>
 
@@ -267,7 +268,20 @@ Tokenizer train_tokenizer(std::string_view text, const TokenizerTrainingOptions&
       throw ValueError(std::string("[train_tokenizer] SentencePiece failed (") + e.what() + ")");
     }
     if (!status.ok()) {
-      throw ValueError("[train_tokenizer] SentencePiece refused the training (" + status.ToString() + ")");
+      const std::string said = status.ToString();
+      // "Vocabulary size is too high (300). Please set it to a value <= 258.":
+      // a bound below riftco's own minimum is advice no one can follow.
+      const std::string marker = "Please set it to a value <= ";
+      if (const std::size_t at = said.find(marker); at != std::string::npos) {
+        const long long most = std::atoll(said.c_str() + at + marker.size());
+        throw ValueError("[train_tokenizer] the training text is too small for vocab_size " +
+                         std::to_string(options.vocab_size) + ": SentencePiece can make at most " +
+                         std::to_string(most) + " pieces from it" +
+                         (most >= 260 ? " (give a vocab_size of at most that, or more text)"
+                                      : ", and a tokenizer needs at least 260 (the 256 bytes, <unk> and 3 more): "
+                                        "give more text"));
+      }
+      throw ValueError("[train_tokenizer] SentencePiece refused the training (" + said + ")");
     }
   }
   Tokenizer tokenizer = Tokenizer::from_serialized(model, output);  // checked before anything is written
