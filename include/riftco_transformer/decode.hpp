@@ -78,6 +78,12 @@ struct GenerationOptions {
   /// detokenized new text contains one; GenerationResult::text ends before
   /// it. A stop string may span several tokens.
   std::vector<std::string> stop;
+  /// Token ids that end generation, as Hugging Face's eos_token_id: when a
+  /// new token is one of them generation stops; the token is the last of
+  /// GenerationResult::tokens, not part of its text, and stop_token says
+  /// which. Typically the tokenizer's end-of-sequence id (Tokenizer::eos_id).
+  /// Each must lie in the model's vocabulary (ValueError otherwise).
+  std::vector<std::int32_t> stop_tokens;
   /// Independent samples for generate_samples(): sample i draws from
   /// Random(seed + i · 0x9E3779B97F4A7C15) (mod 2^64), so sample 0 is what
   /// generate() gives with the same seed. generate() needs 1.
@@ -101,6 +107,7 @@ struct GenerationResult {
   std::string message;               // why it stopped, for a person
   std::string text;                  // detokenize(tokens), cut before a matched stop string
   std::int64_t stop_index = -1;      // which of options.stop matched; -1: none
+  std::int32_t stop_token = -1;      // the id of options.stop_tokens that ended it; -1: none
 };
 
 /// What generate() and generate_samples() check of the prompt first: a
@@ -108,6 +115,9 @@ struct GenerationResult {
 /// length. Takes the length alone, so a caller can check it before it makes
 /// a view over the prompt's buffer (the C ABI).
 void check_prompt_length(const DecoderOnlyTransformer& model, std::size_t length);
+/// What generate() checks of options.stop_tokens against the model: each id
+/// in [0, vocab_size) (ValueError naming it otherwise).
+void check_stop_tokens(const DecoderOnlyTransformer& model, std::span<const std::int32_t> stop_tokens);
 
 /// Feeds `prompt` (non-empty) through a DecodeSession, then samples.
 /// options.num_samples must be 1 (see generate_samples).

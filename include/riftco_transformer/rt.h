@@ -24,7 +24,7 @@ extern "C" {
 #endif
 
 #define RT_ABI_VERSION_MAJOR 2
-#define RT_ABI_VERSION_MINOR 8
+#define RT_ABI_VERSION_MINOR 9
 
 /* ---- status and errors ---------------------------------------------------- */
 
@@ -180,6 +180,11 @@ typedef struct rt_generation_options {
   const char* const* stop;
   size_t stop_count;
   int64_t num_samples;
+  /* Appended in ABI 2.9: stop_token_count token ids (NULL when the count is
+   * 0) that end generation, as Hugging Face's eos_token_id (e.g. the id
+   * rt_tokenizer_eos_id gives): the id is the last token written. */
+  const int32_t* stop_tokens;
+  size_t stop_token_count;
 } rt_generation_options;
 /* Fills the first struct_size bytes with the defaults and sets struct_size;
  * use the inline rt_generation_options_default, which passes the caller's sizeof. */
@@ -582,6 +587,9 @@ RT_API rt_status rt_run_post_training(const rt_post_training_config* config, rt_
  * fallback; deterministic) on the UTF-8 text file `data` (NULL or "": the
  * default corpus) and writes it atomically to `output`. */
 RT_API rt_status rt_train_tokenizer(const char* data, int64_t vocab_size, const char* model_type, const char* output);
+/* ABI 2.9: the end-of-sequence id of a SentencePiece model file (NULL or ""
+ * is bytes), -1 when it has none (bytes, and rt_train_tokenizer's models). */
+RT_API rt_status rt_tokenizer_eos_id(const char* tokenizer, int32_t* eos_id);
 
 typedef struct rt_evaluation_result {
   size_t struct_size;

@@ -229,7 +229,7 @@ rt_status rt_generation_options_init(rt_generation_options* options, size_t stru
     const rt::GenerationOptions d;
     init_struct(options, struct_size,
                 rt_generation_options{0, d.max_new_tokens, d.temperature, d.top_k, d.seed, d.top_p,
-                                      d.repetition_penalty, nullptr, 0, d.num_samples},
+                                      d.repetition_penalty, nullptr, 0, d.num_samples, nullptr, 0},
                 "rt_generation_options_init");
   });
 }

@@ -103,6 +103,16 @@ rt::GenerationOptions generation_options(const rt_generation_options& o, const c
     }
   }
   if (RT_C_COVERS(o, num_samples)) g.num_samples = o.num_samples;
+  if (RT_C_COVERS(o, stop_token_count) && o.stop_token_count > 0) {
+    if (o.stop_tokens == nullptr) {
+      bad_argument(function, "options->stop_tokens is NULL but stop_token_count is " +
+                                 std::to_string(o.stop_token_count));
+    }
+    if (o.stop_token_count > 65536) {
+      bad_argument(function, "options->stop_token_count " + std::to_string(o.stop_token_count) + " is over 65536");
+    }
+    g.stop_tokens.assign(o.stop_tokens, o.stop_tokens + o.stop_token_count);  // checked against the vocabulary there
+  }
   return g;
 }
 
@@ -539,6 +549,14 @@ rt_status rt_train_tokenizer(const char* data, int64_t vocab_size, const char* m
     o.model_type = rt::parse_tokenizer_model_type(model_type, f);
     const std::string text = data == nullptr || data[0] == '\0' ? rt::load_default_corpus() : rt::load_text_file(data);
     rt::train_tokenizer(text, o, output);
+  });
+}
+
+rt_status rt_tokenizer_eos_id(const char* tokenizer, int32_t* eos_id) {
+  constexpr const char* f = "rt_tokenizer_eos_id";
+  return guard(f, [&] {
+    int32_t& out = require(eos_id, f, "eos_id");
+    out = tokenizer == nullptr || tokenizer[0] == '\0' ? -1 : rt::Tokenizer::load(tokenizer).eos_id();
   });
 }
 

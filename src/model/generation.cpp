@@ -129,6 +129,13 @@ GenerationResult generate_one(const DecoderOnlyTransformer& model, std::span<con
     }
     result.tokens.push_back(next);
     remember(next);
+    if (std::find(options.stop_tokens.begin(), options.stop_tokens.end(), next) != options.stop_tokens.end()) {
+      result.stop_token = next;
+      result.text = detokenize(std::span<const std::int32_t>(result.tokens).first(result.tokens.size() - 1));
+      result.message = "stopped after " + std::to_string(result.tokens.size()) + " new tokens at stop token " +
+                       std::to_string(next);
+      return result;
+    }
     if (!options.stop.empty()) {
       std::string text = detokenize(result.tokens);
       const auto [at, index] = find_stop(text, options.stop);
@@ -166,6 +173,16 @@ void check_prompt_length(const DecoderOnlyTransformer& model, std::size_t length
   if (length > static_cast<std::uint64_t>(context)) {  // unsigned: a size of 2^63 or more is not negative
     throw ValueError("[generate] the prompt has " + std::to_string(length) + " tokens, more than the context length " +
                      std::to_string(context));
+  }
+}
+
+void check_stop_tokens(const DecoderOnlyTransformer& model, std::span<const std::int32_t> stop_tokens) {
+  const std::int64_t vocab = model.dimensions().vocab_size;
+  for (std::size_t i = 0; i < stop_tokens.size(); ++i) {
+    if (stop_tokens[i] < 0 || stop_tokens[i] >= vocab) {
+      throw ValueError("[generate] stop token " + std::to_string(i) + " (" + std::to_string(stop_tokens[i]) +
+                       ") is outside the vocabulary [0, " + std::to_string(vocab) + ")");
+    }
   }
 }
 
@@ -272,6 +289,7 @@ GenerationResult generate(const DecoderOnlyTransformer& model, std::span<const s
                           const GenerationOptions& options) {
   check_prompt_length(model, prompt.size());
   options.validate();
+  check_stop_tokens(model, options.stop_tokens);
   if (options.num_samples != 1) {
     throw ValueError("[generate] num_samples is " + std::to_string(options.num_samples) +
                      ": generate() makes one sample; use generate_samples()");
@@ -283,6 +301,7 @@ std::vector<GenerationResult> generate_samples(const DecoderOnlyTransformer& mod
                                                std::span<const std::int32_t> prompt, const GenerationOptions& options) {
   check_prompt_length(model, prompt.size());
   options.validate();
+  check_stop_tokens(model, options.stop_tokens);
   std::vector<GenerationResult> samples;
   for (std::int64_t i = 0; i < options.num_samples; ++i) {
     GenerationOptions one = options;

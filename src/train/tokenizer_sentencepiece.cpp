@@ -146,6 +146,12 @@ Tokenizer Tokenizer::from_serialized(std::string_view model_bytes, const std::fi
   return out;
 }
 
+std::int32_t Tokenizer::eos_id() const {
+  if (!impl_) return -1;
+  const int id = impl_->processor.eos_id();
+  return id >= 0 && id < impl_->processor.GetPieceSize() ? id : -1;
+}
+
 std::int64_t Tokenizer::vocab_size() const {
   return impl_ ? impl_->processor.GetPieceSize() : ByteTokenizer::kVocabSize;
 }

@@ -307,3 +307,38 @@ TEST(GenerationOptions, InterruptRunsBeforeEveryDecodedTokenAndItsExceptionStops
   EXPECT_THROW(generate(model, std::vector<std::int32_t>{}, o), ValueError);
   EXPECT_EQ(calls, 0);
 }
+
+TEST(GenerationOptions, AStopTokenEndsGenerationAsHuggingFacesEosDoes) {
+  Random init(21);
+  DecoderOnlyTransformer model(dims(), init);
+  const std::vector<std::int32_t> prompt{7, 10};
+  GenerationOptions o;
+  o.temperature = 0.0F;
+  o.max_new_tokens = 12;
+  const GenerationResult free_run = generate(model, prompt, o);
+  ASSERT_GE(free_run.tokens.size(), 4U);
+  const std::int32_t eos = free_run.tokens[2];
+  const std::size_t first = static_cast<std::size_t>(
+      std::find(free_run.tokens.begin(), free_run.tokens.end(), eos) - free_run.tokens.begin());
+  std::int32_t unused = 0;  // a token the free run never makes: listing it changes nothing
+  while (std::find(free_run.tokens.begin(), free_run.tokens.end(), unused) != free_run.tokens.end()) ++unused;
+  o.stop_tokens = {unused, eos};  // any of them ends it
+  const GenerationResult stopped = generate(model, prompt, o);
+  EXPECT_EQ(stopped.tokens, std::vector<std::int32_t>(free_run.tokens.begin(), free_run.tokens.begin() + first + 1));
+  EXPECT_EQ(stopped.stop_token, eos);
+  EXPECT_EQ(stopped.stop_index, -1);
+  EXPECT_EQ(stopped.text, bytes_detokenizer(std::span(stopped.tokens).first(first)));  // the stop token's text is left out
+  EXPECT_NE(stopped.message.find("at stop token " + std::to_string(eos)), std::string::npos) << stopped.message;
+  EXPECT_EQ(free_run.stop_token, -1);
+  o.num_samples = 2;
+  o.temperature = 1.0F;
+  for (const GenerationResult& r : generate_samples(model, prompt, o)) {
+    if (r.stop_token >= 0) EXPECT_EQ(r.tokens.back(), r.stop_token);
+  }
+  o.num_samples = 1;
+  o.stop_tokens = {32};
+  EXPECT_NE(error_of([&] { generate(model, prompt, o); }).find("stop token 0 (32) is outside the vocabulary [0, 32)"),
+            std::string::npos);
+  o.stop_tokens = {-1};
+  EXPECT_THROW(generate_samples(model, prompt, o), ValueError);
+}

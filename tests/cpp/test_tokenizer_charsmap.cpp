@@ -63,6 +63,10 @@ TEST(TokenizerCharsmap, ARealNormalizationMapLoadsAndNormalizes) {
   const Tokenizer t = Tokenizer::from_serialized(nfkc_model(dir), "nfkc.model");
   // NFKC maps fullwidth letters to ASCII: the same ids as the plain word.
   EXPECT_EQ(t.encode("\xEF\xBD\x86\xEF\xBD\x8F\xEF\xBD\x98"), t.encode("fox"));  // "ｆｏｘ"
+  // SentencePiece's defaults give </s> id 2, as Llama's tokenizer: the stop
+  // token generation uses (GenerationOptions::stop_tokens).
+  EXPECT_EQ(t.eos_id(), 2);
+  EXPECT_EQ(Tokenizer().eos_id(), -1);  // bytes have none
   fs::remove_all(dir);
 }
 
@@ -72,7 +76,7 @@ TEST(TokenizerCharsmap, ABrokenMapIsADataErrorAtLoadNeverACrashAtUse) {
   options.vocab_size = 280;
   std::string text;
   for (int i = 0; i < 300; ++i) text += "abc abd bcd cab " + std::to_string(i) + "\n";
-  train_tokenizer(text, options, dir / "good.model");
+  EXPECT_EQ(train_tokenizer(text, options, dir / "good.model").eos_id(), -1);  // riftco's tokenizers have none
   const std::string good = rt_test::read_file(dir / "good.model");
   const struct {
     const char* name;

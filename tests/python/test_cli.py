@@ -666,3 +666,23 @@ def test_memory_plan_reads_a_config_file_as_the_other_tools_do(build_dir, tmp_pa
     config.write_text("budgets = 1\n")
     r = run(plan, "--config", config, "--output", tmp_path / "other")
     assert r.returncode == 2 and "--budgets" in r.stderr, r.stderr
+
+
+def test_generate_stops_at_a_stop_token(tools, pretrained):
+    # --stop-token ID ends generation at that id (as Hugging Face's
+    # eos_token_id), its text left out; by default the tokenizer's
+    # end-of-sequence id, which bytes do not have.
+    riftco = pytest.importorskip("riftco")
+    model = pretrained / "model.safetensors"
+    tokens = riftco.load_model(model).generate("a s", max_new_tokens=8, temperature=0).tokens
+    stop = tokens[2]
+    first = tokens.index(stop)
+    greedy = ["--model", model, "--prompt", "a s", "--temperature", 0]
+    r = run(tools[1], *greedy, "--max-new-tokens", 8, "--stop-token", stop)
+    shorter = run(tools[1], *greedy, "--max-new-tokens", first)
+    assert r.returncode == 0 and shorter.returncode == 0, (r.stderr, shorter.stderr)
+    assert r.stdout == shorter.stdout
+    assert run(tools[1], *greedy, "--max-new-tokens", 8).stdout != r.stdout
+    bad = run(tools[1], "--model", model, "--prompt", "a", "--stop-token", 256)
+    assert bad.returncode == 1 and "stop token 0 (256) is outside the vocabulary [0, 256)" in bad.stderr, bad.stderr
+    assert run(tools[1], "--model", model, "--prompt", "a", "--stop-token", -1).returncode == 2
