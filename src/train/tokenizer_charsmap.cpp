@@ -4,6 +4,7 @@
 #include <cstring>
 #include <deque>
 #include <optional>
+#include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
@@ -99,8 +100,14 @@ std::string map_problem(std::string_view blob) {
     std::memcpy(&u, trie.data() + i * sizeof u, sizeof u);
     return u;
   };
-  std::deque<std::uint32_t> pending{offset_of(unit(0))};  // the root's children start here
-  std::unordered_set<std::uint32_t> seen(pending.begin(), pending.end());
+  struct Edge {
+    std::uint32_t child;
+    bool leaf;  // a rule ends here: one match of a common-prefix search
+  };
+  const std::uint32_t root = offset_of(unit(0));  // the root's children start here
+  std::unordered_map<std::uint32_t, std::vector<Edge>> edges;  // by node (its children's base)
+  std::deque<std::uint32_t> pending{root};
+  std::unordered_set<std::uint32_t> seen{root};
   while (!pending.empty()) {
     const std::uint32_t base = pending.front();
     pending.pop_front();
@@ -123,7 +130,34 @@ std::string map_problem(std::string_view blob) {
                  std::to_string(strings.size()) + " with no terminating NUL after it";
         }
       }
+      edges[base].push_back({child, has_leaf(u)});
       if (seen.insert(child).second) pending.push_back(child);
+    }
+  }
+  // SentencePiece keeps the matches along one input in an array of 32 but
+  // loops over as many as the trie reports: a path through more than 32 rule
+  // ends (or a loop through one, unbounded) reads past it. The most rule ends
+  // on a path from the root, raised node by node (each node at most 33 times).
+  constexpr int kMaxMatches = 32;
+  std::unordered_map<std::uint32_t, int> most{{root, 0}};
+  std::deque<std::uint32_t> raised{root};
+  while (!raised.empty()) {
+    const std::uint32_t node = raised.front();
+    raised.pop_front();
+    const auto it = edges.find(node);
+    if (it == edges.end()) continue;
+    for (const Edge& e : it->second) {
+      const int count = most[node] + (e.leaf ? 1 : 0);
+      if (count > kMaxMatches) {
+        return "more than " + std::to_string(kMaxMatches) +
+               " of its rules match prefixes of one input (SentencePiece keeps " + std::to_string(kMaxMatches) +
+               " matches)";
+      }
+      const auto [at, inserted] = most.try_emplace(e.child, count);
+      if (inserted || count > at->second) {
+        at->second = count;
+        raised.push_back(e.child);
+      }
     }
   }
   return "";

@@ -102,6 +102,27 @@ TEST(TokenizerCharsmap, ABrokenMapIsADataErrorAtLoadNeverACrashAtUse) {
     EXPECT_NE(message.find(c.says), std::string::npos) << c.name << ": " << message;
     EXPECT_NE(message.find("broken.model"), std::string::npos) << message;
   }
+  // Rules "a", "aa", ... "a"·n: every unit in bounds, but SentencePiece keeps
+  // 32 matches of one input in a stack array and loops over all it finds
+  // (n = 33: SIGSEGV at encode; the review's deep_trie.py).
+  const auto deep_map = [](int n) {
+    std::vector<std::uint32_t> units(256 * static_cast<std::size_t>(n + 2), 0);
+    const auto base = [](int i) { return 256U * static_cast<std::uint32_t>(i + 1); };
+    units[0] = base(0) << 10;         // the root: children in block 1
+    units[base(0)] = 1U << 31;        // byte 0 matches nothing
+    for (int i = 0; i < n; ++i) {
+      const std::uint32_t at = base(i) ^ 0x61U;  // 'a'
+      const std::uint32_t child = base(i + 1);
+      units[at] = ((at ^ child) << 10) | (1U << 8) | 0x61U;  // label 'a', a rule ends here
+      units[child] = 1U << 31;                                // its value: byte 0 of the strings
+    }
+    return charsmap(units, std::string("b\0", 2));
+  };
+  const std::string deep =
+      rt_test::message_of<DataError>([&] { (void)Tokenizer::from_serialized(with_map(good, 3, deep_map(33)), "deep.model"); });
+  EXPECT_NE(deep.find("more than 32 of its rules match prefixes of one input"), std::string::npos) << deep;
+  const Tokenizer thirty_two = Tokenizer::from_serialized(with_map(good, 3, deep_map(32)), "deep32.model");
+  EXPECT_FALSE(thirty_two.encode(std::string(32, 'a')).empty());  // within the limit: works
   // Every byte of a real map flipped in turn (a sample): a DataError or a
   // tokenizer that encodes and decodes every byte, never a crash.
   const std::string nfkc = nfkc_model(dir);
