@@ -137,10 +137,23 @@ inline int run_tool(const std::string& tool, CLI::App& app, int argc, char** arg
   // `--name=` with nothing after the '=': CLI11 takes the next argument as
   // the value (`--prompt= --max-new-tokens=3` prompted with the text
   // "--max-new-tokens=3" and ran with 200 new tokens). Refused, naming it.
+  // Only an option the tool defines, and not where an option before it takes
+  // this argument as its value (`--prompt '--x ='` is a prompt).
+  const auto defined = [&](const std::string& name) -> const CLI::Option* {
+    if (const CLI::Option* o = app.get_option_no_throw(name)) return o;
+    for (const CLI::App* sub : app.get_subcommands({})) {
+      if (const CLI::Option* o = sub->get_option_no_throw(name)) return o;
+    }
+    return nullptr;
+  };
+  bool is_value = false;  // argv[i] follows an option that takes a value
   for (int i = 1; i < argc; ++i) {
-    const std::string_view arg = argv[i];
+    const std::string arg = argv[i];
     if (arg == "--") break;
-    if (arg.size() > 3 && arg.starts_with("--") && arg.back() == '=' && arg.find('=') == arg.size() - 1) {
+    const bool was_value = is_value;
+    const CLI::Option* option = arg.starts_with("--") ? defined(arg.substr(0, arg.find('='))) : nullptr;
+    is_value = option != nullptr && arg.find('=') == std::string::npos && option->get_expected_max() > 0;
+    if (!was_value && option != nullptr && arg.back() == '=' && arg.find('=') == arg.size() - 1) {
       std::cerr << tool << ": " << arg.substr(0, arg.size() - 1)
                 << ": no value after '=' (give one, or leave the option out)\n"
                 << hint() << "\n";

@@ -31,8 +31,9 @@ class DecodeSession {
   std::int64_t position() const;
   /// The most tokens the session holds (the context length). Its K/V caches
   /// grow to it as tokens come (128 positions first, then twice as many each
-  /// time they fill); memory for a growth that cannot be had is an
-  /// OutOfMemoryError naming the size, the session as it was.
+  /// time they fill); host memory for a growth that cannot be had is an
+  /// OutOfMemoryError naming the size (device memory: the CUDA allocator's
+  /// BackendError), the session as it was.
   std::int64_t capacity() const;
   /// Logits per decode_token() call.
   std::int64_t vocab_size() const;

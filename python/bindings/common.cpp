@@ -5,12 +5,12 @@
 #include <charconv>
 #include <cstdlib>
 #include <limits>
-#include <shared_mutex>
 #include <utility>
 #include <vector>
 
 #include "riftco_transformer/errors.hpp"
 #include "riftco_transformer/memory.hpp"
+#include "riftco_transformer/shared_mutex.hpp"
 
 namespace riftco_python {
 
@@ -131,8 +131,8 @@ std::vector<rt::Variable> variables_from_python(nb::iterable values, const char*
 }
 
 namespace {
-std::shared_mutex& variables_lock() {
-  static std::shared_mutex lock;
+rt::WriterFirstSharedMutex& variables_lock() {  // a waiting change goes before new computations
+  static rt::WriterFirstSharedMutex lock;
   return lock;
 }
 thread_local int t_computing = 0;  // ComputeWithoutGil scopes open on this thread
@@ -157,6 +157,19 @@ ComputeWithoutGil::ComputeWithoutGil() {
 ComputeWithoutGil::~ComputeWithoutGil() {
   if (--t_computing == 0) t_made.clear();
   if (held_) variables_lock().unlock_shared();
+}
+
+StepWithoutGil::StepWithoutGil() {
+  if (t_computing == 0 && t_changing == 0) {
+    variables_lock().lock();
+    held_ = true;
+  }
+  ++t_computing;  // a computation otherwise: a hook's change inside it is refused as before
+}
+
+StepWithoutGil::~StepWithoutGil() {
+  if (--t_computing == 0) t_made.clear();
+  if (held_) variables_lock().unlock();
 }
 
 void refuse_inside_computation(const char* op) {

@@ -87,9 +87,9 @@ std::vector<rt::Variable> variables_from_python(nb::iterable values, const char*
 std::string utf8_of(nb::handle text, const std::string& what);
 
 /// Python threads and the models' variables. C++ that runs with the GIL
-/// released and reads variables (a forward, backward, Adam.step, generate,
-/// save) holds one process-wide lock shared (ComputeWithoutGil, which also
-/// releases the GIL); a change that replaces variables' values, names or
+/// released and reads variables (a forward, backward, generate, save) holds
+/// one process-wide lock shared (ComputeWithoutGil, which also releases the
+/// GIL), an optimizer step exclusively (StepWithoutGil); a change that replaces variables' values, names or
 /// flags (set_value, to, load_state, add_lora, ...) holds it exclusively and
 /// the GIL (ExclusiveChange), so neither runs into the other: a value
 /// replaced under a running generate freed what it read (heap corruption).
@@ -108,6 +108,23 @@ class ComputeWithoutGil {
 
  private:
   nb::gil_scoped_release release_;  // first: the lock is taken without the GIL
+  bool held_ = false;
+};
+
+/// An optimizer step (Adam.step, backward_and_step): it writes the
+/// parameters in place, so it holds the lock exclusively — a forward, save or
+/// generate on another thread never reads half-stepped weights — but with the
+/// GIL released, as a computation. Inside a computation or change of this
+/// thread (a hook) it takes nothing more.
+class StepWithoutGil {
+ public:
+  StepWithoutGil();
+  ~StepWithoutGil();
+  StepWithoutGil(const StepWithoutGil&) = delete;
+  StepWithoutGil& operator=(const StepWithoutGil&) = delete;
+
+ private:
+  nb::gil_scoped_release release_;
   bool held_ = false;
 };
 

@@ -1,17 +1,17 @@
 // rt_* errors, version, defaults, enum and struct conversions.
 #include <cstdio>
-#include <shared_mutex>
 
 #include "c_api_common.hpp"
 #include "riftco_transformer/memory.hpp"
+#include "riftco_transformer/shared_mutex.hpp"
 
 namespace rt_c {
 namespace {
 thread_local std::string t_last_error;
 thread_local int t_reading = 0;   // ReadLock scopes open on this thread
 thread_local int t_changing = 0;  // ChangeLock scopes open on this thread
-std::shared_mutex& handles_lock() {
-  static std::shared_mutex lock;
+riftco_transformer::WriterFirstSharedMutex& handles_lock() {  // a waiting change goes before new reads
+  static riftco_transformer::WriterFirstSharedMutex lock;
   return lock;
 }
 }  // namespace

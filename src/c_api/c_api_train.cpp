@@ -265,7 +265,7 @@ rt_status rt_adam_destroy(rt_adam* adam) {
 rt_status rt_adam_step(rt_adam* adam, float* grad_norm) {
   constexpr const char* f = "rt_adam_step";
   return guard(f, [&] {
-    const ReadLock lock;
+    const ChangeLock lock(f);  // writes the parameters in place: no forward or save reads them meanwhile
     const float norm = require(adam, f, "adam").adam.step();
     if (grad_norm != nullptr) *grad_norm = norm;
   });
@@ -274,7 +274,7 @@ rt_status rt_adam_step(rt_adam* adam, float* grad_norm) {
 rt_status rt_adam_backward_and_step(rt_adam* adam, const rt_variable* loss, float* grad_norm) {
   constexpr const char* f = "rt_adam_backward_and_step";
   return guard(f, [&] {
-    const ReadLock lock;
+    const ChangeLock lock(f);
     rt::Adam& a = require(adam, f, "adam").adam;
     const float norm = a.backward_and_step(variable_of(loss, f, "loss"), rt::GraphAfterBackward::Release);
     if (grad_norm != nullptr) *grad_norm = norm;

@@ -108,7 +108,11 @@ rt_status rt_variable_grad(const rt_variable* variable, float* values, size_t co
     const rt::Variable& v = variable_of(variable, f);
     require(has_grad, f, "has_grad");
     check_count(v.value(), count, f);
-    const rt::Tensor g = v.grad();  // a handle: a concurrent commit cannot free it under us
+    // A handle of its own, copied under the commit lock: a backward committing
+    // or rt_adam_zero_grad dropping this gradient on another thread (both run
+    // beside this read) cannot replace it while it is copied (grad() returns
+    // a reference to the slot they assign).
+    const rt::Tensor g = v.grad_with_serial().first;
     *has_grad = g.defined() ? 1 : 0;
     if (g.defined() && count > 0) {
       require(values, f, "values");

@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "riftco_transformer/rt.h"
@@ -72,7 +73,55 @@ static int run(void* (*changer)(void*), void* arg, const char* what) {
   return other != 0 || failed != NULL;
 }
 
+/* Readers that never pause: a change must still get in (the lock lets a
+ * waiting writer go before new readers; with four such threads one
+ * set_value waited over a minute before). */
+static atomic_long g_reads;
+static void* forward_forever(void* arg) {
+  (void)arg;
+  while (!atomic_load(&g_stop)) {
+    rt_variable* logits = NULL;
+    if (rt_model_forward(g_model, g_tokens, 1, 16, &logits) == RT_OK) atomic_fetch_add(&g_reads, 1);
+    rt_variable_destroy(logits);
+  }
+  return NULL;
+}
+
+static int writer_gets_in(rt_variable* w) {
+  enum { kReaders = 4, kChanges = 20 };
+  pthread_t readers[kReaders];
+  atomic_store(&g_stop, 0);
+  for (int i = 0; i < kReaders; ++i) {
+    if (pthread_create(&readers[i], NULL, forward_forever, NULL) != 0) return 1;
+  }
+  const struct timespec ms = {0, 1000000};
+  while (atomic_load(&g_reads) < 50) nanosleep(&ms, NULL); /* the readers are running */
+  int64_t n = 0;
+  rt_variable_numel(w, &n);
+  float* v = malloc((size_t)n * sizeof *v);
+  int failed = v == NULL || rt_variable_value(w, v, (size_t)n) != RT_OK;
+  for (int i = 0; i < kChanges && !failed; ++i) failed = rt_variable_set_value(w, v, (size_t)n) != RT_OK;
+  atomic_store(&g_stop, 1);
+  for (int i = 0; i < kReaders; ++i) pthread_join(readers[i], NULL);
+  free(v);
+  printf("%d set_value calls beside %d threads of forwards (%ld forwards): %s\n", kChanges, kReaders,
+         atomic_load(&g_reads), failed ? "failed" : "all in");
+  return failed;
+}
+
+/* A hang is this test's failure: the whole program is stopped after 120 s. */
+static void* watchdog(void* arg) {
+  (void)arg;
+  sleep(120);
+  fprintf(stderr, "FAILED: a change waited more than 120 s (writer starvation?)\n");
+  _exit(1);
+  return NULL;
+}
+
 int main(void) {
+  pthread_t dog;
+  if (pthread_create(&dog, NULL, watchdog, NULL) != 0) return 1;
+  pthread_detach(dog);
   for (int i = 0; i < 64; ++i) {
     g_tokens[i] = i % 256;
     g_targets[i] = (i + 1) % 256;
@@ -99,6 +148,7 @@ int main(void) {
   if (rt_model_parameter(g_model, "blocks.1.attention_norm.weight", &weight) != RT_OK) return 1;
   int failures = run(set_values, weight, "set_value beside backward");
   failures += run(reload, &g_stop, "rt_model_load beside backward");
+  failures += writer_gets_in(weight);
   rt_variable_destroy(weight);
   rt_model_destroy(g_model);
   unlink(g_file);

@@ -686,3 +686,13 @@ def test_generate_stops_at_a_stop_token(tools, pretrained):
     bad = run(tools[1], "--model", model, "--prompt", "a", "--stop-token", 256)
     assert bad.returncode == 1 and "stop token 0 (256) is outside the vocabulary [0, 256)" in bad.stderr, bad.stderr
     assert run(tools[1], "--model", model, "--prompt", "a", "--stop-token", -1).returncode == 2
+
+
+def test_values_that_look_like_an_empty_option_are_still_values(tools, pretrained):
+    # The '--opt=' refusal is for the tools' own options only, and not where
+    # an option takes the argument as its value (review: '-- SQL ... =' was refused).
+    model = pretrained / "model.safetensors"
+    for args in (["--prompt", "-- SQL: select the total ="], ["--prompt", "--max-new-tokens="],
+                 ["--prompt", "a", "--stop", "---x="]):
+        r = run(tools[1], "--model", model, "--max-new-tokens", 2, *args)
+        assert r.returncode == 0, (args, r.stderr)
