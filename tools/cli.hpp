@@ -17,6 +17,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 
 #include "cli_config.hpp"
 #include "riftco_transformer/errors.hpp"
@@ -133,6 +134,32 @@ inline int run_tool(const std::string& tool, CLI::App& app, int argc, char** arg
     return "Try '" + command + " --help'.";
   };
   bool running = false;
+  // `--name=` with nothing after the '=': CLI11 takes the next argument as
+  // the value (`--prompt= --max-new-tokens=3` prompted with the text
+  // "--max-new-tokens=3" and ran with 200 new tokens). Refused, naming it.
+  // Only an option the tool defines, and not where an option before it takes
+  // this argument as its value (`--prompt '--x ='` is a prompt).
+  const auto defined = [&](const std::string& name) -> const CLI::Option* {
+    if (const CLI::Option* o = app.get_option_no_throw(name)) return o;
+    for (const CLI::App* sub : app.get_subcommands({})) {
+      if (const CLI::Option* o = sub->get_option_no_throw(name)) return o;
+    }
+    return nullptr;
+  };
+  bool is_value = false;  // argv[i] follows an option that takes a value
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--") break;
+    const bool was_value = is_value;
+    const CLI::Option* option = arg.starts_with("--") ? defined(arg.substr(0, arg.find('='))) : nullptr;
+    is_value = option != nullptr && arg.find('=') == std::string::npos && option->get_expected_max() > 0;
+    if (!was_value && option != nullptr && arg.back() == '=' && arg.find('=') == arg.size() - 1) {
+      std::cerr << tool << ": " << arg.substr(0, arg.size() - 1)
+                << ": no value after '=' (give one, or leave the option out)\n"
+                << hint() << "\n";
+      return 2;
+    }
+  }
   try {
     try {
       app.parse(argc, argv);
@@ -160,6 +187,9 @@ inline int run_tool(const std::string& tool, CLI::App& app, int argc, char** arg
     }
     std::cerr << tool << ": " << e.what() << "\n" << hint() << "\n";
     return 2;
+  } catch (const riftco_transformer::OutOfMemoryError& e) {  // says what wanted how much
+    std::cerr << "\n" << tool << ": error: " << e.what() << "\n";
+    return 1;
   } catch (const std::bad_alloc&) {
     std::cerr << "\n" << tool << ": error: out of memory (a smaller model, batch or sequence length needs less)\n";
     return 1;

@@ -54,7 +54,7 @@ int main(int argc, char** argv) {
   app.add_option("--temperature", o.temperature, "0 = greedy")
       ->type_name("T")
       ->check(rt_cli::kFiniteFloat);
-  app.add_option("--top-k", o.top_k, "sample from the K most likely (0 = all)")
+  app.add_option("--top-k", o.top_k, "sample from the K most likely and any tied with the K-th, as Hugging Face (0 = all)")
       ->type_name("K")
       ->check(rt_cli::integer_at_least(0));
   app.add_option("--seed", o.seed, "sampling seed (sample i of --num-samples uses seed + i*0x9E3779B97F4A7C15)")
@@ -70,6 +70,14 @@ int main(int argc, char** argv) {
   app.add_option("--stop", o.stop, "stop when the generated text contains TEXT (repeatable; not printed)")
       ->type_name("TEXT")
       ->allow_extra_args(false);
+  std::vector<long long> stop_tokens;
+  app.add_option("--stop-token", stop_tokens,
+                 "stop at this token id (repeatable; default: the tokenizer's end-of-sequence id, if it has one)")
+      ->type_name("ID")
+      ->allow_extra_args(false)
+      ->check(rt_cli::integer_in(0, 2147483647));
+  bool ignore_eos = false;
+  app.add_flag("--ignore-eos", ignore_eos, "do not stop at the tokenizer's end-of-sequence id");
   app.add_option("--num-samples", o.num_samples, "independent samples, printed one after another")
       ->type_name("N")
       ->check(rt_cli::integer_at_least(1));
@@ -97,6 +105,10 @@ int main(int argc, char** argv) {
     if (!tokenizer.is_bytes()) {  // text and stop strings through the subword decoder
       o.detokenize = [tokenizer](std::span<const std::int32_t> ids) { return tokenizer.decode(ids); };
     }
+    // Stop tokens: the ones given, else the tokenizer's end-of-sequence id
+    // (Hugging Face's generate stops at eos_token_id the same way).
+    for (const long long id : stop_tokens) o.stop_tokens.push_back(static_cast<std::int32_t>(id));
+    if (stop_tokens.empty() && !ignore_eos && tokenizer.eos_id() >= 0) o.stop_tokens.push_back(tokenizer.eos_id());
     running = true;
     std::unique_ptr<DecoderOnlyTransformer> model =
         load_model(model_path, FullSequenceAttentionKind::Materialized, ActivationCheckpointingKind::Disabled, load);

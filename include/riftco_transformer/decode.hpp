@@ -29,6 +29,11 @@ class DecodeSession {
   /// wait for each other (each token still goes to one position).
   Tensor decode_token(std::int32_t token);
   std::int64_t position() const;
+  /// The most tokens the session holds (the context length). Its K/V caches
+  /// grow to it as tokens come (128 positions first, then twice as many each
+  /// time they fill); host memory for a growth that cannot be had is an
+  /// OutOfMemoryError naming the size (device memory: the CUDA allocator's
+  /// BackendError), the session as it was.
   std::int64_t capacity() const;
   /// Logits per decode_token() call.
   std::int64_t vocab_size() const;
@@ -37,8 +42,8 @@ class DecodeSession {
 
  private:
   std::shared_ptr<TransformerCore> core_;
-  std::vector<Tensor> keys_;    // per layer (H, context, D)
-  std::vector<Tensor> values_;  // per layer (H, context, D)
+  std::vector<Tensor> keys_;    // per layer (G, rows, D): rows double as positions fill them, up to the context
+  std::vector<Tensor> values_;  // per layer (G, rows, D)
   std::vector<std::uint64_t> versions_;
   std::int64_t position_ = 0;
   std::unique_ptr<std::mutex> lock_ = std::make_unique<std::mutex>();  // movable session
@@ -57,7 +62,9 @@ struct GenerationOptions {
   std::int64_t max_new_tokens = 64;
   /// 0 = greedy (argmax); otherwise logits are divided by it before sampling.
   float temperature = 1.0F;
-  /// Keep only the k most likely tokens when sampling; 0 = all.
+  /// Keep only the k most likely tokens when sampling, and every token tied
+  /// with the k-th (as Hugging Face's top-k: a logit at least the k-th
+  /// largest stays); 0 = all.
   std::int64_t top_k = 0;
   std::uint64_t seed = 0;
   /// Nucleus sampling: keep the smallest set of the most likely tokens whose
@@ -72,6 +79,12 @@ struct GenerationOptions {
   /// detokenized new text contains one; GenerationResult::text ends before
   /// it. A stop string may span several tokens.
   std::vector<std::string> stop;
+  /// Token ids that end generation, as Hugging Face's eos_token_id: when a
+  /// new token is one of them generation stops; the token is the last of
+  /// GenerationResult::tokens, not part of its text, and stop_token says
+  /// which. Typically the tokenizer's end-of-sequence id (Tokenizer::eos_id).
+  /// Each must lie in the model's vocabulary (ValueError otherwise).
+  std::vector<std::int32_t> stop_tokens;
   /// Independent samples for generate_samples(): sample i draws from
   /// Random(seed + i · 0x9E3779B97F4A7C15) (mod 2^64), so sample 0 is what
   /// generate() gives with the same seed. generate() needs 1.
@@ -95,6 +108,7 @@ struct GenerationResult {
   std::string message;               // why it stopped, for a person
   std::string text;                  // detokenize(tokens), cut before a matched stop string
   std::int64_t stop_index = -1;      // which of options.stop matched; -1: none
+  std::int32_t stop_token = -1;      // the id of options.stop_tokens that ended it; -1: none
 };
 
 /// What generate() and generate_samples() check of the prompt first: a
@@ -102,6 +116,9 @@ struct GenerationResult {
 /// length. Takes the length alone, so a caller can check it before it makes
 /// a view over the prompt's buffer (the C ABI).
 void check_prompt_length(const DecoderOnlyTransformer& model, std::size_t length);
+/// What generate() checks of options.stop_tokens against the model: each id
+/// in [0, vocab_size) (ValueError naming it otherwise).
+void check_stop_tokens(const DecoderOnlyTransformer& model, std::span<const std::int32_t> stop_tokens);
 
 /// Feeds `prompt` (non-empty) through a DecodeSession, then samples.
 /// options.num_samples must be 1 (see generate_samples).

@@ -3,6 +3,7 @@
 // "[matmul] lhs (4, 8) and rhs (7, 3): inner dimensions differ".
 #include <charconv>
 #include <cstdint>
+#include <new>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -75,6 +76,18 @@ class CommunicationError : public Error {
 class PartialStepError : public Error {
  public:
   using Error::Error;
+};
+
+/// Memory a request could not get, with a message saying what wanted how
+/// much. A std::bad_alloc, so what catches those still does (C's
+/// RT_ERROR_OUT_OF_MEMORY, Python's MemoryError), now with the message.
+class OutOfMemoryError : public std::bad_alloc {
+ public:
+  explicit OutOfMemoryError(const std::string& message) : message_(message) {}
+  const char* what() const noexcept override { return message_.what(); }
+
+ private:
+  std::runtime_error message_;  // copies share the text without allocating
 };
 
 /// "(4, 8)" — used by every error message that carries a shape.

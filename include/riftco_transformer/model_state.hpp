@@ -100,6 +100,34 @@ TransformerDimensions read_model_dimensions(const std::filesystem::path& path);
 void load_model_state(DecoderOnlyTransformer& model, const std::filesystem::path& path,
                       const LoadOptions& options = {});
 
+/// load_model_state in two steps, for a caller that reads the file while
+/// other threads may still use the model and sets the weights once they
+/// cannot (the Python bindings read with the GIL released, then set the
+/// weights holding the lock that keeps readers out).
+/// read_model_state_for does every check load_model_state does and keeps the
+/// values; it reads `model`'s layout, not its weights.
+class ModelStateValues;
+ModelStateValues read_model_state_for(const DecoderOnlyTransformer& model, const std::filesystem::path& path,
+                                      const LoadOptions& options = {});
+/// Sets every parameter from `values`, checking the model's dimensions and
+/// layout against the file again first (a ModelStateError, the model
+/// untouched, if they changed since the read).
+void apply_model_state_values(DecoderOnlyTransformer& model, const ModelStateValues& values);
+
+/// A model-state file's checked values (only the two functions above make
+/// and read them, so what was checked is what is set).
+class ModelStateValues {
+ public:
+  const std::filesystem::path& path() const { return path_; }
+
+ private:
+  friend ModelStateValues read_model_state_for(const DecoderOnlyTransformer&, const std::filesystem::path&,
+                                               const LoadOptions&);
+  friend void apply_model_state_values(DecoderOnlyTransformer&, const ModelStateValues&);
+  std::filesystem::path path_;
+  TensorFile file_;
+};
+
 /// A model of the file's dimensions and norm epsilon with the file's weights.
 /// The execution policies are the caller's choice: the file has none.
 std::unique_ptr<DecoderOnlyTransformer> load_model(

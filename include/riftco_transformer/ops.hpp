@@ -67,6 +67,12 @@ Variable rope(const Variable& x, std::int64_t position_offset = 0, float base = 
 /// target adds nothing (the pipelines weigh batches by their targets).
 Variable cross_entropy(const Variable& logits, std::span<const std::int32_t> targets,
                        std::int32_t ignore_index = -100);
+/// The target check cross_entropy makes (every target in [0, classes) or
+/// ignore_index; ValueError naming `op`, the target and its row otherwise),
+/// for callers that check before computing the logits (the model's loss,
+/// which draws dropout masks in its forward).
+void check_cross_entropy_targets(const char* op, std::span<const std::int32_t> targets, std::int64_t classes,
+                                 std::int32_t ignore_index);
 
 // ---- regularization -------------------------------------------------------
 /// Inverted dropout: each element is zeroed with probability p (drawn from

@@ -24,7 +24,7 @@ extern "C" {
 #endif
 
 #define RT_ABI_VERSION_MAJOR 2
-#define RT_ABI_VERSION_MINOR 8
+#define RT_ABI_VERSION_MINOR 9
 
 /* ---- status and errors ---------------------------------------------------- */
 
@@ -167,7 +167,7 @@ typedef struct rt_generation_options {
   size_t struct_size;
   int64_t max_new_tokens;
   float temperature; /* 0 = greedy */
-  int64_t top_k;     /* 0 = all */
+  int64_t top_k;     /* the k most likely and any tied with the k-th; 0 = all */
   uint64_t seed;
   /* Appended after ABI 2.0 (a struct_size that ends before a field gets its
    * default). top_p: nucleus sampling in (0, 1], 1 = off. repetition_penalty:
@@ -180,6 +180,11 @@ typedef struct rt_generation_options {
   const char* const* stop;
   size_t stop_count;
   int64_t num_samples;
+  /* Appended in ABI 2.9: stop_token_count token ids (NULL when the count is
+   * 0) that end generation, as Hugging Face's eos_token_id (e.g. the id
+   * rt_tokenizer_eos_id gives): the id is the last token written. */
+  const int32_t* stop_tokens;
+  size_t stop_token_count;
 } rt_generation_options;
 /* Fills the first struct_size bytes with the defaults and sets struct_size;
  * use the inline rt_generation_options_default, which passes the caller's sizeof. */
@@ -273,13 +278,14 @@ RT_API rt_status rt_model_merge_lora(rt_model* model);
 RT_API rt_status rt_model_set_base_trainable(rt_model* model, int trainable);
 RT_API rt_status rt_model_has_lora(const rt_model* model, int* has_lora);
 
-/* State files (safetensors). flags: RT_LOAD_* bits. */
+/* State files (safetensors). flags: RT_LOAD_ALLOW_NON_FINITE (the adapter loader
+ * below also takes RT_LOAD_ALLOW_BASE_MISMATCH). */
 RT_API rt_status rt_model_save(const rt_model* model, const char* path);
 RT_API rt_status rt_model_load(rt_model* model, const char* path, uint32_t flags);
 /* Hugging Face transformers Llama checkpoints (LlamaForCausalLM; config.json
  * plus model.safetensors or model.safetensors.index.json and shards; F32, F16
- * or BF16). from_hf: checkpoint directory → model-state file. to_hf:
- * model-state file → directory (created when missing) holding config.json and
+ * or BF16). from_hf: checkpoint directory -> model-state file. to_hf:
+ * model-state file -> directory (created when missing) holding config.json and
  * model.safetensors. Unsupported config fields (rope_scaling, biases, ...) are
  * RT_ERROR_MODEL_STATE naming the field. flags: RT_LOAD_ALLOW_NON_FINITE. */
 RT_API rt_status rt_convert_from_hf(const char* directory, const char* output, uint32_t flags);
@@ -581,6 +587,9 @@ RT_API rt_status rt_run_post_training(const rt_post_training_config* config, rt_
  * fallback; deterministic) on the UTF-8 text file `data` (NULL or "": the
  * default corpus) and writes it atomically to `output`. */
 RT_API rt_status rt_train_tokenizer(const char* data, int64_t vocab_size, const char* model_type, const char* output);
+/* ABI 2.9: the end-of-sequence id of a SentencePiece model file (NULL or ""
+ * is bytes), -1 when it has none (bytes, and rt_train_tokenizer's models). */
+RT_API rt_status rt_tokenizer_eos_id(const char* tokenizer, int32_t* eos_id);
 
 typedef struct rt_evaluation_result {
   size_t struct_size;

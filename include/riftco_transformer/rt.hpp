@@ -136,7 +136,7 @@ class Model {
     return kind;
   }
   Variable loss(const std::vector<int32_t>& tokens, const std::vector<int32_t>& targets, int64_t batch) const {
-    // Checked here: the C call reads batch × (tokens / batch) ids from each
+    // Checked here: the C call reads batch x (tokens / batch) ids from each
     // buffer, and a status without a call would report an older message.
     if (batch <= 0 || tokens.empty() || tokens.size() % static_cast<size_t>(batch) != 0) {
       throw Error(RT_ERROR_INVALID_ARGUMENT, "RT_ERROR_INVALID_ARGUMENT: [rt::Model::loss] " +
@@ -165,7 +165,7 @@ class Model {
   ModelHandle handle_;
 };
 
-/// Hugging Face Llama checkpoint directory → model-state file, and back.
+/// Hugging Face Llama checkpoint directory -> model-state file, and back.
 inline void convert_from_hf(const std::string& directory, const std::string& output, uint32_t flags = 0) {
   check(rt_convert_from_hf(directory.c_str(), output.c_str(), flags));
 }

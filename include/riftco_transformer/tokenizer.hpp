@@ -63,6 +63,10 @@ class Tokenizer {
   /// pieces 1; unknown/control pieces 0). Summed over encode(text) it is
   /// text.size() for every text the model encodes losslessly.
   std::int64_t byte_length(std::span<const std::int32_t> ids) const;
+  /// The model's end-of-sequence id (SentencePiece's eos_id, e.g. 2 in
+  /// Llama's tokenizer), for GenerationOptions::stop_tokens; -1 when it has
+  /// none (bytes, and the tokenizers `rt-train tokenizer` makes).
+  std::int32_t eos_id() const;
   /// Hash64 of the model file's bytes as 16 hex digits; "" for bytes.
   const std::string& checksum() const;
   /// The model file it was loaded from; empty for bytes.

@@ -203,7 +203,8 @@ class DecoderOnlyTransformer {
   /// backend no longer fits the dimensions (set_value can give a leaf any
   /// shape). forward(), decoding, merge_lora() and saving call it first.
   void validate_parameters() const;
-  /// ValueError naming the missing parameter.
+  /// The named base parameter or LoRA adapter (a name parameters() or
+  /// lora_parameters() gives); ValueError naming a missing one.
   Variable parameter(const std::string& name) const;
   std::int64_t parameter_count() const;
   /// The backend every parameter lives on (the token embedding's).

@@ -5,12 +5,12 @@
 #include <charconv>
 #include <cstdlib>
 #include <limits>
-#include <shared_mutex>
 #include <utility>
 #include <vector>
 
 #include "riftco_transformer/errors.hpp"
 #include "riftco_transformer/memory.hpp"
+#include "riftco_transformer/shared_mutex.hpp"
 
 namespace riftco_python {
 
@@ -31,8 +31,20 @@ nb::object to_numpy(const rt::Tensor& tensor) {
 
 rt::Tensor tensor_from_python(nb::handle values) {
   nb::module_ np = nb::module_::import_("numpy");
+  // Numbers only: numpy's float32 cast dropped a complex value's imaginary
+  // part (a warning at most), read None in an object array as NaN, and parsed
+  // strings and dates.
+  nb::object source = np.attr("asarray")(values);
+  const nb::object dtype = source.attr("dtype");  // an object: nb::str() of an accessor casts, not str()s
+  const std::string kind = nb::cast<std::string>(nb::str(dtype.attr("kind")));
+  if (kind != "f" && kind != "i" && kind != "u" && kind != "b" &&
+      !(kind == "O" && nb::cast<std::size_t>(source.attr("size")) == 0)) {
+    throw nb::type_error(("a Variable's values must be real numbers (float, int or bool), got dtype " +
+                          nb::cast<std::string>(nb::str(dtype)))
+                             .c_str());
+  }
   // asarray keeps a 0-d value 0-d (ascontiguousarray made it shape (1,)).
-  nb::object array = np.attr("asarray")(values, "dtype"_a = np.attr("float32"), "order"_a = "C");
+  nb::object array = np.attr("asarray")(source, "dtype"_a = np.attr("float32"), "order"_a = "C");
   auto view = nb::cast<nb::ndarray<const float, nb::c_contig, nb::device::cpu>>(array);
   rt::Shape shape;
   for (std::size_t d = 0; d < view.ndim(); ++d) shape.push_back(static_cast<std::int64_t>(view.shape(d)));
@@ -59,7 +71,13 @@ void copy_ids(nb::handle array, const char* op, std::vector<std::int32_t>& out) 
 
 }  // namespace
 
-TokenArray tokens_from_python(nb::handle values, const char* op) {
+TokenArray tokens_from_python(nb::handle values, const char* op, std::int64_t max_length) {
+  if (nb::isinstance<nb::bytes>(values) || nb::isinstance<nb::bytearray>(values)) {
+    // bytes was a TypeError and bytearray became its byte values: one rule.
+    throw nb::type_error((std::string("[") + op + "] token ids must be a (B, T) or (T,) array or list of integers, "
+                          "got " + nb::cast<std::string>(nb::str(values.type().attr("__name__"))) +
+                          " (text is a str)").c_str());
+  }
   nb::module_ np = nb::module_::import_("numpy");
   nb::object array = np.attr("asarray")(values);
   const auto ndim = nb::cast<std::size_t>(array.attr("ndim"));
@@ -85,6 +103,10 @@ TokenArray tokens_from_python(nb::handle values, const char* op) {
     throw rt::ShapeError(std::string("[") + op + "] token ids must have shape (B, T) or (T,), got " +
                          std::to_string(ndim) + " dimensions");
   }
+  if (max_length >= 0 && out.shape[1] > max_length) {
+    throw rt::ShapeError(std::string("[") + op + "] sequence length " + std::to_string(out.shape[1]) +
+                         " exceeds the context length " + std::to_string(max_length));
+  }
   const bool is_unsigned = kind == "u";
   array = np.attr("ascontiguousarray")(array, "dtype"_a = np.attr(is_unsigned ? "uint64" : "int64"));
   if (is_unsigned) {
@@ -109,8 +131,8 @@ std::vector<rt::Variable> variables_from_python(nb::iterable values, const char*
 }
 
 namespace {
-std::shared_mutex& variables_lock() {
-  static std::shared_mutex lock;
+rt::WriterFirstSharedMutex& variables_lock() {  // a waiting change goes before new computations
+  static rt::WriterFirstSharedMutex lock;
   return lock;
 }
 thread_local int t_computing = 0;  // ComputeWithoutGil scopes open on this thread
@@ -137,6 +159,27 @@ ComputeWithoutGil::~ComputeWithoutGil() {
   if (held_) variables_lock().unlock_shared();
 }
 
+StepWithoutGil::StepWithoutGil() {
+  if (t_computing == 0 && t_changing == 0) {
+    variables_lock().lock();
+    held_ = true;
+  }
+  ++t_computing;  // a computation otherwise: a hook's change inside it is refused as before
+}
+
+StepWithoutGil::~StepWithoutGil() {
+  if (--t_computing == 0) t_made.clear();
+  if (held_) variables_lock().unlock();
+}
+
+void refuse_inside_computation(const char* op) {
+  if (t_computing > 0) {
+    throw rt::ValueError(std::string("[") + op +
+                         "] called from code that runs inside a forward, backward, optimizer step or generation "
+                         "on this thread (a checkpoint function, a hook): change variables between those calls");
+  }
+}
+
 ExclusiveChange::ExclusiveChange(const char* op, const rt::Variable* target) {
   const auto own = [&] {
     return target != nullptr &&
@@ -146,11 +189,7 @@ ExclusiveChange::ExclusiveChange(const char* op, const rt::Variable* target) {
     ++t_changing;
     return;
   }
-  if (t_computing > 0) {
-    throw rt::ValueError(std::string("[") + op +
-                         "] called from code that runs inside a forward, backward, optimizer step or generation "
-                         "on this thread (a checkpoint function, a hook): change variables between those calls");
-  }
+  refuse_inside_computation(op);
   if (t_changing == 0) {
     nb::gil_scoped_release wait;  // readers may need the GIL to finish
     variables_lock().lock();

@@ -71,7 +71,12 @@ struct TokenArray {
   std::size_t ndim = 0;  // of the input: 1 for (T,), 2 for (B, T)
   std::int64_t batch() const { return shape[0]; }
 };
-TokenArray tokens_from_python(nb::handle values, const char* op);
+/// Token ids from a list, tuple or integer numpy array of 1 or 2 dimensions
+/// (bytes and bytearray are refused: text is a str). `max_length` >= 0 (the
+/// model's context) refuses a longer sequence before any copy is made: a
+/// (65536, 65536) array was converted in full (tens of GiB) before the
+/// model's own check.
+TokenArray tokens_from_python(nb::handle values, const char* op, std::int64_t max_length = -1);
 
 /// Variables from a Python iterable (a TypeError naming `op` and the
 /// offending item's type for anything else; was RuntimeError std::bad_cast).
@@ -82,9 +87,9 @@ std::vector<rt::Variable> variables_from_python(nb::iterable values, const char*
 std::string utf8_of(nb::handle text, const std::string& what);
 
 /// Python threads and the models' variables. C++ that runs with the GIL
-/// released and reads variables (a forward, backward, Adam.step, generate,
-/// save) holds one process-wide lock shared (ComputeWithoutGil, which also
-/// releases the GIL); a change that replaces variables' values, names or
+/// released and reads variables (a forward, backward, generate, save) holds
+/// one process-wide lock shared (ComputeWithoutGil, which also releases the
+/// GIL), an optimizer step exclusively (StepWithoutGil); a change that replaces variables' values, names or
 /// flags (set_value, to, load_state, add_lora, ...) holds it exclusively and
 /// the GIL (ExclusiveChange), so neither runs into the other: a value
 /// replaced under a running generate freed what it read (heap corruption).
@@ -103,6 +108,23 @@ class ComputeWithoutGil {
 
  private:
   nb::gil_scoped_release release_;  // first: the lock is taken without the GIL
+  bool held_ = false;
+};
+
+/// An optimizer step (Adam.step, backward_and_step): it writes the
+/// parameters in place, so it holds the lock exclusively — a forward, save or
+/// generate on another thread never reads half-stepped weights — but with the
+/// GIL released, as a computation. Inside a computation or change of this
+/// thread (a hook) it takes nothing more.
+class StepWithoutGil {
+ public:
+  StepWithoutGil();
+  ~StepWithoutGil();
+  StepWithoutGil(const StepWithoutGil&) = delete;
+  StepWithoutGil& operator=(const StepWithoutGil&) = delete;
+
+ private:
+  nb::gil_scoped_release release_;
   bool held_ = false;
 };
 
@@ -130,6 +152,10 @@ class SignalCheck {
   std::chrono::steady_clock::time_point last_;
   std::optional<nb::python_error> pending_;
 };
+
+/// The ValueError ExclusiveChange raises from inside a computation of this
+/// thread, for a change that wants to refuse before it reads anything.
+void refuse_inside_computation(const char* op);
 
 class ExclusiveChange {
  public:

@@ -1,4 +1,5 @@
 // Incremental decoding, generation and the byte tokenizer (decode.hpp, data.hpp).
+#include <limits>
 #include <optional>
 
 #include "common.hpp"
@@ -14,6 +15,7 @@ struct Generated {
   bool reached_context = false;
   std::string message;
   std::optional<std::int64_t> stop_index;
+  std::optional<std::int32_t> stop_token;
 };
 
 nb::str decode_text(const std::vector<std::int32_t>& ids) {
@@ -33,17 +35,19 @@ std::string repr_of(const Generated& g) {
       g.text ? nb::cast<std::string>(nb::repr(nb::str(g.text->data(), g.text->size()))) : "None";
   return "GenerationResult(text=" + text + ", tokens=" + std::to_string(g.tokens.size()) +
          ", reached_context=" + (g.reached_context ? "True" : "False") +
-         (g.stop_index ? ", stop_index=" + std::to_string(*g.stop_index) : std::string()) + ")";
+         (g.stop_index ? ", stop_index=" + std::to_string(*g.stop_index) : std::string()) +
+         (g.stop_token ? ", stop_token=" + std::to_string(*g.stop_token) : std::string()) + ")";
 }
 
 using OptionalTokenizer = std::optional<rt::Tokenizer>;
 
 Generated to_python(const rt::GenerationResult& r, const OptionalTokenizer& tokenizer, bool with_text) {
-  Generated g{r.tokens, std::nullopt, r.reached_context, r.message, std::nullopt};
+  Generated g{r.tokens, std::nullopt, r.reached_context, r.message, std::nullopt, std::nullopt};
+  if (r.stop_token >= 0) g.stop_token = r.stop_token;
   if (!with_text) return g;
-  if (r.stop_index >= 0) {
+  if (r.stop_index >= 0 || r.stop_token >= 0) {
     g.stop_index = r.stop_index;
-    g.text = nb::cast<std::string>(text_of_bytes(r.text));  // cut before the stop string
+    g.text = nb::cast<std::string>(text_of_bytes(r.text));  // cut before the stop string or token
   } else if (tokenizer && !tokenizer->is_bytes()) {
     g.text = nb::cast<std::string>(text_of_bytes(tokenizer->decode(r.tokens)));
   } else {
@@ -54,7 +58,8 @@ Generated to_python(const rt::GenerationResult& r, const OptionalTokenizer& toke
 
 /// generate()'s keyword arguments as GenerationOptions (stop: a str or a list of str).
 rt::GenerationOptions options_of(std::int64_t max_new_tokens, float temperature, std::int64_t top_k, std::uint64_t seed,
-                                 float top_p, float repetition_penalty, nb::handle stop, std::int64_t num_samples) {
+                                 float top_p, float repetition_penalty, nb::handle stop, std::int64_t num_samples,
+                                 nb::handle stop_tokens, const std::optional<rt::Tokenizer>& tokenizer) {
   rt::GenerationOptions o;
   o.max_new_tokens = max_new_tokens;
   o.temperature = temperature;
@@ -70,6 +75,24 @@ rt::GenerationOptions options_of(std::int64_t max_new_tokens, float temperature,
     for (nb::handle s : nb::borrow<nb::iterable>(stop)) {
       if (!nb::isinstance<nb::str>(s)) throw rt::ValueError("[generate] stop must be a str or a list of str");
       o.stop.push_back(utf8_of(s, "[generate] stop string " + std::to_string(o.stop.size())));
+    }
+  }
+  if (stop_tokens.is_none()) {  // the default: the tokenizer's end-of-sequence id, as Hugging Face's eos_token_id
+    if (tokenizer && tokenizer->eos_id() >= 0) o.stop_tokens.push_back(tokenizer->eos_id());
+  } else {
+    const char* expected = "[generate] stop_tokens must be a list of token ids (ints; [] for none)";
+    if (!nb::isinstance<nb::iterable>(stop_tokens) || nb::isinstance<nb::str>(stop_tokens)) {
+      throw nb::type_error(expected);
+    }
+    for (nb::handle id : nb::borrow<nb::iterable>(stop_tokens)) {
+      if (!nb::isinstance<nb::int_>(id) || nb::isinstance<nb::bool_>(id)) throw nb::type_error(expected);
+      int overflow = 0;
+      const long long value = PyLong_AsLongLongAndOverflow(id.ptr(), &overflow);
+      if (overflow != 0 || value < 0 || value > std::numeric_limits<std::int32_t>::max()) {
+        throw rt::ValueError("[generate] stop token " + std::to_string(o.stop_tokens.size()) + " (" +
+                             nb::cast<std::string>(nb::repr(id)) + ") is not a token id");
+      }
+      o.stop_tokens.push_back(static_cast<std::int32_t>(value));
     }
   }
   o.validate();
@@ -163,6 +186,7 @@ void init_decode(nb::module_& m) {
       .def_ro("reached_context", &Generated::reached_context)
       .def_ro("message", &Generated::message)
       .def_ro("stop_index", &Generated::stop_index, "which stop string ended it (None: none did)")
+      .def_ro("stop_token", &Generated::stop_token, "the stop token (end-of-sequence id) that ended it (None: none did)")
       .def("__str__", [](const Generated& g) { return g.text ? *g.text : repr_of(g); })
       .def("__repr__", &repr_of);
 
@@ -171,9 +195,9 @@ void init_decode(nb::module_& m) {
   model_type.attr("generate") = nb::cpp_function(
       [](const rt::DecoderOnlyTransformer& model, nb::handle prompt, std::int64_t max_new_tokens, float temperature,
          std::int64_t top_k, std::uint64_t seed, float top_p, float repetition_penalty, nb::handle stop,
-         const OptionalTokenizer& tokenizer) {
-        rt::GenerationOptions options =
-            options_of(max_new_tokens, temperature, top_k, seed, top_p, repetition_penalty, stop, 1);
+         const OptionalTokenizer& tokenizer, nb::handle stop_tokens) {
+        rt::GenerationOptions options = options_of(max_new_tokens, temperature, top_k, seed, top_p,
+                                                   repetition_penalty, stop, 1, stop_tokens, tokenizer);
         const bool with_text = needs_text(model, prompt, tokenizer, options);
         if (with_text) check_tokenizer(model, prompt, tokenizer);
         const std::vector<std::int32_t> ids = prompt_ids(prompt, tokenizer);
@@ -192,17 +216,20 @@ void init_decode(nb::module_& m) {
       nb::scope(model_type), nb::is_method(), nb::name("generate"), "prompt"_a, nb::kw_only(), "max_new_tokens"_a = d.max_new_tokens,
       "temperature"_a = d.temperature, "top_k"_a = d.top_k, "seed"_a = d.seed, "top_p"_a = d.top_p,
       "repetition_penalty"_a = d.repetition_penalty, "stop"_a = nb::none(), "tokenizer"_a = nb::none(),
+      "stop_tokens"_a = nb::none(),
       "Continues `prompt` (text, encoded as bytes or with `tokenizer`, or token ids). tokenizer: the\n"
       "model's Tokenizer (None: bytes) for the prompt, .text and stop strings (token ids with tokenizer=None on a\n"
       "model whose vocabulary is not 256: ids out, .text None). temperature 0: greedy. top_p in (0, 1]\n"
       "(1: off), repetition_penalty > 0 (1: off), stop: a str or list of str ending the text (excluded\n"
-      "from .text). Releases the GIL; Ctrl-C stops it between tokens (KeyboardInterrupt).");
+      "from .text), stop_tokens: token ids ending it, as Hugging Face's eos_token_id (None: the tokenizer's\n"
+      "eos_id if it has one; []: none; the id ends .tokens, not .text, and is .stop_token). Releases the GIL;\n"
+      "Ctrl-C stops it between tokens (KeyboardInterrupt).");
   model_type.attr("generate_samples") = nb::cpp_function(
       [](const rt::DecoderOnlyTransformer& model, nb::handle prompt, std::int64_t num_samples,
          std::int64_t max_new_tokens, float temperature, std::int64_t top_k, std::uint64_t seed, float top_p,
-         float repetition_penalty, nb::handle stop, const OptionalTokenizer& tokenizer) {
-        rt::GenerationOptions options =
-            options_of(max_new_tokens, temperature, top_k, seed, top_p, repetition_penalty, stop, num_samples);
+         float repetition_penalty, nb::handle stop, const OptionalTokenizer& tokenizer, nb::handle stop_tokens) {
+        rt::GenerationOptions options = options_of(max_new_tokens, temperature, top_k, seed, top_p,
+                                                   repetition_penalty, stop, num_samples, stop_tokens, tokenizer);
         const bool with_text = needs_text(model, prompt, tokenizer, options);
         if (with_text) check_tokenizer(model, prompt, tokenizer);
         const std::vector<std::int32_t> ids = prompt_ids(prompt, tokenizer);
@@ -223,7 +250,7 @@ void init_decode(nb::module_& m) {
       nb::scope(model_type), nb::is_method(), nb::name("generate_samples"), "prompt"_a, nb::kw_only(),
       "num_samples"_a, "max_new_tokens"_a = d.max_new_tokens, "temperature"_a = d.temperature, "top_k"_a = d.top_k,
       "seed"_a = d.seed, "top_p"_a = d.top_p, "repetition_penalty"_a = d.repetition_penalty, "stop"_a = nb::none(),
-      "tokenizer"_a = nb::none(),
+      "tokenizer"_a = nb::none(), "stop_tokens"_a = nb::none(),
       "num_samples independent continuations (a list of GenerationResult); sample i uses the seed\n"
       "seed + i * 0x9E3779B97F4A7C15 (mod 2**64), so sample 0 is generate(seed=seed). Releases the GIL;\n"
       "Ctrl-C stops it between tokens (KeyboardInterrupt).");

@@ -86,8 +86,15 @@ void init_io(nb::module_& m) {
     rt::save_hf_llama(model, directory);
   }, "directory"_a, "Writes a transformers Llama checkpoint (config.json, model.safetensors; atomic files).");
   method("load_state", [](DecoderOnlyTransformer& model, const path& file, bool allow_non_finite) {
-    const ExclusiveChange change("load_state");  // replaces every weight: with the GIL, no reader running
-    rt::load_model_state(model, file, rt::LoadOptions{allow_non_finite, false});
+    refuse_inside_computation("load_state");
+    // The file is read and checked with the GIL released, beside other
+    // threads' readers; the weights are set holding the GIL, no reader running.
+    const rt::ModelStateValues values = [&] {
+      const ComputeWithoutGil release;
+      return rt::read_model_state_for(model, file, rt::LoadOptions{allow_non_finite, false});
+    }();
+    const ExclusiveChange change("load_state");
+    rt::apply_model_state_values(model, values);
   }, "path"_a, nb::kw_only(), "allow_non_finite"_a = false,
      "Validates the whole file against this model, then sets every weight. On error the model is untouched.");
   method("save_adapter", [](const DecoderOnlyTransformer& model, const path& file) {
@@ -96,8 +103,13 @@ void init_io(nb::module_& m) {
   }, "path"_a, "Writes the LoRA adapters alone (ValueError without adapters).");
   method("load_adapter", [](DecoderOnlyTransformer& model, const path& file, bool allow_non_finite,
                             bool allow_base_mismatch) {
+    refuse_inside_computation("load_adapter");
+    const rt::AdapterStateValues values = [&] {  // read as load_state reads
+      const ComputeWithoutGil release;
+      return rt::read_adapter_state_for(model, file, rt::LoadOptions{allow_non_finite, allow_base_mismatch});
+    }();
     const ExclusiveChange change("load_adapter");
-    rt::load_adapter_state(model, file, rt::LoadOptions{allow_non_finite, allow_base_mismatch});
+    rt::apply_adapter_state_values(model, values);
   }, "path"_a, nb::kw_only(), "allow_non_finite"_a = false, "allow_base_mismatch"_a = false,
      "Adds the file's adapters (active). The file's base fingerprint must match unless allowed.");
 }

@@ -30,7 +30,7 @@ std::vector<rt::NamedParameter> all_parameters(const DecoderOnlyTransformer& mod
 }
 
 rt::Variable run_forward(const DecoderOnlyTransformer& model, nb::handle tokens) {
-  const TokenArray t = tokens_from_python(tokens, "forward");
+  const TokenArray t = tokens_from_python(tokens, "forward", model.dimensions().context_length);
   ComputeWithoutGil release;
   return model.forward(t.ids, t.batch());
 }
@@ -271,8 +271,8 @@ void init_model(nb::module_& m) {
       .def(
           "loss",
           [](const DecoderOnlyTransformer& model, nb::handle tokens, nb::handle targets, std::int32_t ignore_index) {
-            const TokenArray t = tokens_from_python(tokens, "loss");
-            const TokenArray y = tokens_from_python(targets, "loss");
+            const TokenArray t = tokens_from_python(tokens, "loss", model.dimensions().context_length);
+            const TokenArray y = tokens_from_python(targets, "loss", model.dimensions().context_length);
             if (t.shape != y.shape) {
               throw rt::ShapeError("[loss] tokens " + rt::shape_string(t.shape) + " and targets " +
                                    rt::shape_string(y.shape) + " differ");

@@ -155,13 +155,13 @@ void init_optim(nb::module_& m) {
           "step",
           [](rt::Adam& adam, const rt::GradientAccumulator* accumulated) {
             if (accumulated == nullptr) {
-              ComputeWithoutGil release;
+              StepWithoutGil release;
               return adam.step();
             }
             // A snapshot taken under the GIL holds the sums' buffers: another
             // thread's clear() while the GIL is released cannot free them.
             const rt::GradientAccumulator snapshot = *accumulated;
-            ComputeWithoutGil release;
+            StepWithoutGil release;
             return adam.step(snapshot);
           },
           "accumulated"_a = nb::none(),
@@ -171,7 +171,7 @@ void init_optim(nb::module_& m) {
       .def(
           "backward_and_step",
           [](rt::Adam& adam, const rt::Variable& loss) {
-            ComputeWithoutGil release;
+            StepWithoutGil release;
             return adam.backward_and_step(loss, rt::GraphAfterBackward::Release);
           },
           "loss"_a,

@@ -41,6 +41,10 @@ void init_tokenizer(nb::module_& m) {
       }, "ids"_a, "Bytes of text the ids stand for (for bits per byte).")
       .def_prop_ro("vocab_size", &rt::Tokenizer::vocab_size)
       .def_prop_ro("is_bytes", &rt::Tokenizer::is_bytes)
+      .def_prop_ro("eos_id", [](const rt::Tokenizer& t) -> std::optional<std::int32_t> {
+        if (t.eos_id() < 0) return std::nullopt;
+        return t.eos_id();
+      }, "the end-of-sequence id generate() stops at by default (None: the tokenizer has none)")
       .def_prop_ro("checksum", &rt::Tokenizer::checksum, "16 hex digits of the model file's hash; '' for bytes")
       .def_prop_ro("path", [](const rt::Tokenizer& t) -> std::optional<std::filesystem::path> {
         if (t.is_bytes()) return std::nullopt;

@@ -38,6 +38,36 @@ struct ArgumentError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+/// The C ABI's process-wide reader/writer lock over what handles share: the
+/// models' variables (docs/c-abi.md, "Threading"). A call that replaces
+/// variables' values or flags or a model's parameters (set_value, load, to,
+/// the LoRA changes) holds it exclusively (ChangeLock); a call that reads
+/// them (a forward, backward, optimizer step, decode, generation, save, a
+/// value or shape) holds it shared (ReadLock). Without it, a value replaced
+/// on one thread under a backward pass on another freed what that pass read
+/// (heap corruption). A call nested in one of the same thread takes nothing
+/// more. Runs (rt_run_*) hold nothing: their callback may call anything.
+class ReadLock {
+ public:
+  ReadLock();
+  ~ReadLock();
+  ReadLock(const ReadLock&) = delete;
+  ReadLock& operator=(const ReadLock&) = delete;
+
+ private:
+  bool held_ = false;
+};
+class ChangeLock {
+ public:
+  explicit ChangeLock(const char* function);
+  ~ChangeLock();
+  ChangeLock(const ChangeLock&) = delete;
+  ChangeLock& operator=(const ChangeLock&) = delete;
+
+ private:
+  bool held_ = false;
+};
+
 /// Records the message for rt_last_error_message() and returns `status`.
 rt_status fail(rt_status status, const char* message) noexcept;
 const char* last_error() noexcept;
@@ -107,6 +137,11 @@ constexpr std::size_t abi20_size() {
   } else if constexpr (std::is_same_v<T, rt_post_training_config>) {
     return offsetof(rt_post_training_config, gradient_accumulation_steps);
   } else {
+    // Output structs that have not grown since they appeared: their first
+    // size is today's. Appending a field breaks one of these asserts, to be
+    // answered with a branch above (the size callers built before it pass).
+    static_assert(sizeof(rt_memory_stats) == 48 && sizeof(rt_evaluation_result) == 48 &&
+                  sizeof(rt_run_result) == 56 + 2 * RT_PATH_CAPACITY);
     return sizeof(T);
   }
 }
@@ -155,13 +190,16 @@ void init_struct(T* out, std::size_t size, T value, const char* function) {
   std::memcpy(static_cast<void*>(out), &value, size < sizeof(T) ? size : sizeof(T));
 }
 
-/// Writes `value` into a caller's output struct, as much as its struct_size covers.
+/// Writes `value` into a caller's output struct, as much as its struct_size
+/// covers: at least the struct as it first appeared (a smaller struct_size,
+/// e.g. 9, would get part of a field), at most this library's.
 template <typename T>
 void write_struct(T* out, T value, const char* function, const char* name) {
   T& target = require(out, function, name);
-  if (target.struct_size < sizeof(std::size_t)) {
+  if (target.struct_size < abi20_size<T>()) {
     bad_argument(function, std::string(name) + "->struct_size is " + std::to_string(target.struct_size) +
-                               "; set it to sizeof the struct");
+                               ", smaller than the struct's first version (" + std::to_string(abi20_size<T>()) +
+                               " bytes); set it to sizeof the struct");
   }
   const std::size_t size = target.struct_size < sizeof(T) ? target.struct_size : sizeof(T);
   value.struct_size = target.struct_size;

@@ -3,11 +3,48 @@
 
 #include "c_api_common.hpp"
 #include "riftco_transformer/memory.hpp"
+#include "riftco_transformer/shared_mutex.hpp"
 
 namespace rt_c {
 namespace {
 thread_local std::string t_last_error;
+thread_local int t_reading = 0;   // ReadLock scopes open on this thread
+thread_local int t_changing = 0;  // ChangeLock scopes open on this thread
+riftco_transformer::WriterFirstSharedMutex& handles_lock() {  // a waiting change goes before new reads
+  static riftco_transformer::WriterFirstSharedMutex lock;
+  return lock;
+}
 }  // namespace
+
+ReadLock::ReadLock() {
+  if (t_reading == 0 && t_changing == 0) {
+    handles_lock().lock_shared();
+    held_ = true;
+  }
+  ++t_reading;
+}
+
+ReadLock::~ReadLock() {
+  --t_reading;
+  if (held_) handles_lock().unlock_shared();
+}
+
+ChangeLock::ChangeLock(const char* function) {
+  if (t_reading > 0) {  // no rt_* call runs another inside a read today; never wait on ourselves
+    throw riftco_transformer::ValueError(std::string("[") + function +
+                                         "] called from inside a call that reads variables on this thread");
+  }
+  if (t_changing == 0) {
+    handles_lock().lock();
+    held_ = true;
+  }
+  ++t_changing;
+}
+
+ChangeLock::~ChangeLock() {
+  --t_changing;
+  if (held_) handles_lock().unlock();
+}
 
 rt_status fail(rt_status status, const char* message) noexcept {
   try {
@@ -192,7 +229,7 @@ rt_status rt_generation_options_init(rt_generation_options* options, size_t stru
     const rt::GenerationOptions d;
     init_struct(options, struct_size,
                 rt_generation_options{0, d.max_new_tokens, d.temperature, d.top_k, d.seed, d.top_p,
-                                      d.repetition_penalty, nullptr, 0, d.num_samples},
+                                      d.repetition_penalty, nullptr, 0, d.num_samples, nullptr, 0},
                 "rt_generation_options_init");
   });
 }

@@ -38,6 +38,8 @@ rt_status guard(const char* function, Body&& body) noexcept {
     return fail(RT_ERROR_RUNTIME, e.what());
   } catch (const std::filesystem::filesystem_error& e) {  // I/O outside the library's own checks
     return fail(RT_ERROR_MODEL_STATE, (std::string("[") + function + "] " + e.what()).c_str());
+  } catch (const OutOfMemoryError& e) {  // says what wanted how much
+    return fail(RT_ERROR_OUT_OF_MEMORY, e.what());
   } catch (const std::bad_alloc&) {
     return fail(RT_ERROR_OUT_OF_MEMORY, (std::string("[") + function + "] out of memory").c_str());
   } catch (const std::exception& e) {

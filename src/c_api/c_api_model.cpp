@@ -73,6 +73,7 @@ rt_status rt_model_destroy(rt_model* model) {
 rt_status rt_model_config(const rt_model* model, rt_transformer_config* config) {
   constexpr const char* f = "rt_model_config";
   return guard(f, [&] {
+    const ReadLock lock;
     const rt::DecoderOnlyTransformer& m = model_of(model, f);
     const rt::TransformerDimensions& d = m.dimensions();
     write_struct(config, to_c(d, m.norm_epsilon()), f, "config");
@@ -81,12 +82,16 @@ rt_status rt_model_config(const rt_model* model, rt_transformer_config* config) 
 
 rt_status rt_model_set_activation_checkpointing(rt_model* model, rt_activation_checkpointing kind) {
   constexpr const char* f = "rt_model_set_activation_checkpointing";
-  return guard(f, [&] { model_of(model, f).set_activation_checkpointing_kind(policy(kind, f)); });
+  return guard(f, [&] {
+    const ReadLock lock;
+    model_of(model, f).set_activation_checkpointing_kind(policy(kind, f));
+  });
 }
 
 rt_status rt_model_activation_checkpointing(const rt_model* model, rt_activation_checkpointing* kind) {
   constexpr const char* f = "rt_model_activation_checkpointing";
   return guard(f, [&] {
+    const ReadLock lock;
     const rt::DecoderOnlyTransformer& m = model_of(model, f);
     require(kind, f, "kind") = to_c(m.activation_checkpointing_kind());
   });
@@ -94,17 +99,24 @@ rt_status rt_model_activation_checkpointing(const rt_model* model, rt_activation
 
 rt_status rt_model_set_checkpoint_segment_blocks(rt_model* model, int64_t blocks) {
   constexpr const char* f = "rt_model_set_checkpoint_segment_blocks";
-  return guard(f, [&] { model_of(model, f).set_checkpoint_segment_blocks(blocks); });
+  return guard(f, [&] {
+    const ReadLock lock;
+    model_of(model, f).set_checkpoint_segment_blocks(blocks);
+  });
 }
 
 rt_status rt_model_set_attention(rt_model* model, rt_attention kind) {
   constexpr const char* f = "rt_model_set_attention";
-  return guard(f, [&] { model_of(model, f).set_attention_kind(rt_c::attention(kind, f)); });
+  return guard(f, [&] {
+    const ReadLock lock;
+    model_of(model, f).set_attention_kind(rt_c::attention(kind, f));
+  });
 }
 
 rt_status rt_model_attention(const rt_model* model, rt_attention* kind) {
   constexpr const char* f = "rt_model_attention";
   return guard(f, [&] {
+    const ReadLock lock;
     const rt::DecoderOnlyTransformer& m = model_of(model, f);
     require(kind, f, "kind") = to_c(m.attention_kind());
   });
@@ -112,17 +124,24 @@ rt_status rt_model_attention(const rt_model* model, rt_attention* kind) {
 
 rt_status rt_model_set_dropout(rt_model* model, float probability, uint64_t seed) {
   constexpr const char* f = "rt_model_set_dropout";
-  return guard(f, [&] { model_of(model, f).set_dropout(probability, seed); });
+  return guard(f, [&] {
+    const ReadLock lock;
+    model_of(model, f).set_dropout(probability, seed);
+  });
 }
 
 rt_status rt_model_set_training(rt_model* model, int training) {
   constexpr const char* f = "rt_model_set_training";
-  return guard(f, [&] { model_of(model, f).set_training(training != 0); });
+  return guard(f, [&] {
+    const ReadLock lock;
+    model_of(model, f).set_training(training != 0);
+  });
 }
 
 rt_status rt_model_checkpoint_segment_blocks(const rt_model* model, int64_t* blocks) {
   constexpr const char* f = "rt_model_checkpoint_segment_blocks";
   return guard(f, [&] {
+    const ReadLock lock;
     const rt::DecoderOnlyTransformer& m = model_of(model, f);
     require(blocks, f, "blocks") = m.checkpoint_segment_blocks();
   });
@@ -131,6 +150,7 @@ rt_status rt_model_checkpoint_segment_blocks(const rt_model* model, int64_t* blo
 rt_status rt_model_dropout(const rt_model* model, float* probability) {
   constexpr const char* f = "rt_model_dropout";
   return guard(f, [&] {
+    const ReadLock lock;
     const rt::DecoderOnlyTransformer& m = model_of(model, f);
     require(probability, f, "probability") = m.dropout();
   });
@@ -139,6 +159,7 @@ rt_status rt_model_dropout(const rt_model* model, float* probability) {
 rt_status rt_model_training(const rt_model* model, int* training) {
   constexpr const char* f = "rt_model_training";
   return guard(f, [&] {
+    const ReadLock lock;
     const rt::DecoderOnlyTransformer& m = model_of(model, f);
     require(training, f, "training") = m.training() ? 1 : 0;
   });
@@ -147,6 +168,7 @@ rt_status rt_model_training(const rt_model* model, int* training) {
 rt_status rt_model_to(rt_model* model, rt_backend backend) {
   constexpr const char* f = "rt_model_to";
   return guard(f, [&] {
+    const ChangeLock lock(f);
     rt::DecoderOnlyTransformer& m = model_of(model, f);
     m.to(rt_c::backend(backend, f));  // BackendError before anything moves when not built
   });
@@ -155,6 +177,7 @@ rt_status rt_model_to(rt_model* model, rt_backend backend) {
 rt_status rt_model_backend(const rt_model* model, rt_backend* backend) {
   constexpr const char* f = "rt_model_backend";
   return guard(f, [&] {
+    const ReadLock lock;
     const rt::DecoderOnlyTransformer& m = model_of(model, f);
     require(backend, f, "backend") = to_c(m.backend());
   });
@@ -162,12 +185,16 @@ rt_status rt_model_backend(const rt_model* model, rt_backend* backend) {
 
 rt_status rt_model_set_activation_offload(rt_model* model, int offload) {
   constexpr const char* f = "rt_model_set_activation_offload";
-  return guard(f, [&] { model_of(model, f).set_activation_offload(offload != 0); });
+  return guard(f, [&] {
+    const ReadLock lock;
+    model_of(model, f).set_activation_offload(offload != 0);
+  });
 }
 
 rt_status rt_model_activation_offload(const rt_model* model, int* offload) {
   constexpr const char* f = "rt_model_activation_offload";
   return guard(f, [&] {
+    const ReadLock lock;
     const rt::DecoderOnlyTransformer& m = model_of(model, f);
     require(offload, f, "offload") = m.activation_offload() ? 1 : 0;
   });
@@ -176,6 +203,7 @@ rt_status rt_model_activation_offload(const rt_model* model, int* offload) {
 rt_status rt_model_parameter_count(const rt_model* model, size_t* count) {
   constexpr const char* f = "rt_model_parameter_count";
   return guard(f, [&] {
+    const ReadLock lock;
     const rt::DecoderOnlyTransformer& m = model_of(model, f);
     require(count, f, "count") = m.parameters().size();
   });
@@ -184,6 +212,7 @@ rt_status rt_model_parameter_count(const rt_model* model, size_t* count) {
 rt_status rt_model_parameter_elements(const rt_model* model, int64_t* elements) {
   constexpr const char* f = "rt_model_parameter_elements";
   return guard(f, [&] {
+    const ReadLock lock;
     const rt::DecoderOnlyTransformer& m = model_of(model, f);
     require(elements, f, "elements") = m.parameter_count();
   });
@@ -193,6 +222,7 @@ rt_status rt_model_parameter_name(const rt_model* model, size_t index, char* buf
                                   size_t* needed) {
   constexpr const char* f = "rt_model_parameter_name";
   return guard(f, [&] {
+    const ReadLock lock;
     const std::vector<rt::NamedParameter> params = model_of(model, f).parameters();
     if (index >= params.size()) {
       bad_argument(f, "index " + std::to_string(index) + " is out of range: the model has " +
@@ -205,18 +235,11 @@ rt_status rt_model_parameter_name(const rt_model* model, size_t index, char* buf
 rt_status rt_model_parameter(const rt_model* model, const char* name, rt_variable** out) {
   constexpr const char* f = "rt_model_parameter";
   return guard(f, [&] {
+    const ReadLock lock;
     const rt::DecoderOnlyTransformer& m = model_of(model, f);
     require(name, f, "name");
     require(out, f, "out");
-    for (const auto& list : {m.parameters(), m.lora_parameters()}) {
-      for (const rt::NamedParameter& p : list) {
-        if (p.name == name) {
-          *out = wrap(p.variable);
-          return;
-        }
-      }
-    }
-    m.parameter(name);  // throws ValueError naming it
+    *out = wrap(m.parameter(name));  // base or adapter; a ValueError naming a missing one
   });
 }
 
@@ -224,6 +247,7 @@ rt_status rt_model_forward(const rt_model* model, const int32_t* tokens, int64_t
                            rt_variable** logits) {
   constexpr const char* f = "rt_model_forward";
   return guard(f, [&] {
+    const ReadLock lock;
     const rt::DecoderOnlyTransformer& m = model_of(model, f);
     const auto t = ids(tokens, batch, sequence_length, f, "tokens");
     require(logits, f, "logits");
@@ -235,6 +259,7 @@ rt_status rt_model_loss(const rt_model* model, const int32_t* tokens, const int3
                         int64_t sequence_length, rt_variable** loss) {
   constexpr const char* f = "rt_model_loss";
   return guard(f, [&] {
+    const ReadLock lock;
     const rt::DecoderOnlyTransformer& m = model_of(model, f);
     const auto t = ids(tokens, batch, sequence_length, f, "tokens");
     const auto y = ids(targets, batch, sequence_length, f, "targets");
@@ -246,6 +271,7 @@ rt_status rt_model_loss(const rt_model* model, const int32_t* tokens, const int3
 rt_status rt_model_add_lora(rt_model* model, const rt_lora_config* config, uint64_t seed) {
   constexpr const char* f = "rt_model_add_lora";
   return guard(f, [&] {
+    const ChangeLock lock(f);
     rt::DecoderOnlyTransformer& m = model_of(model, f);
     const rt::LoraConfig c = lora(require_struct(config, f, "config"), f);
     rt::Random random(seed);
@@ -255,27 +281,40 @@ rt_status rt_model_add_lora(rt_model* model, const rt_lora_config* config, uint6
 
 rt_status rt_model_remove_lora(rt_model* model) {
   constexpr const char* f = "rt_model_remove_lora";
-  return guard(f, [&] { model_of(model, f).remove_lora(); });
+  return guard(f, [&] {
+    const ChangeLock lock(f);
+    model_of(model, f).remove_lora();
+  });
 }
 
 rt_status rt_model_set_lora_active(rt_model* model, int active) {
   constexpr const char* f = "rt_model_set_lora_active";
-  return guard(f, [&] { model_of(model, f).set_lora_active(active != 0); });
+  return guard(f, [&] {
+    const ChangeLock lock(f);
+    model_of(model, f).set_lora_active(active != 0);
+  });
 }
 
 rt_status rt_model_merge_lora(rt_model* model) {
   constexpr const char* f = "rt_model_merge_lora";
-  return guard(f, [&] { model_of(model, f).merge_lora(); });
+  return guard(f, [&] {
+    const ChangeLock lock(f);
+    model_of(model, f).merge_lora();
+  });
 }
 
 rt_status rt_model_set_base_trainable(rt_model* model, int trainable) {
   constexpr const char* f = "rt_model_set_base_trainable";
-  return guard(f, [&] { model_of(model, f).set_base_trainable(trainable != 0); });
+  return guard(f, [&] {
+    const ChangeLock lock(f);
+    model_of(model, f).set_base_trainable(trainable != 0);
+  });
 }
 
 rt_status rt_model_has_lora(const rt_model* model, int* has_lora) {
   constexpr const char* f = "rt_model_has_lora";
   return guard(f, [&] {
+    const ReadLock lock;
     const rt::DecoderOnlyTransformer& m = model_of(model, f);
     require(has_lora, f, "has_lora") = m.has_lora() ? 1 : 0;
   });
@@ -283,12 +322,23 @@ rt_status rt_model_has_lora(const rt_model* model, int* has_lora) {
 
 rt_status rt_model_save(const rt_model* model, const char* path) {
   constexpr const char* f = "rt_model_save";
-  return guard(f, [&] { rt::save_model_state(model_of(model, f), path_of(path, f)); });
+  return guard(f, [&] {
+    const ReadLock lock;
+    rt::save_model_state(model_of(model, f), path_of(path, f));
+  });
 }
 
 rt_status rt_model_load(rt_model* model, const char* path, uint32_t flags) {
   constexpr const char* f = "rt_model_load";
-  return guard(f, [&] { rt::load_model_state(model_of(model, f), path_of(path, f), load_options(flags, f)); });
+  return guard(f, [&] {
+    rt::DecoderOnlyTransformer& m = model_of(model, f);
+    const rt::ModelStateValues values = [&] {  // the file is read beside other threads' readers
+      const ReadLock lock;
+      return rt::read_model_state_for(m, path_of(path, f), load_options(flags, f, RT_LOAD_ALLOW_NON_FINITE));
+    }();
+    const ChangeLock lock(f);
+    rt::apply_model_state_values(m, values);
+  });
 }
 
 rt_status rt_convert_from_hf(const char* directory, const char* output, uint32_t flags) {
@@ -314,24 +364,38 @@ rt_status rt_model_load_new(const char* path, rt_attention attention,
     const rt::FullSequenceAttentionKind a = rt_c::attention(attention, f);
     const rt::ActivationCheckpointingKind c = policy(activation_checkpointing, f);
     auto handle = std::make_unique<rt_model>();
-    handle->model = rt::load_model(p, a, c, load_options(flags, f));
+    handle->model = rt::load_model(p, a, c, load_options(flags, f, RT_LOAD_ALLOW_NON_FINITE));
     *out = handle.release();
   });
 }
 
 rt_status rt_model_save_adapter(const rt_model* model, const char* path) {
   constexpr const char* f = "rt_model_save_adapter";
-  return guard(f, [&] { rt::save_adapter_state(model_of(model, f), path_of(path, f)); });
+  return guard(f, [&] {
+    const ReadLock lock;
+    rt::save_adapter_state(model_of(model, f), path_of(path, f));
+  });
 }
 
 rt_status rt_model_load_adapter(rt_model* model, const char* path, uint32_t flags) {
   constexpr const char* f = "rt_model_load_adapter";
-  return guard(f, [&] { rt::load_adapter_state(model_of(model, f), path_of(path, f), load_options(flags, f)); });
+  return guard(f, [&] {
+    rt::DecoderOnlyTransformer& m = model_of(model, f);
+    const rt::AdapterStateValues values = [&] {  // read as rt_model_load reads
+      const ReadLock lock;
+      return rt::read_adapter_state_for(m, path_of(path, f), load_options(flags, f));
+    }();
+    const ChangeLock lock(f);
+    rt::apply_adapter_state_values(m, values);
+  });
 }
 
 rt_status rt_model_fingerprint(const rt_model* model, char* buffer, size_t buffer_size) {
   constexpr const char* f = "rt_model_fingerprint";
-  return guard(f, [&] { copy_string(rt::model_fingerprint(model_of(model, f)), buffer, buffer_size, nullptr, f); });
+  return guard(f, [&] {
+    const ReadLock lock;
+    copy_string(rt::model_fingerprint(model_of(model, f)), buffer, buffer_size, nullptr, f);
+  });
 }
 
 }  // extern "C"

@@ -103,6 +103,16 @@ rt::GenerationOptions generation_options(const rt_generation_options& o, const c
     }
   }
   if (RT_C_COVERS(o, num_samples)) g.num_samples = o.num_samples;
+  if (RT_C_COVERS(o, stop_token_count) && o.stop_token_count > 0) {
+    if (o.stop_tokens == nullptr) {
+      bad_argument(function, "options->stop_tokens is NULL but stop_token_count is " +
+                                 std::to_string(o.stop_token_count));
+    }
+    if (o.stop_token_count > 65536) {
+      bad_argument(function, "options->stop_token_count " + std::to_string(o.stop_token_count) + " is over 65536");
+    }
+    g.stop_tokens.assign(o.stop_tokens, o.stop_tokens + o.stop_token_count);  // checked against the vocabulary there
+  }
   return g;
 }
 
@@ -120,9 +130,9 @@ rt::ProgressCallback progress_of(rt_progress_fn progress, void* user_data) {
 /// (a run that cannot report must not train and write files first).
 void check_result(rt_run_result* out, const std::filesystem::path& output_dir, const char* function) {
   const rt_run_result& r = require(out, function, "result");
-  if (r.struct_size < sizeof(rt_run_result)) {
+  if (r.struct_size < abi20_size<rt_run_result>()) {
     bad_argument(function, "result->struct_size is " + std::to_string(r.struct_size) + ", smaller than ABI 2.0's " +
-                               std::to_string(sizeof(rt_run_result)));
+                               std::to_string(abi20_size<rt_run_result>()));
   }
   const std::size_t longest = (output_dir / "adapter.safetensors").string().size();
   if (longest >= RT_PATH_CAPACITY) {
@@ -179,6 +189,7 @@ extern "C" {
 rt_status rt_adam_create(rt_model* model, const rt_adam_options* options, rt_adam** out) {
   constexpr const char* f = "rt_adam_create";
   return guard(f, [&] {
+    const ReadLock lock;
     const rt::DecoderOnlyTransformer& m = model_of(model, f);
     const rt_adam_options& o = require_struct(options, f, "options");
     require(out, f, "out");
@@ -192,6 +203,7 @@ rt_status rt_adam_create_grouped(rt_model* model, const rt_adam_options* options
                                  rt_adam** out) {
   constexpr const char* f = "rt_adam_create_grouped";
   return guard(f, [&] {
+    const ReadLock lock;
     const rt::DecoderOnlyTransformer& m = model_of(model, f);
     const rt_adam_options& o = require_struct(options, f, "options");
     require(out, f, "out");
@@ -217,6 +229,7 @@ std::size_t parameter_index(const rt::Adam& adam, const char* name, const char* 
 rt_status rt_adam_weight_decay(const rt_adam* adam, const char* parameter_name, float* weight_decay) {
   constexpr const char* f = "rt_adam_weight_decay";
   return guard(f, [&] {
+    const ReadLock lock;
     const rt::Adam& a = require(adam, f, "adam").adam;
     require(parameter_name, f, "parameter_name");
     float& out = require(weight_decay, f, "weight_decay");
@@ -227,6 +240,7 @@ rt_status rt_adam_weight_decay(const rt_adam* adam, const char* parameter_name, 
 rt_status rt_adam_step_count(const rt_adam* adam, int64_t* steps) {
   constexpr const char* f = "rt_adam_step_count";
   return guard(f, [&] {
+    const ReadLock lock;
     const rt::Adam& a = require(adam, f, "adam").adam;
     require(steps, f, "steps") = a.step_count();
   });
@@ -235,6 +249,7 @@ rt_status rt_adam_step_count(const rt_adam* adam, int64_t* steps) {
 rt_status rt_adam_parameter_step_count(const rt_adam* adam, const char* parameter_name, int64_t* steps) {
   constexpr const char* f = "rt_adam_parameter_step_count";
   return guard(f, [&] {
+    const ReadLock lock;
     const rt::Adam& a = require(adam, f, "adam").adam;
     require(parameter_name, f, "parameter_name");
     int64_t& out = require(steps, f, "steps");
@@ -250,6 +265,7 @@ rt_status rt_adam_destroy(rt_adam* adam) {
 rt_status rt_adam_step(rt_adam* adam, float* grad_norm) {
   constexpr const char* f = "rt_adam_step";
   return guard(f, [&] {
+    const ChangeLock lock(f);  // writes the parameters in place: no forward or save reads them meanwhile
     const float norm = require(adam, f, "adam").adam.step();
     if (grad_norm != nullptr) *grad_norm = norm;
   });
@@ -258,6 +274,7 @@ rt_status rt_adam_step(rt_adam* adam, float* grad_norm) {
 rt_status rt_adam_backward_and_step(rt_adam* adam, const rt_variable* loss, float* grad_norm) {
   constexpr const char* f = "rt_adam_backward_and_step";
   return guard(f, [&] {
+    const ChangeLock lock(f);
     rt::Adam& a = require(adam, f, "adam").adam;
     const float norm = a.backward_and_step(variable_of(loss, f, "loss"), rt::GraphAfterBackward::Release);
     if (grad_norm != nullptr) *grad_norm = norm;
@@ -266,17 +283,24 @@ rt_status rt_adam_backward_and_step(rt_adam* adam, const rt_variable* loss, floa
 
 rt_status rt_adam_zero_grad(rt_adam* adam) {
   constexpr const char* f = "rt_adam_zero_grad";
-  return guard(f, [&] { require(adam, f, "adam").adam.zero_grad(); });
+  return guard(f, [&] {
+    const ReadLock lock;
+    require(adam, f, "adam").adam.zero_grad();
+  });
 }
 
 rt_status rt_adam_set_learning_rate(rt_adam* adam, float learning_rate) {
   constexpr const char* f = "rt_adam_set_learning_rate";
-  return guard(f, [&] { require(adam, f, "adam").adam.set_learning_rate(learning_rate); });
+  return guard(f, [&] {
+    const ReadLock lock;
+    require(adam, f, "adam").adam.set_learning_rate(learning_rate);
+  });
 }
 
 rt_status rt_decode_session_create(const rt_model* model, rt_decode_session** out) {
   constexpr const char* f = "rt_decode_session_create";
   return guard(f, [&] {
+    const ReadLock lock;
     const rt::DecoderOnlyTransformer& m = model_of(model, f);
     require(out, f, "out");
     *out = new rt_decode_session{rt::DecodeSession(m)};
@@ -291,6 +315,7 @@ rt_status rt_decode_session_destroy(rt_decode_session* session) {
 rt_status rt_decode_session_decode(rt_decode_session* session, int32_t token, float* logits, size_t count) {
   constexpr const char* f = "rt_decode_session_decode";
   return guard(f, [&] {
+    const ReadLock lock;
     rt::DecodeSession& s = require(session, f, "session").session;
     require(logits, f, "logits");
     const std::int64_t vocab = s.vocab_size();
@@ -304,12 +329,16 @@ rt_status rt_decode_session_decode(rt_decode_session* session, int32_t token, fl
 
 rt_status rt_decode_session_reset(rt_decode_session* session) {
   constexpr const char* f = "rt_decode_session_reset";
-  return guard(f, [&] { require(session, f, "session").session.reset(); });
+  return guard(f, [&] {
+    const ReadLock lock;
+    require(session, f, "session").session.reset();
+  });
 }
 
 rt_status rt_decode_session_position(const rt_decode_session* session, int64_t* position) {
   constexpr const char* f = "rt_decode_session_position";
   return guard(f, [&] {
+    const ReadLock lock;
     const rt::DecodeSession& s = require(session, f, "session").session;
     require(position, f, "position") = s.position();
   });
@@ -320,6 +349,7 @@ rt_status rt_generate(const rt_model* model, const int32_t* prompt, size_t promp
                       int* reached_context) {
   constexpr const char* f = "rt_generate";
   return guard(f, [&] {
+    const ReadLock lock;
     const rt::DecoderOnlyTransformer& m = model_of(model, f);
     const rt_generation_options& o = require_struct(options, f, "options");
     if (prompt_length > 0) require(prompt, f, "prompt");
@@ -342,6 +372,7 @@ rt_status rt_generate_samples(const rt_model* model, const int32_t* prompt, size
                               const rt_generation_options* options, rt_generation** out) {
   constexpr const char* f = "rt_generate_samples";
   return guard(f, [&] {
+    const ReadLock lock;
     const rt::DecoderOnlyTransformer& m = model_of(model, f);
     const rt_generation_options& o = require_struct(options, f, "options");
     if (prompt_length > 0) require(prompt, f, "prompt");
@@ -356,7 +387,10 @@ rt_status rt_generate_samples(const rt_model* model, const int32_t* prompt, size
 
 rt_status rt_generation_sample_count(const rt_generation* generation, size_t* count) {
   constexpr const char* f = "rt_generation_sample_count";
-  return guard(f, [&] { require(count, f, "count") = require(generation, f, "generation").samples.size(); });
+  return guard(f, [&] {
+    const ReadLock lock;
+    require(count, f, "count") = require(generation, f, "generation").samples.size();
+  });
 }
 
 rt_status rt_generation_sample(const rt_generation* generation, size_t index, const int32_t** tokens,
@@ -364,6 +398,7 @@ rt_status rt_generation_sample(const rt_generation* generation, size_t index, co
                                int* reached_context) {
   constexpr const char* f = "rt_generation_sample";
   return guard(f, [&] {
+    const ReadLock lock;
     const rt_generation& g = require(generation, f, "generation");
     require(tokens, f, "tokens");
     require(token_count, f, "token_count");
@@ -517,17 +552,26 @@ rt_status rt_train_tokenizer(const char* data, int64_t vocab_size, const char* m
   });
 }
 
+rt_status rt_tokenizer_eos_id(const char* tokenizer, int32_t* eos_id) {
+  constexpr const char* f = "rt_tokenizer_eos_id";
+  return guard(f, [&] {
+    int32_t& out = require(eos_id, f, "eos_id");
+    out = tokenizer == nullptr || tokenizer[0] == '\0' ? -1 : rt::Tokenizer::load(tokenizer).eos_id();
+  });
+}
+
 rt_status rt_evaluate(rt_model* model, const char* text, size_t text_length, const char* tokenizer, int64_t batch,
                       int64_t sequence_length, rt_evaluation_result* result) {
   constexpr const char* f = "rt_evaluate";
   return guard(f, [&] {
+    const ReadLock lock;
     rt_model& m = require(model, f, "model");
     if (!m.model) bad_argument(f, "model handle holds no model");
     if (text == nullptr && text_length > 0) bad_argument(f, "text is NULL");
     const rt_evaluation_result& r = require(result, f, "result");
-    if (r.struct_size < sizeof(rt_evaluation_result)) {
-      bad_argument(f, "result->struct_size is " + std::to_string(r.struct_size) + ", smaller than this ABI's " +
-                          std::to_string(sizeof(rt_evaluation_result)));
+    if (r.struct_size < abi20_size<rt_evaluation_result>()) {
+      bad_argument(f, "result->struct_size is " + std::to_string(r.struct_size) + ", smaller than its first version's " +
+                          std::to_string(abi20_size<rt_evaluation_result>()));
     }
     const rt::Tokenizer t =
         tokenizer == nullptr || tokenizer[0] == '\0' ? rt::Tokenizer{} : rt::Tokenizer::load(tokenizer);

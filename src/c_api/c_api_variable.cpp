@@ -26,13 +26,17 @@ rt_status rt_variable_destroy(rt_variable* variable) {
 
 rt_status rt_variable_backward(const rt_variable* variable) {
   constexpr const char* f = "rt_variable_backward";
-  return guard(f, [&] { variable_of(variable, f).backward(); });
+  return guard(f, [&] {
+    const ReadLock lock;
+    variable_of(variable, f).backward();
+  });
 }
 
 rt_status rt_variable_backward_ex(const rt_variable* variable, const float* seed, size_t seed_count,
                                   int retain_graph) {
   constexpr const char* f = "rt_variable_backward_ex";
   return guard(f, [&] {
+    const ReadLock lock;
     const rt::Variable& v = variable_of(variable, f);
     if (retain_graph != 0 && retain_graph != 1) {
       bad_argument(f, "retain_graph is " + std::to_string(retain_graph) +
@@ -54,6 +58,7 @@ rt_status rt_variable_backward_ex(const rt_variable* variable, const float* seed
 rt_status rt_variable_ndim(const rt_variable* variable, size_t* ndim) {
   constexpr const char* f = "rt_variable_ndim";
   return guard(f, [&] {
+    const ReadLock lock;
     const rt::Variable& v = variable_of(variable, f);
     require(ndim, f, "ndim") = v.shape().size();
   });
@@ -62,6 +67,7 @@ rt_status rt_variable_ndim(const rt_variable* variable, size_t* ndim) {
 rt_status rt_variable_shape(const rt_variable* variable, int64_t* dims, size_t max_dims) {
   constexpr const char* f = "rt_variable_shape";
   return guard(f, [&] {
+    const ReadLock lock;
     const rt::Shape& shape = variable_of(variable, f).shape();
     if (max_dims < shape.size()) {
       bad_argument(f, "max_dims is " + std::to_string(max_dims) + " but the shape " + rt::shape_string(shape) +
@@ -75,6 +81,7 @@ rt_status rt_variable_shape(const rt_variable* variable, int64_t* dims, size_t m
 rt_status rt_variable_numel(const rt_variable* variable, int64_t* numel) {
   constexpr const char* f = "rt_variable_numel";
   return guard(f, [&] {
+    const ReadLock lock;
     const rt::Variable& v = variable_of(variable, f);
     require(numel, f, "numel") = v.value().numel();
   });
@@ -83,6 +90,7 @@ rt_status rt_variable_numel(const rt_variable* variable, int64_t* numel) {
 rt_status rt_variable_value(const rt_variable* variable, float* values, size_t count) {
   constexpr const char* f = "rt_variable_value";
   return guard(f, [&] {
+    const ReadLock lock;
     const rt::Tensor& t = variable_of(variable, f).value();
     check_count(t, count, f);
     if (count > 0) {
@@ -96,10 +104,15 @@ rt_status rt_variable_value(const rt_variable* variable, float* values, size_t c
 rt_status rt_variable_grad(const rt_variable* variable, float* values, size_t count, int* has_grad) {
   constexpr const char* f = "rt_variable_grad";
   return guard(f, [&] {
+    const ReadLock lock;
     const rt::Variable& v = variable_of(variable, f);
     require(has_grad, f, "has_grad");
     check_count(v.value(), count, f);
-    const rt::Tensor g = v.grad();  // a handle: a concurrent commit cannot free it under us
+    // A handle of its own, copied under the commit lock: a backward committing
+    // or rt_adam_zero_grad dropping this gradient on another thread (both run
+    // beside this read) cannot replace it while it is copied (grad() returns
+    // a reference to the slot they assign).
+    const rt::Tensor g = v.grad_with_serial().first;
     *has_grad = g.defined() ? 1 : 0;
     if (g.defined() && count > 0) {
       require(values, f, "values");
@@ -112,6 +125,7 @@ rt_status rt_variable_grad(const rt_variable* variable, float* values, size_t co
 rt_status rt_variable_set_value(rt_variable* variable, const float* values, size_t count) {
   constexpr const char* f = "rt_variable_set_value";
   return guard(f, [&] {
+    const ChangeLock lock(f);
     rt::Variable v = variable_of(variable, f);
     check_count(v.value(), count, f);
     if (count > 0) require(values, f, "values");
@@ -123,6 +137,7 @@ rt_status rt_variable_set_value(rt_variable* variable, const float* values, size
 rt_status rt_variable_item(const rt_variable* variable, float* value) {
   constexpr const char* f = "rt_variable_item";
   return guard(f, [&] {
+    const ReadLock lock;
     const rt::Variable& v = variable_of(variable, f);
     require(value, f, "value") = v.value().item();
   });
@@ -130,12 +145,16 @@ rt_status rt_variable_item(const rt_variable* variable, float* value) {
 
 rt_status rt_variable_name(const rt_variable* variable, char* buffer, size_t buffer_size, size_t* needed) {
   constexpr const char* f = "rt_variable_name";
-  return guard(f, [&] { copy_string(variable_of(variable, f).name(), buffer, buffer_size, needed, f); });
+  return guard(f, [&] {
+    const ReadLock lock;
+    copy_string(variable_of(variable, f).name(), buffer, buffer_size, needed, f);
+  });
 }
 
 rt_status rt_variable_graph_statistics(const rt_variable* variable, int64_t* node_count, int64_t* element_count) {
   constexpr const char* f = "rt_variable_graph_statistics";
   return guard(f, [&] {
+    const ReadLock lock;
     const rt::GraphStatistics s = variable_of(variable, f).graph_statistics();
     if (node_count == nullptr && element_count == nullptr) bad_argument(f, "node_count and element_count are NULL");
     if (node_count != nullptr) *node_count = s.node_count;
@@ -146,6 +165,7 @@ rt_status rt_variable_graph_statistics(const rt_variable* variable, int64_t* nod
 rt_status rt_variable_leaf_count(const rt_variable* variable, size_t* count) {
   constexpr const char* f = "rt_variable_leaf_count";
   return guard(f, [&] {
+    const ReadLock lock;
     const rt::Variable& v = variable_of(variable, f);
     require(count, f, "count") = v.leaves().size();
   });
@@ -154,6 +174,7 @@ rt_status rt_variable_leaf_count(const rt_variable* variable, size_t* count) {
 rt_status rt_variable_leaf(const rt_variable* variable, size_t index, rt_variable** out) {
   constexpr const char* f = "rt_variable_leaf";
   return guard(f, [&] {
+    const ReadLock lock;
     const std::vector<rt::Variable> leaves = variable_of(variable, f).leaves();
     require(out, f, "out");
     if (index >= leaves.size()) {

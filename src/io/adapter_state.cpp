@@ -59,11 +59,43 @@ void save_adapter_state(const DecoderOnlyTransformer& model, const std::filesyst
                      {"dimensions", detail::dimensions_json(model.dimensions())}});
 }
 
-void load_adapter_state(DecoderOnlyTransformer& model, const std::filesystem::path& path, const LoadOptions& options) {
+namespace {
+
+/// value_version() of every base parameter, in parameters() order.
+std::vector<std::uint64_t> base_versions(const DecoderOnlyTransformer& model) {
+  std::vector<std::uint64_t> versions;
+  for (const NamedParameter& p : model.parameters()) versions.push_back(p.variable.value_version());
+  return versions;
+}
+
+void check_fingerprint(const DecoderOnlyTransformer& model, const std::filesystem::path& path,
+                       const std::string& recorded) {
+  const std::string actual = model_fingerprint(model);
+  if (recorded != actual) {
+    load_error(path, "the adapters were trained on a base model with fingerprint " + detail::quote(recorded) +
+                         ", this model's weights have fingerprint " + actual +
+                         " (another base of the same dimensions); allow_base_mismatch / --allow-base-mismatch "
+                         "applies them anyway");
+  }
+}
+
+void refuse_existing_adapters(const DecoderOnlyTransformer& model) {
   if (model.has_lora()) {
     throw ValueError("[load_adapter_state] the model already has LoRA adapters; remove_lora() first");
   }
-  LoraConfig config;
+}
+
+}  // namespace
+
+void load_adapter_state(DecoderOnlyTransformer& model, const std::filesystem::path& path, const LoadOptions& options) {
+  apply_adapter_state_values(model, read_adapter_state_for(model, path, options));
+}
+
+AdapterStateValues read_adapter_state_for(const DecoderOnlyTransformer& model, const std::filesystem::path& path,
+                                          const LoadOptions& options) {
+  refuse_existing_adapters(model);
+  AdapterStateValues out;
+  out.path_ = path;
   std::vector<std::pair<std::string, Shape>> layout;
   // Every check the header allows runs before any tensor data is read.
   const TensorFile file = detail::read_safetensors_checked(path, [&](const detail::SafetensorsHeader& header) {
@@ -76,36 +108,48 @@ void load_adapter_state(DecoderOnlyTransformer& model, const std::filesystem::pa
     if (schema != "1" && schema != "2") {
       load_error(path, "schema_version '" + detail::quote(schema) + "' is not supported (this build reads 1 and 2)");
     }
-    const TransformerDimensions dims = detail::parse_dimensions(path, required(path, metadata, "dimensions"));
-    if (dims != model.dimensions()) {
+    out.dimensions_ = detail::parse_dimensions(path, required(path, metadata, "dimensions"));
+    if (out.dimensions_ != model.dimensions()) {
       load_error(path, "the adapters were trained for a base model with dimensions " +
-                           detail::dimensions_json(dims) + ", this model has " +
+                           detail::dimensions_json(out.dimensions_) + ", this model has " +
                            detail::dimensions_json(model.dimensions()));
     }
-    config = parse_config(path, metadata, dims);
+    out.config_ = parse_config(path, metadata, out.dimensions_);
     if (schema == "2" && !options.allow_base_mismatch) {  // schema 1 files carry no fingerprint
-      const std::string& recorded = required(path, metadata, "base_fingerprint");
-      const std::string actual = model_fingerprint(model);
-      if (recorded != actual) {
-        load_error(path, "the adapters were trained on a base model with fingerprint " + detail::quote(recorded) +
-                             ", this model's weights have fingerprint " + actual +
-                             " (another base of the same dimensions); allow_base_mismatch / --allow-base-mismatch "
-                             "applies them anyway");
-      }
+      out.base_versions_ = base_versions(model);
+      out.fingerprint_ = required(path, metadata, "base_fingerprint");
+      check_fingerprint(model, path, out.fingerprint_);
     }
-    layout = model.lora_parameter_layout(config);
+    layout = model.lora_parameter_layout(out.config_);
     detail::check_tensor_layout(path, detail::tensor_layout(header), layout, "the model's adapters");
   });
   if (!options.allow_non_finite) detail::check_finite(path, file);
   std::map<std::string, const Tensor*> by_name;
   for (const auto& [name, tensor] : file.tensors) by_name.emplace(name, &tensor);
-  std::vector<Tensor> values;
-  for (const auto& [name, shape] : layout) values.push_back(*by_name.at(name));
+  for (const auto& [name, shape] : layout) out.values_.emplace_back(name, *by_name.at(name));
+  return out;
+}
+
+void apply_adapter_state_values(DecoderOnlyTransformer& model, const AdapterStateValues& values) {
+  refuse_existing_adapters(model);
+  const std::filesystem::path& path = values.path_;
+  if (values.dimensions_ != model.dimensions()) {
+    load_error(path, "the model's dimensions changed since the adapters were read");
+  }
+  const auto layout = model.lora_parameter_layout(values.config_);
+  bool same = layout.size() == values.values_.size();
+  for (std::size_t i = 0; same && i < layout.size(); ++i) {
+    same = layout[i].first == values.values_[i].first && layout[i].second == values.values_[i].second.shape();
+  }
+  if (!same) load_error(path, "the model's adapter layout changed since the adapters were read");
+  if (!values.fingerprint_.empty() && base_versions(model) != values.base_versions_) {
+    check_fingerprint(model, path, values.fingerprint_);  // weights set since the read: check them again
+  }
   // Everything validated: add the adapters and set their values.
   Random unused(0);
-  model.add_lora(config, unused);
+  model.add_lora(values.config_, unused);
   std::vector<NamedParameter> adapters = model.lora_parameters();
-  for (std::size_t i = 0; i < adapters.size(); ++i) adapters[i].variable.set_value(values[i]);
+  for (std::size_t i = 0; i < adapters.size(); ++i) adapters[i].variable.set_value(values.values_[i].second);
 }
 
 }  // namespace riftco_transformer

@@ -72,9 +72,15 @@ void check_shard_name(const std::filesystem::path& index, const std::string& nam
   }
 }
 
-bool is_rotary_buffer(const std::string& name) {
-  const std::string suffix = ".self_attn.rotary_emb.inv_freq";  // a buffer older checkpoints saved
-  return name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+/// A rotary buffer older checkpoints saved, of a layer the model has (its
+/// attention's q_proj is known): one of a layer it lacks is an unknown tensor.
+bool is_rotary_buffer(const std::string& name, const std::map<std::string, Shape>& known) {
+  const std::string suffix = ".rotary_emb.inv_freq";
+  if (name.size() <= suffix.size() || name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0) {
+    return false;
+  }
+  const std::string attention = name.substr(0, name.size() - suffix.size());  // model.layers.<i>.self_attn
+  return attention.ends_with(".self_attn") && known.contains(attention + ".q_proj.weight");
 }
 
 /// Refuses, from a shard's header alone (before its data is read), a tensor
@@ -100,7 +106,7 @@ void check_hf_header(const std::filesystem::path& file, const detail::Safetensor
         load_error(file, "tensor '" + name + "' has shape " + shape_string(entry.shape) + " but config.json needs " +
                              shape_string(it->second));
       }
-    } else if (is_rotary_buffer(name)) {  // ignored, but never a large allocation
+    } else if (is_rotary_buffer(name, known)) {  // ignored, but never a large allocation
       if (entry.end - entry.begin > 4 * static_cast<std::uint64_t>(model_width)) {
         load_error(file, "tensor '" + detail::quote(name) + "' has shape " + shape_string(entry.shape) +
                              ", too large for a rotary buffer");

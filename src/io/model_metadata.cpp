@@ -127,8 +127,8 @@ void check_finite(const std::filesystem::path& path, const TensorFile& file) {
       }
     }
     if (bad > 0) {
-      load_error(path, "tensor '" + quote(name) + "' holds " + std::to_string(bad) + " value" + (bad == 1 ? "" : "s") +
-                           " that are not finite (first: " + std::to_string(values[first]) + " at element " +
+      load_error(path, "tensor '" + quote(name) + "' holds " + std::to_string(bad) +
+                           (bad == 1 ? " value that is" : " values that are") + " not finite (first: " + std::to_string(values[first]) + " at element " +
                            std::to_string(first) + "); such weights give NaN outputs (allow_non_finite / "
                            "--allow-non-finite loads it anyway)");
     }

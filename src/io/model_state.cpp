@@ -73,11 +73,10 @@ void check_header_against(const DecoderOnlyTransformer& model, const detail::Saf
   detail::check_tensor_layout(path, detail::tensor_layout(header), parameter_layout(model), "the model");
 }
 
-/// Sets every parameter from a file whose header passed check_header_against.
-/// Nothing is changed unless every check passed.
-void apply_model_state(DecoderOnlyTransformer& model, const TensorFile& file, const std::filesystem::path& path,
-                       const LoadOptions& options) {
-  if (!options.allow_non_finite) detail::check_finite(path, file);
+/// Sets every parameter from a file whose header passed check_header_against
+/// and whose values passed the finite check when required. Nothing is
+/// changed unless every check passed.
+void apply_model_state(DecoderOnlyTransformer& model, const TensorFile& file) {
   std::map<std::string, const Tensor*> by_name;
   for (const auto& [name, tensor] : file.tensors) by_name.emplace(name, &tensor);
   const std::vector<NamedParameter> parameters = model.parameters();
@@ -130,9 +129,28 @@ TransformerDimensions read_model_dimensions(const std::filesystem::path& path) {
 }
 
 void load_model_state(DecoderOnlyTransformer& model, const std::filesystem::path& path, const LoadOptions& options) {
-  const TensorFile file = detail::read_safetensors_checked(
+  apply_model_state_values(model, read_model_state_for(model, path, options));
+}
+
+ModelStateValues read_model_state_for(const DecoderOnlyTransformer& model, const std::filesystem::path& path,
+                                      const LoadOptions& options) {
+  ModelStateValues values;
+  values.path_ = path;
+  values.file_ = detail::read_safetensors_checked(
       path, [&](const detail::SafetensorsHeader& header) { check_header_against(model, header, path); });
-  apply_model_state(model, file, path, options);
+  if (!options.allow_non_finite) detail::check_finite(path, values.file_);
+  return values;
+}
+
+void apply_model_state_values(DecoderOnlyTransformer& model, const ModelStateValues& values) {
+  const ModelStateInfo info = parse_model_metadata(values.path_, values.file_.metadata);
+  if (info.dimensions != model.dimensions() || info.norm_epsilon != model.norm_epsilon()) {
+    load_error(values.path_, "the model's dimensions or norm epsilon changed since the file was read");
+  }
+  std::vector<std::pair<std::string, Shape>> layout;
+  for (const auto& [name, tensor] : values.file_.tensors) layout.emplace_back(name, tensor.shape());
+  detail::check_tensor_layout(values.path_, layout, parameter_layout(model), "the model");
+  apply_model_state(model, values.file_);
 }
 
 std::string model_fingerprint(const DecoderOnlyTransformer& model) {
@@ -165,7 +183,8 @@ std::unique_ptr<DecoderOnlyTransformer> load_model(const std::filesystem::path& 
   auto model = std::make_unique<DecoderOnlyTransformer>(info.dimensions, random, info.norm_epsilon, attention,
                                                         activation_checkpointing);
   detail::check_tensor_layout(path, layout, parameter_layout(*model), "the model");
-  apply_model_state(*model, file, path, options);
+  if (!options.allow_non_finite) detail::check_finite(path, file);
+  apply_model_state(*model, file);
   return model;
 }
 

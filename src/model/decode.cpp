@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <new>
 #include <numeric>
+#include <string>
 #include <utility>
 
 #include "../backend/kernels.hpp"
@@ -10,6 +12,34 @@
 #include "transformer_core.hpp"
 
 namespace riftco_transformer {
+namespace {
+
+/// Rows a session's K/V caches start with; they double as positions fill
+/// them, up to the context length. A session for a long context no longer
+/// holds the whole context's caches from its first token (a 1 M-token context
+/// zero-filled 531 MiB to generate 2 tokens).
+constexpr std::int64_t kFirstCacheRows = 128;
+
+/// `cache` (G, rows, D) with room for `rows` rows, its first rows kept.
+Tensor widened(const Tensor& cache, std::int64_t rows) {
+  const backend::Kernels& kernels = backend::kernels_for("decode_token", cache);
+  const std::int64_t heads = cache.size(0);
+  const std::int64_t d = cache.size(2);
+  const std::int64_t perm[3] = {1, 0, 2};
+  const Tensor by_position = kernels.permute(cache, perm);  // (rows, G, D): one block per position
+  Tensor wider = Tensor::empty({rows, heads, d}, cache.backend());
+  kernels.copy_values(by_position.device_data(), wider.device_data(), by_position.numel());
+  return kernels.permute(wider, perm);  // (G, rows, D); the rows past the old ones are never read
+}
+
+/// The bytes a session's caches take at `rows` rows, for a message.
+std::string cache_bytes(const TransformerDimensions& d, std::int64_t rows) {
+  const double bytes = 2.0 * static_cast<double>(d.layers) * static_cast<double>(d.kv_heads()) *
+                       static_cast<double>(rows) * static_cast<double>(d.head_width()) * sizeof(float);
+  return std::to_string(static_cast<std::int64_t>(bytes / (1 << 20))) + " MiB";
+}
+
+}  // namespace
 
 DecodeSession::DecodeSession(const DecoderOnlyTransformer& model) : core_(model.core()) { reset(); }
 
@@ -25,13 +55,16 @@ void DecodeSession::reset() {
   const StructureReadLock structure(*core_);
   core_->check_parameters("DecodeSession");  // before anything changes
   const TransformerDimensions& d = core_->dims;
-  keys_.clear();
-  values_.clear();
   const Backend backend = core_->token_embedding.value().backend();  // the caches live with the weights
+  const std::int64_t rows = std::min(d.context_length, kFirstCacheRows);
+  std::vector<Tensor> keys;
+  std::vector<Tensor> values;
   for (std::int64_t i = 0; i < d.layers; ++i) {
-    keys_.push_back(Tensor::zeros({d.kv_heads(), d.context_length, d.head_width()}, backend));
-    values_.push_back(Tensor::zeros({d.kv_heads(), d.context_length, d.head_width()}, backend));
+    keys.push_back(Tensor::zeros({d.kv_heads(), rows, d.head_width()}, backend));
+    values.push_back(Tensor::zeros({d.kv_heads(), rows, d.head_width()}, backend));
   }
+  keys_ = std::move(keys);  // nothing changes if an allocation failed
+  values_ = std::move(values);
   versions_.clear();
   for (const Variable& p : core_->all_leaves()) versions_.push_back(p.value_version());
   position_ = 0;
@@ -59,6 +92,23 @@ Tensor DecodeSession::decode_token(std::int32_t token) {
       throw StaleGraphError("[decode_token] parameter '" + params[i].name() +
                             "' changed since the session started; its K/V cache is stale: reset() the session");
     }
+  }
+  if (position_ == keys_.front().size(1)) {  // the caches are full: twice the rows, up to the context
+    const std::int64_t rows = std::min(dims.context_length, 2 * position_);
+    std::vector<Tensor> keys;
+    std::vector<Tensor> values;
+    try {
+      for (std::size_t i = 0; i < keys_.size(); ++i) {
+        keys.push_back(widened(keys_[i], rows));
+        values.push_back(widened(values_[i], rows));
+      }
+    } catch (const std::bad_alloc&) {
+      throw OutOfMemoryError("[decode_token] no memory to grow the K/V caches to " + std::to_string(rows) +
+                             " positions (" + cache_bytes(dims, rows) + "); the session is as it was at position " +
+                             std::to_string(position_));
+    }
+    keys_ = std::move(keys);
+    values_ = std::move(values);
   }
   NoGradGuard no_graph;
   const std::int64_t heads = dims.heads;

@@ -19,9 +19,21 @@ constexpr std::uint64_t kSampleSeedStep = 0x9E3779B97F4A7C15ULL;
 std::pair<std::int64_t, double> distribution(const float* l, std::int64_t vocab, const GenerationOptions& o,
                                              std::vector<std::int32_t>& order, std::vector<double>& probs) {
   std::iota(order.begin(), order.end(), 0);
+  const auto before = [l](std::int32_t a, std::int32_t b) { return l[a] > l[b] || (l[a] == l[b] && a < b); };
   std::int64_t keep = o.top_k == 0 ? vocab : std::min(o.top_k, vocab);
-  std::partial_sort(order.begin(), order.begin() + keep, order.end(),
-                    [l](std::int32_t a, std::int32_t b) { return l[a] > l[b] || (l[a] == l[b] && a < b); });
+  std::partial_sort(order.begin(), order.begin() + keep, order.end(), before);
+  if (keep < vocab) {
+    // Hugging Face's top-k keeps every token whose (temperature-scaled) logit
+    // is at least the k-th largest: tokens tied with the k-th stay too.
+    const float kth = l[order[static_cast<std::size_t>(keep - 1)]];
+    if (kth != -std::numeric_limits<float>::infinity()) {
+      const float scaled = kth / o.temperature;
+      const auto tied = std::partition(order.begin() + keep, order.end(),
+                                       [&](std::int32_t i) { return l[i] / o.temperature >= scaled; });
+      std::sort(order.begin() + keep, tied, before);
+      keep = tied - order.begin();
+    }
+  }
   const double top = l[order[0]];
   double total = 0.0;
   for (std::int64_t i = 0; i < keep; ++i) {
@@ -117,6 +129,13 @@ GenerationResult generate_one(const DecoderOnlyTransformer& model, std::span<con
     }
     result.tokens.push_back(next);
     remember(next);
+    if (std::find(options.stop_tokens.begin(), options.stop_tokens.end(), next) != options.stop_tokens.end()) {
+      result.stop_token = next;
+      result.text = detokenize(std::span<const std::int32_t>(result.tokens).first(result.tokens.size() - 1));
+      result.message = "stopped after " + std::to_string(result.tokens.size()) + " new tokens at stop token " +
+                       std::to_string(next);
+      return result;
+    }
     if (!options.stop.empty()) {
       std::string text = detokenize(result.tokens);
       const auto [at, index] = find_stop(text, options.stop);
@@ -154,6 +173,16 @@ void check_prompt_length(const DecoderOnlyTransformer& model, std::size_t length
   if (length > static_cast<std::uint64_t>(context)) {  // unsigned: a size of 2^63 or more is not negative
     throw ValueError("[generate] the prompt has " + std::to_string(length) + " tokens, more than the context length " +
                      std::to_string(context));
+  }
+}
+
+void check_stop_tokens(const DecoderOnlyTransformer& model, std::span<const std::int32_t> stop_tokens) {
+  const std::int64_t vocab = model.dimensions().vocab_size;
+  for (std::size_t i = 0; i < stop_tokens.size(); ++i) {
+    if (stop_tokens[i] < 0 || stop_tokens[i] >= vocab) {
+      throw ValueError("[generate] stop token " + std::to_string(i) + " (" + std::to_string(stop_tokens[i]) +
+                       ") is outside the vocabulary [0, " + std::to_string(vocab) + ")");
+    }
   }
 }
 
@@ -260,6 +289,7 @@ GenerationResult generate(const DecoderOnlyTransformer& model, std::span<const s
                           const GenerationOptions& options) {
   check_prompt_length(model, prompt.size());
   options.validate();
+  check_stop_tokens(model, options.stop_tokens);
   if (options.num_samples != 1) {
     throw ValueError("[generate] num_samples is " + std::to_string(options.num_samples) +
                      ": generate() makes one sample; use generate_samples()");
@@ -271,6 +301,7 @@ std::vector<GenerationResult> generate_samples(const DecoderOnlyTransformer& mod
                                                std::span<const std::int32_t> prompt, const GenerationOptions& options) {
   check_prompt_length(model, prompt.size());
   options.validate();
+  check_stop_tokens(model, options.stop_tokens);
   std::vector<GenerationResult> samples;
   for (std::int64_t i = 0; i < options.num_samples; ++i) {
     GenerationOptions one = options;

@@ -48,7 +48,7 @@ StructureWriteLock::StructureWriteLock(const TransformerCore& core, const char* 
   }
   auto& held = held_by_this_thread();
   held.reserve(held.size() + 1);
-  guard_ = std::unique_lock<std::shared_mutex>(core.structure_lock);
+  guard_ = std::unique_lock<WriterFirstSharedMutex>(core.structure_lock);
   held.push_back(&core);
   core_ = &core;
 }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <tuple>
 
 #include "../backend/kernels.hpp"
 #include "transformer_core.hpp"
@@ -50,8 +51,13 @@ void TransformerDimensions::validate() const {
   if (!is_valid_rope_base(rope_base)) {
     throw ValueError("[TransformerDimensions] rope_base must be a finite number > 1, got " + float_text(rope_base));
   }
-  if (context_length > (std::int64_t{1} << 20) || layers > 4096 || heads > model_width) {
-    throw ValueError("[TransformerDimensions] context_length <= 1048576, layers <= 4096 and heads <= model_width");
+  for (const auto& [value, limit, name] :
+       {std::tuple{context_length, std::int64_t{1} << 20, "context_length"},
+        std::tuple{layers, std::int64_t{4096}, "layers"}, std::tuple{heads, model_width, "heads (at most model_width)"}}) {
+    if (value > limit) {
+      throw ValueError(std::string("[TransformerDimensions] ") + name + " " + std::to_string(value) +
+                       " is above the limit " + std::to_string(limit));
+    }
   }
   if (vocab_size > (std::int64_t{1} << 31) - 1) {
     throw ValueError("[TransformerDimensions] vocab_size " + std::to_string(vocab_size) + " does not fit int32 ids");
@@ -332,8 +338,10 @@ std::vector<NamedParameter> DecoderOnlyTransformer::parameters() const {
 }
 
 Variable DecoderOnlyTransformer::parameter(const std::string& name) const {
-  for (const NamedParameter& p : parameters()) {
-    if (p.name == name) return p.variable;
+  for (const auto& list : {parameters(), lora_parameters()}) {
+    for (const NamedParameter& p : list) {
+      if (p.name == name) return p.variable;
+    }
   }
   const std::string shown = name.size() > 120 ? name.substr(0, 120) + "... (" + std::to_string(name.size()) + " bytes)" : name;
   throw ValueError("[parameter] the model has no parameter named '" + shown + "'");

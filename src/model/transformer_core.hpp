@@ -3,8 +3,8 @@
 // built (through checkpoint closures) and every DecodeSession hold it, so
 // destroying the model object never invalidates them.
 #include <mutex>
-#include <shared_mutex>
 
+#include "riftco_transformer/shared_mutex.hpp"
 #include "riftco_transformer/transformer.hpp"
 
 namespace riftco_transformer {
@@ -45,7 +45,7 @@ struct TransformerCore {
   // (StructureReadLock). A Python thread may add adapters while another
   // generates: each waits for the other's call instead of reading a vector
   // being replaced.
-  mutable std::shared_mutex structure_lock;
+  mutable WriterFirstSharedMutex structure_lock;  // a waiting change goes before new reads
 
   LoraConfig lora;           // config of the current adapters (when any)
   bool has_lora = false;
@@ -106,7 +106,7 @@ class StructureWriteLock {
   StructureWriteLock& operator=(const StructureWriteLock&) = delete;
 
  private:
-  std::unique_lock<std::shared_mutex> guard_;
+  std::unique_lock<WriterFirstSharedMutex> guard_;
   const TransformerCore* core_ = nullptr;
 };
 

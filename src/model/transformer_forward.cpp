@@ -301,6 +301,9 @@ Variable DecoderOnlyTransformer::loss(std::span<const std::int32_t> tokens, std:
     throw ShapeError("[loss] " + std::to_string(tokens.size()) + " tokens but " + std::to_string(targets.size()) +
                      " targets");
   }
+  // Before the forward, which draws dropout masks: a refused call leaves the
+  // dropout stream (saved in training checkpoints) where it was.
+  check_cross_entropy_targets("loss", targets, dimensions().vocab_size, ignore_index);
   return cross_entropy(forward(tokens, batch), targets, ignore_index);
 }
 

@@ -6,6 +6,17 @@
 namespace riftco_transformer {
 using namespace ops_detail;
 
+void check_cross_entropy_targets(const char* op, std::span<const std::int32_t> targets, std::int64_t classes,
+                                 std::int32_t ignore_index) {
+  for (std::size_t i = 0; i < targets.size(); ++i) {
+    if (targets[i] != ignore_index && (targets[i] < 0 || targets[i] >= classes)) {
+      throw ValueError(tag(op) + "target " + std::to_string(targets[i]) + " at row " + std::to_string(i) +
+                       " is outside [0, " + std::to_string(classes) + ") (" + std::to_string(classes) +
+                       " classes; ignore_index " + std::to_string(ignore_index) + ")");
+    }
+  }
+}
+
 Variable cross_entropy(const Variable& logits, std::span<const std::int32_t> targets, std::int32_t ignore_index) {
   const char* op = "cross_entropy";
   check_defined(op, "logits", logits);
@@ -18,12 +29,7 @@ Variable cross_entropy(const Variable& logits, std::span<const std::int32_t> tar
     throw ShapeError(tag(op) + "logits " + shape_string(logits.shape()) + " have " + std::to_string(rows) +
                      " rows but " + std::to_string(targets.size()) + " targets were given");
   }
-  for (std::size_t i = 0; i < targets.size(); ++i) {
-    if (targets[i] != ignore_index && (targets[i] < 0 || targets[i] >= v)) {
-      throw ValueError(tag(op) + "target " + std::to_string(targets[i]) + " at row " + std::to_string(i) +
-                       " is outside [0, " + std::to_string(v) + ") for logits " + shape_string(logits.shape()));
-    }
-  }
+  check_cross_entropy_targets(op, targets, v, ignore_index);
   Tensor probs;
   std::int64_t count = 0;
   const Tensor flat = logits.value().reshape({rows, v});

@@ -19,9 +19,15 @@ float StageSettings::learning_rate_at(std::int64_t step) const {
   if (warmup_steps > 0 && step < warmup_steps) {
     return learning_rate * static_cast<float>(step + 1) / static_cast<float>(warmup_steps);
   }
-  const std::int64_t decay_steps = std::max<std::int64_t>(1, steps - warmup_steps - 1);
+  // Steps warmup_steps .. steps-1 decay from lr to lr·ratio, the last one at
+  // lr·ratio. A single such step after a warmup (which reached lr) is that
+  // last step (before 2026-12-02 it ran at lr: the decay was never reached);
+  // a one-step run without warmup runs at lr.
+  const std::int64_t decay_steps = steps - warmup_steps - 1;
   const double progress =
-      std::clamp(static_cast<double>(step - warmup_steps) / static_cast<double>(decay_steps), 0.0, 1.0);
+      decay_steps <= 0
+          ? (warmup_steps > 0 ? 1.0 : 0.0)
+          : std::clamp(static_cast<double>(step - warmup_steps) / static_cast<double>(decay_steps), 0.0, 1.0);
   const double cosine = 0.5 * (1.0 + std::cos(3.14159265358979323846 * progress));
   const double floor = static_cast<double>(min_learning_rate_ratio);
   return static_cast<float>(static_cast<double>(learning_rate) * (floor + (1.0 - floor) * cosine));

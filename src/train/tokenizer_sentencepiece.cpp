@@ -6,11 +6,13 @@
 #include <sentencepiece_processor.h>
 #include <sentencepiece_trainer.h>
 
+#include <cstdlib>
 #include <mutex>
 #include <unordered_map>
 
 #include "../io/atomic_file.hpp"
 #include "../tensor/hash.hpp"
+#include "tokenizer_charsmap.hpp"
 #include "riftco_transformer/atomic_file.hpp"
 #include "riftco_transformer/data.hpp"
 
@@ -104,6 +106,9 @@ Tokenizer Tokenizer::from_serialized(std::string_view model_bytes, const std::fi
     tokenizer_error(source, std::string("not a valid SentencePiece model (") + e.what() + ")");
   }
   if (!status.ok()) tokenizer_error(source, "not a valid SentencePiece model (" + status.ToString() + ")");
+  if (const std::string problem = detail::charsmap_problem(model_bytes); !problem.empty()) {
+    tokenizer_error(source, "not a usable SentencePiece model (" + problem + ")");
+  }
   const int size = impl->processor.GetPieceSize();
   if (size < 2 || size > (1 << 24)) tokenizer_error(source, "vocabulary of " + std::to_string(size) + " pieces");
   impl->piece_bytes.resize(static_cast<std::size_t>(size));
@@ -139,6 +144,12 @@ Tokenizer Tokenizer::from_serialized(std::string_view model_bytes, const std::fi
   Tokenizer out;
   out.impl_ = std::move(impl);
   return out;
+}
+
+std::int32_t Tokenizer::eos_id() const {
+  if (!impl_) return -1;
+  const int id = impl_->processor.eos_id();
+  return id >= 0 && id < impl_->processor.GetPieceSize() ? id : -1;
 }
 
 std::int64_t Tokenizer::vocab_size() const {
@@ -263,7 +274,20 @@ Tokenizer train_tokenizer(std::string_view text, const TokenizerTrainingOptions&
       throw ValueError(std::string("[train_tokenizer] SentencePiece failed (") + e.what() + ")");
     }
     if (!status.ok()) {
-      throw ValueError("[train_tokenizer] SentencePiece refused the training (" + status.ToString() + ")");
+      const std::string said = status.ToString();
+      // "Vocabulary size is too high (300). Please set it to a value <= 258.":
+      // a bound below riftco's own minimum is advice no one can follow.
+      const std::string marker = "Please set it to a value <= ";
+      if (const std::size_t at = said.find(marker); at != std::string::npos) {
+        const long long most = std::atoll(said.c_str() + at + marker.size());
+        throw ValueError("[train_tokenizer] the training text is too small for vocab_size " +
+                         std::to_string(options.vocab_size) + ": SentencePiece can make at most " +
+                         std::to_string(most) + " pieces from it" +
+                         (most >= 260 ? " (give a vocab_size of at most that, or more text)"
+                                      : ", and a tokenizer needs at least 260 (the 256 bytes, <unk> and 3 more): "
+                                        "give more text"));
+      }
+      throw ValueError("[train_tokenizer] SentencePiece refused the training (" + said + ")");
     }
   }
   Tokenizer tokenizer = Tokenizer::from_serialized(model, output);  // checked before anything is written

@@ -185,8 +185,8 @@ static void test_struct_init(void) {
 }
 
 static void test_version_and_names(void) {
-  CHECK(rt_abi_version() == ((2u << 16) | 8u));
-  CHECK(RT_ABI_VERSION_MAJOR == 2 && RT_ABI_VERSION_MINOR == 8);
+  CHECK(rt_abi_version() == ((2u << 16) | 9u));
+  CHECK(RT_ABI_VERSION_MAJOR == 2 && RT_ABI_VERSION_MINOR == 9);
   CHECK(strcmp(rt_status_name(RT_ERROR_STALE_GRAPH), "RT_ERROR_STALE_GRAPH") == 0);
   CHECK(strcmp(rt_status_name(RT_ERROR_PARTIAL_STEP), "RT_ERROR_PARTIAL_STEP") == 0 && RT_ERROR_PARTIAL_STEP == 13);
   CHECK(strcmp(rt_status_name((rt_status)99), "unknown") == 0);
@@ -626,6 +626,16 @@ static void test_training_lora_and_files(void) {
   CHECK(strlen(fa) == 16 && strcmp(fa, fb) == 0);
   FAILS(rt_model_fingerprint(model, fa, 16), RT_ERROR_INVALID_ARGUMENT, "too small");
   OK(rt_model_load(copy, path_in("model.safetensors"), RT_LOAD_ALLOW_NON_FINITE));
+  /* Since 2.8.1: the adapters' flag is refused by the model-state loaders, as by rt_convert_*. */
+  FAILS(rt_model_load(copy, path_in("model.safetensors"), RT_LOAD_ALLOW_BASE_MISMATCH), RT_ERROR_INVALID_ARGUMENT,
+        "RT_LOAD_ALLOW_NON_FINITE (the only flag it takes)");
+  {
+    rt_model* none = NULL;
+    FAILS(rt_model_load_new(path_in("model.safetensors"), RT_ATTENTION_FLASH, RT_ACTIVATION_CHECKPOINTING_DISABLED,
+                            RT_LOAD_ALLOW_BASE_MISMATCH, &none),
+          RT_ERROR_INVALID_ARGUMENT, "RT_LOAD_ALLOW_NON_FINITE");
+    CHECK(none == NULL);
+  }
 
   /* LoRA: add, train the adapters only, save, load into the copy, deactivate, merge. */
   rt_lora_config lora;
@@ -717,6 +727,15 @@ static void test_training_lora_and_files(void) {
   OK(rt_memory_stats_get(RT_BACKEND_CPU, &m));
   CHECK(m.peak_bytes == m.live_bytes && m.allocation_count >= m.free_count);
   FAILS(rt_memory_stats_get((rt_backend)5, &m), RT_ERROR_INVALID_ARGUMENT, "rt_backend");
+  {
+    /* A struct_size that ends inside a field (9 wrote one byte of live_bytes
+     * before 2.8.1): refused, nothing written. */
+    rt_memory_stats partial;
+    memset(&partial, 0x5A, sizeof partial);
+    partial.struct_size = 9;
+    FAILS(rt_memory_stats_get(RT_BACKEND_CPU, &partial), RT_ERROR_INVALID_ARGUMENT, "first version");
+    CHECK(partial.struct_size == 9 && partial.live_bytes == (int64_t)0x5A5A5A5A5A5A5A5ALL);
+  }
 }
 
 static int stop_after_two(const rt_step_report* report, void* user_data) {
@@ -1735,6 +1754,50 @@ static void test_split_text(void) {
   FAILS(rt_split_text(text, 12, RT_SPLIT_TRAIN, 0.1, NULL, &length), RT_ERROR_INVALID_ARGUMENT, "offset");
 }
 
+/* ABI 2.9: stop tokens (an end-of-sequence id) end generation, the id
+ * written last; a 2.8-sized options struct reads none. */
+static void test_stop_tokens(void) {
+  rt_transformer_config c = tiny_config();
+  rt_model* model = NULL;
+  OK(rt_model_create(&c, 3, RT_ATTENTION_FLASH, RT_ACTIVATION_CHECKPOINTING_DISABLED, &model));
+  rt_generation_options g;
+  OK(rt_generation_options_default(&g));
+  CHECK(g.stop_tokens == NULL && g.stop_token_count == 0);
+  g.max_new_tokens = 8;
+  g.temperature = 0.0f;
+  int32_t prompt[2] = {72, 105};
+  int32_t free_run[8];
+  size_t count = 0;
+  OK(rt_generate(model, prompt, 2, &g, free_run, 8, &count, NULL));
+  CHECK(count == 8);
+  const int32_t eos = free_run[3];
+  size_t first = 0;
+  while (free_run[first] != eos) ++first;
+  g.stop_tokens = &eos;
+  g.stop_token_count = 1;
+  int32_t stopped[8];
+  OK(rt_generate(model, prompt, 2, &g, stopped, 8, &count, NULL));
+  CHECK(count == first + 1 && stopped[first] == eos && memcmp(stopped, free_run, count * sizeof(int32_t)) == 0);
+  /* A caller built against 2.8 passes the smaller struct: no stop tokens. */
+  g.struct_size = offsetof(rt_generation_options, stop_tokens);
+  OK(rt_generate(model, prompt, 2, &g, stopped, 8, &count, NULL));
+  CHECK(count == 8);
+  g.struct_size = sizeof g;
+  g.stop_tokens = NULL;
+  FAILS(rt_generate(model, prompt, 2, &g, stopped, 8, &count, NULL), RT_ERROR_INVALID_ARGUMENT, "stop_tokens is NULL");
+  const int32_t outside = (int32_t)c.vocab_size;
+  g.stop_tokens = &outside;
+  FAILS(rt_generate(model, prompt, 2, &g, stopped, 8, &count, NULL), RT_ERROR_VALUE, "outside the vocabulary");
+  int32_t id = 7;
+  OK(rt_tokenizer_eos_id(NULL, &id));
+  CHECK(id == -1);
+  OK(rt_tokenizer_eos_id(path_in("tok.model"), &id)); /* rt_train_tokenizer's models have none */
+  CHECK(id == -1);
+  FAILS(rt_tokenizer_eos_id(path_in("missing.model"), &id), RT_ERROR_DATA, "missing.model");
+  FAILS(rt_tokenizer_eos_id(NULL, NULL), RT_ERROR_INVALID_ARGUMENT, "eos_id");
+  OK(rt_model_destroy(model));
+}
+
 int main(void) {
   snprintf(g_dir, sizeof g_dir, "/tmp/rt_c_abi_XXXXXX");
   if (mkdtemp(g_dir) == NULL) return 2;
@@ -1762,6 +1825,7 @@ int main(void) {
   test_model_transfer_and_offload();
   test_adam_step_counts();
   test_split_text();
+  test_stop_tokens();
   char command[600];
   snprintf(command, sizeof command, "rm -rf '%s'", g_dir);
   if (system(command) != 0) fprintf(stderr, "could not remove %s\n", g_dir);

@@ -246,3 +246,32 @@ TEST(DropoutEdges, NestedCheckpoints) {
     }
   }
 }
+
+TEST(DropoutStream, ARefusedLossLeavesTheDropoutGeneratorWhereItWas) {
+  // The model's loss checks its targets before the forward draws dropout
+  // masks: a refused call (a target outside the vocabulary) used to move the
+  // stream on, so the next good loss differed from a run without the error
+  // (4.135418 vs 4.138085 in the attack) and a resumed run from its original.
+  const TransformerDimensions d = rt_test::tiny_dims();
+  const rt_test::Batch b = rt_test::random_batch(2, 8, d.vocab_size, 3);
+  Random init(5);
+  DecoderOnlyTransformer model(d, init);
+  model.set_dropout(0.2F, 11);
+  model.set_training(true);
+  const Random::State before = model.dropout_random().state();
+  std::vector<std::int32_t> bad = b.targets;
+  bad[5] = static_cast<std::int32_t>(d.vocab_size);  // one past the last id
+  EXPECT_THROW(model.loss(b.tokens, bad, 2), ValueError);
+  std::vector<std::int32_t> short_targets(b.targets.begin(), b.targets.end() - 1);
+  EXPECT_THROW(model.loss(b.tokens, short_targets, 2), ShapeError);
+  EXPECT_TRUE(model.dropout_random().state() == before);
+  const float after_errors = model.loss(b.tokens, b.targets, 2).value().item();
+  Random init2(5);
+  DecoderOnlyTransformer fresh(d, init2);
+  fresh.set_dropout(0.2F, 11);
+  fresh.set_training(true);
+  EXPECT_EQ(after_errors, fresh.loss(b.tokens, b.targets, 2).value().item());
+  // ignore_index is still a valid target.
+  bad[5] = -100;
+  EXPECT_NO_THROW(model.loss(b.tokens, bad, 2));
+}

@@ -88,6 +88,34 @@ TEST(GenerationOptions, TopPKeepsTheSmallestSetReachingTheMass) {
   EXPECT_EQ(sampling_candidates(logits, {}, o).tokens, (std::vector<std::int32_t>{1, 3}));
 }
 
+TEST(GenerationOptions, TopKKeepsEveryTokenTiedWithTheKthAsHuggingFaceDoes) {
+  // transformers' TopKLogitsWarper removes only logits below the k-th
+  // largest (`scores < topk(scores, k).values[..., -1]`): the values below
+  // are what it gives (sampling_vs_hf.py of the 2026-12-02 attack).
+  GenerationOptions o;
+  o.top_k = 1;
+  SamplingCandidates c = sampling_candidates(std::vector<float>{1, 1, 1, 0}, {}, o);
+  EXPECT_EQ(c.tokens, (std::vector<std::int32_t>{0, 1, 2}));  // was {0}
+  for (double p : c.probabilities) EXPECT_NEAR(p, 1.0 / 3.0, 1e-12);
+  o.top_k = 2;
+  c = sampling_candidates(std::vector<float>{2, 1, 1, 1, 0}, {}, o);
+  EXPECT_EQ(c.tokens, (std::vector<std::int32_t>{0, 1, 2, 3}));  // was {0, 1}
+  const double e = std::exp(1.0);
+  EXPECT_NEAR(c.probabilities[0], e / (e + 3), 1e-12);  // 0.475
+  EXPECT_NEAR(c.probabilities[3], 1 / (e + 3), 1e-12);  // 0.175
+  // Ties beyond the k-th, out of id order in the logits: kept, lower id first.
+  o.top_k = 2;
+  c = sampling_candidates(std::vector<float>{0.5F, 3, 0.5F, -1, 0.5F}, {}, o);
+  EXPECT_EQ(c.tokens, (std::vector<std::int32_t>{1, 0, 2, 4}));
+  // No tie: exactly k. A masked (-inf) k-th never brings the masked ones in.
+  c = sampling_candidates(std::vector<float>{3, 2, 1, 0}, {}, o);
+  EXPECT_EQ(c.tokens, (std::vector<std::int32_t>{0, 1}));
+  const float inf = std::numeric_limits<float>::infinity();
+  o.top_k = 3;
+  c = sampling_candidates(std::vector<float>{1, -inf, 2, -inf}, {}, o);
+  EXPECT_EQ(c.tokens, (std::vector<std::int32_t>{2, 0}));
+}
+
 TEST(GenerationOptions, RepetitionPenaltyDividesPositiveAndMultipliesNegativeLogits) {
   std::vector<float> logits{2.0F, -1.0F, 0.5F, 3.0F, 0.0F};
   apply_repetition_penalty(logits, std::vector<std::int32_t>{0, 1, 1, 4, 0}, 2.0F);  // repeats count once
@@ -278,4 +306,39 @@ TEST(GenerationOptions, InterruptRunsBeforeEveryDecodedTokenAndItsExceptionStops
   calls = 0;
   EXPECT_THROW(generate(model, std::vector<std::int32_t>{}, o), ValueError);
   EXPECT_EQ(calls, 0);
+}
+
+TEST(GenerationOptions, AStopTokenEndsGenerationAsHuggingFacesEosDoes) {
+  Random init(21);
+  DecoderOnlyTransformer model(dims(), init);
+  const std::vector<std::int32_t> prompt{7, 10};
+  GenerationOptions o;
+  o.temperature = 0.0F;
+  o.max_new_tokens = 12;
+  const GenerationResult free_run = generate(model, prompt, o);
+  ASSERT_GE(free_run.tokens.size(), 4U);
+  const std::int32_t eos = free_run.tokens[2];
+  const std::size_t first = static_cast<std::size_t>(
+      std::find(free_run.tokens.begin(), free_run.tokens.end(), eos) - free_run.tokens.begin());
+  std::int32_t unused = 0;  // a token the free run never makes: listing it changes nothing
+  while (std::find(free_run.tokens.begin(), free_run.tokens.end(), unused) != free_run.tokens.end()) ++unused;
+  o.stop_tokens = {unused, eos};  // any of them ends it
+  const GenerationResult stopped = generate(model, prompt, o);
+  EXPECT_EQ(stopped.tokens, std::vector<std::int32_t>(free_run.tokens.begin(), free_run.tokens.begin() + first + 1));
+  EXPECT_EQ(stopped.stop_token, eos);
+  EXPECT_EQ(stopped.stop_index, -1);
+  EXPECT_EQ(stopped.text, bytes_detokenizer(std::span(stopped.tokens).first(first)));  // the stop token's text is left out
+  EXPECT_NE(stopped.message.find("at stop token " + std::to_string(eos)), std::string::npos) << stopped.message;
+  EXPECT_EQ(free_run.stop_token, -1);
+  o.num_samples = 2;  // greedy samples are alike: each stops at the same place
+  for (const GenerationResult& r : generate_samples(model, prompt, o)) {
+    EXPECT_EQ(r.stop_token, eos);
+    EXPECT_EQ(r.tokens, stopped.tokens);
+  }
+  o.num_samples = 1;
+  o.stop_tokens = {32};
+  EXPECT_NE(error_of([&] { generate(model, prompt, o); }).find("stop token 0 (32) is outside the vocabulary [0, 32)"),
+            std::string::npos);
+  o.stop_tokens = {-1};
+  EXPECT_THROW(generate_samples(model, prompt, o), ValueError);
 }

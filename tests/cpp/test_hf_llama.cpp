@@ -356,8 +356,11 @@ TEST_F(HfLlama, MissingWrongShapeAndExtraTensorsAreRefused) {
   expect_refused(dir_ / "hf", "q_proj.bias");
   rewrite([](auto& t) { t.emplace_back("model.layers.0.self_attn.rotary_emb.inv_freq", rt_test::randn({4}, 1)); });
   EXPECT_NO_THROW(load_hf_llama(dir_ / "hf"));  // an old buffer, ignored
+  // ... but not one of a layer the model lacks (it was accepted silently).
+  rewrite([](auto& t) { t.emplace_back("model.layers.9.self_attn.rotary_emb.inv_freq", rt_test::randn({4}, 1)); });
+  expect_refused(dir_ / "hf", "model.layers.9.self_attn.rotary_emb.inv_freq");
   rewrite([](auto& t) { t[0].second.data()[5] = std::numeric_limits<float>::quiet_NaN(); });
-  expect_refused(dir_ / "hf", "not finite");
+  expect_refused(dir_ / "hf", "holds 1 value that is not finite");
   LoadOptions allow;
   allow.allow_non_finite = true;
   EXPECT_NO_THROW(load_hf_llama(dir_ / "hf", FullSequenceAttentionKind::Materialized,

@@ -61,6 +61,13 @@ TEST(Lora, AddingAdaptersKeepsOutputsAndNamesParameters) {
   EXPECT_EQ(params[13].variable.shape(), (Shape{16, 4}));
   EXPECT_EQ(model.parameters().size(), 3U + 9U * 2U);  // base parameters only
   EXPECT_THROW(model.add_lora(all_targets(), lr), ValueError);
+  // parameter(name) finds adapters as well as base weights (it refused them).
+  for (const auto& list : {model.parameters(), model.lora_parameters()}) {
+    for (const NamedParameter& p : list) EXPECT_TRUE(model.parameter(p.name).same_node(p.variable)) << p.name;
+  }
+  EXPECT_THROW(model.parameter("blocks.9.attention.query.lora_a"), ValueError);
+  model.remove_lora();
+  EXPECT_THROW(model.parameter("blocks.0.attention.query.lora_a"), ValueError);
 }
 
 TEST(Lora, BlockCheckpointingGivesTheSameBaseAndAdapterGradients) {

@@ -319,6 +319,27 @@ TEST(Pipelines, LearningRateScheduleWarmsUpThenDecays) {
   EXPECT_FLOAT_EQ(s.learning_rate_at(10), 1.0F);
   EXPECT_NEAR(s.learning_rate_at(99), 0.1F, 1e-6);
   EXPECT_GT(s.learning_rate_at(50), s.learning_rate_at(60));
+  // The last step is at lr·ratio however short the decay: with one step
+  // after the warmup it ran at the peak (the attack's 5 steps, 4 warmup:
+  // 0.0025, 0.005, 0.0075, 0.01, 0.01 at lr 0.01, ratio 0.1).
+  s.steps = 5;
+  s.warmup_steps = 4;
+  s.learning_rate = 0.01F;
+  const float expected[] = {0.0025F, 0.005F, 0.0075F, 0.01F, 0.001F};
+  for (int i = 0; i < 5; ++i) EXPECT_FLOAT_EQ(s.learning_rate_at(i), expected[i]) << i;
+  for (const std::int64_t steps : {2, 3, 11, 12}) {  // no warmup, or a decay of 0..2 steps
+    s.steps = steps;
+    s.warmup_steps = steps > 10 ? 10 : 0;
+    EXPECT_FLOAT_EQ(s.learning_rate_at(steps - 1), 0.001F) << steps;
+    if (steps - s.warmup_steps > 1) EXPECT_FLOAT_EQ(s.learning_rate_at(s.warmup_steps), 0.01F) << steps;
+  }
+  s.steps = 1;  // one step, no warmup: it runs at lr (the rate reaches its peak somewhere)
+  s.warmup_steps = 0;
+  EXPECT_FLOAT_EQ(s.learning_rate_at(0), 0.01F);
+  // A warmup longer than the run ends inside it (documented; Hugging Face's too).
+  s.steps = 3;
+  s.warmup_steps = 20;
+  EXPECT_FLOAT_EQ(s.learning_rate_at(2), 0.0015F);
 }
 
 // A run's memory figures are its own thread's allocations: another thread

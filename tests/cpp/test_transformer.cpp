@@ -28,6 +28,20 @@ TEST(Dimensions, ValidationNamesTheField) {
   d = tiny_dims();
   d.context_length = std::int64_t{1} << 40;  // absurd sizes are refused before anything is allocated
   EXPECT_THROW(d.validate(), ValueError);
+  // Each limit names its field and the value given (it once listed all three).
+  const auto message = [](const TransformerDimensions& bad) {
+    try {
+      bad.validate();
+    } catch (const ValueError& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  EXPECT_NE(message(d).find("context_length 1099511627776 is above the limit 1048576"), std::string::npos)
+      << message(d);
+  d = tiny_dims();
+  d.layers = std::int64_t{1} << 40;
+  EXPECT_NE(message(d).find("layers 1099511627776 is above the limit 4096"), std::string::npos) << message(d);
   d = tiny_dims();
   d.model_width = 18;
   d.heads = 2;  // head width 9: odd

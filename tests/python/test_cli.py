@@ -171,6 +171,7 @@ def test_help_reads_well(tools):
     (["pretrain", "--batch", "4611686018427387904"], 2, "batch must be in"),
     (["pretrain", "--weight-decay", "inf"], 2, "--weight-decay: expects a finite number, got 'inf'"),
     (["pretrain", "--steps"], 2, "--steps: 1 required INT missing"),
+    (["pretrain", "--steps=", "--batch", "2"], 2, "--steps: no value after '='"),
     ([], 2, "A subcommand is required"),
     (["post-train", "--base-model", "x", "--data", "x.jsonl", "--method", "full", "--lora-rank", "4"], 2,
      "apply to --method lora only"),
@@ -220,6 +221,10 @@ def test_bad_files_fail_cleanly_and_leave_outputs_intact(tools, pretrained, corp
     (["--temperature", "-0.5"], "'--temperature' must be >= 0"),
     (["--max-new-tokens", "-1"], "--max-new-tokens: expects an integer >= 0, got '-1'"),
     (["--seed", "-1"], "--seed: expects an integer in [0, 18446744073709551615], got '-1'"),
+    # `--opt=` with no value took the next argument as its value (the prompt
+    # "--max-new-tokens=3", then 200 tokens, exit 0).
+    (["--prompt=", "--max-new-tokens=3"], "--prompt: no value after '='"),
+    (["--prompt=hi", "--max-new-tokens="], "--max-new-tokens: no value after '='"),
 ])
 def test_generate_bad_arguments_exit_2_with_a_hint(tools, pretrained, args, needle):
     r = run(tools[1], "--model", pretrained / "model.safetensors", *args)
@@ -661,3 +666,33 @@ def test_memory_plan_reads_a_config_file_as_the_other_tools_do(build_dir, tmp_pa
     config.write_text("budgets = 1\n")
     r = run(plan, "--config", config, "--output", tmp_path / "other")
     assert r.returncode == 2 and "--budgets" in r.stderr, r.stderr
+
+
+def test_generate_stops_at_a_stop_token(tools, pretrained):
+    # --stop-token ID ends generation at that id (as Hugging Face's
+    # eos_token_id), its text left out; by default the tokenizer's
+    # end-of-sequence id, which bytes do not have.
+    riftco = pytest.importorskip("riftco")
+    model = pretrained / "model.safetensors"
+    tokens = riftco.load_model(model).generate("a s", max_new_tokens=8, temperature=0).tokens
+    stop = tokens[2]
+    first = tokens.index(stop)
+    greedy = ["--model", model, "--prompt", "a s", "--temperature", 0]
+    r = run(tools[1], *greedy, "--max-new-tokens", 8, "--stop-token", stop)
+    shorter = run(tools[1], *greedy, "--max-new-tokens", first)
+    assert r.returncode == 0 and shorter.returncode == 0, (r.stderr, shorter.stderr)
+    assert r.stdout == shorter.stdout
+    assert run(tools[1], *greedy, "--max-new-tokens", 8).stdout != r.stdout
+    bad = run(tools[1], "--model", model, "--prompt", "a", "--stop-token", 256)
+    assert bad.returncode == 1 and "stop token 0 (256) is outside the vocabulary [0, 256)" in bad.stderr, bad.stderr
+    assert run(tools[1], "--model", model, "--prompt", "a", "--stop-token", -1).returncode == 2
+
+
+def test_values_that_look_like_an_empty_option_are_still_values(tools, pretrained):
+    # The '--opt=' refusal is for the tools' own options only, and not where
+    # an option takes the argument as its value (review: '-- SQL ... =' was refused).
+    model = pretrained / "model.safetensors"
+    for args in (["--prompt", "-- SQL: select the total ="], ["--prompt", "--max-new-tokens="],
+                 ["--prompt", "a", "--stop", "---x="]):
+        r = run(tools[1], "--model", model, "--max-new-tokens", 2, *args)
+        assert r.returncode == 0, (args, r.stderr)

@@ -333,6 +333,11 @@ def test_lora_add_merge_and_trainable_parameters():
     model.set_base_trainable(False)
     names = [n for n, _ in model.lora_parameters()]
     assert names and all(".lora_" in n for n in names)
+    # parameter(name) takes every name named_parameters() gives, adapters too
+    # (it refused them until 2026-12-02).
+    for name, variable in model.named_parameters():
+        assert model.parameter(name).name == variable.name == name
+        np.testing.assert_array_equal(model.parameter(name).numpy(), variable.numpy())
     assert [id(p) for p in model.trainable_parameters()] and len(model.trainable_parameters()) == len(names)
     np.testing.assert_array_equal(model(tokens).numpy(), before)  # B starts at zero
     opt = riftco.Adam(model.trainable_parameters(), learning_rate=1e-2)

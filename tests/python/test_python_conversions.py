@@ -346,6 +346,39 @@ def test_token_id_conversions_name_the_problem():
     for bad in (5, "hello"):
         with pytest.raises(TypeError, match=r"token ids must be .*got (int|str)"):
             model(bad)
+    # bytes was refused and bytearray read as its byte values: both refused.
+    for bad in (b"abc", bytearray(b"abc")):
+        with pytest.raises(TypeError, match=r"token ids must be .*got (bytes|bytearray) \(text is a str\)"):
+            model(bad)
+
+
+def test_a_sequence_longer_than_the_context_is_refused_before_it_is_copied():
+    # A (B, T) array is checked against the context before its ids are
+    # converted: a (65536, 65536) int16 array (8 GiB) asked for 32 GiB first.
+    model = tiny_model()
+    big = np.lib.stride_tricks.as_strided(np.zeros(1, dtype=np.int16), shape=(1 << 16, 1 << 16), strides=(0, 0))
+    for call in (lambda: model(big), lambda: model.loss(big, big)):
+        with pytest.raises(riftco.ShapeError, match="sequence length 65536 exceeds the context length 16"):
+            call()
+
+
+@pytest.mark.parametrize("values, dtype", [
+    (np.array([1 + 2j, 3]), "complex128"),
+    (np.array([1.0, None], dtype=object), "object"),
+    (np.array(["1.5"]), "<U3"),
+    (np.array(["2026-12-02"], dtype="datetime64[D]"), "datetime64"),
+])
+def test_a_variable_takes_real_numbers_only(values, dtype):
+    # numpy's float32 cast dropped the imaginary part (a warning at most),
+    # read None as NaN and parsed strings and dates.
+    with pytest.raises(TypeError, match="real numbers .*got dtype " + dtype.replace("[", r"\[")):
+        riftco.Variable(values)
+    v = riftco.Variable([1.0, 2.0])
+    with pytest.raises(TypeError, match="real numbers"):
+        v.set_value(values)
+    np.testing.assert_array_equal(v.numpy(), [1.0, 2.0])
+    for fine in ([True, False], np.arange(3, dtype=np.uint8), np.float16([0.5]), []):
+        riftco.Variable(fine)
 
 
 def test_lone_surrogates_are_value_errors(tmp_path):

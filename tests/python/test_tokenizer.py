@@ -67,7 +67,7 @@ def test_pretraining_with_a_tokenizer_and_the_tools(tmp_path, build_dir):
                "--validation-fraction", 0.1).returncode == 0
     refused = run(train, "tokenizer", "--data", corpus, "--vocab-size", 5000, "--model-type", "unigram",
                   "--output", tmp_path / "x.model")
-    assert refused.returncode == 1 and "SentencePiece refused" in refused.stderr
+    assert refused.returncode == 1 and "too small for vocab_size 5000: SentencePiece can make at most" in refused.stderr
     bad = run(train, "tokenizer", "--data", corpus, "--model-type", "word", "--output", tmp_path / "x.model")
     assert bad.returncode == 2 and "model-type" in bad.stderr
 

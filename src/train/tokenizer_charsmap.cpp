@@ -1,0 +1,189 @@
+#include "tokenizer_charsmap.hpp"
+
+#include <cstdint>
+#include <cstring>
+#include <deque>
+#include <optional>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+namespace riftco_transformer::detail {
+namespace {
+
+/// One protocol-buffer field: its number, wire type and, for the
+/// length-delimited type, its bytes.
+struct Field {
+  std::uint64_t number = 0;
+  int wire_type = 0;
+  std::string_view bytes;
+};
+
+/// Reads the fields of a serialized message in order; nullopt at the end or
+/// (malformed, already refused by SentencePiece's own parser) on bad input.
+class FieldReader {
+ public:
+  explicit FieldReader(std::string_view message) : rest_(message) {}
+  bool malformed() const { return malformed_; }
+
+  std::optional<Field> next() {
+    if (rest_.empty() || malformed_) return std::nullopt;
+    const std::optional<std::uint64_t> key = varint();
+    if (!key) return fail();
+    Field field{*key >> 3, static_cast<int>(*key & 7), {}};
+    switch (field.wire_type) {
+      case 0:
+        if (!varint()) return fail();
+        break;
+      case 1:
+      case 5: {
+        const std::size_t n = field.wire_type == 1 ? 8 : 4;
+        if (rest_.size() < n) return fail();
+        rest_.remove_prefix(n);
+        break;
+      }
+      case 2: {
+        const std::optional<std::uint64_t> length = varint();
+        if (!length || *length > rest_.size()) return fail();
+        field.bytes = rest_.substr(0, static_cast<std::size_t>(*length));
+        rest_.remove_prefix(static_cast<std::size_t>(*length));
+        break;
+      }
+      default:
+        return fail();
+    }
+    return field;
+  }
+
+ private:
+  std::optional<std::uint64_t> varint() {
+    std::uint64_t value = 0;
+    for (int shift = 0; shift < 64 && !rest_.empty(); shift += 7) {
+      const auto byte = static_cast<unsigned char>(rest_.front());
+      rest_.remove_prefix(1);
+      value |= static_cast<std::uint64_t>(byte & 0x7F) << shift;
+      if ((byte & 0x80) == 0) return value;
+    }
+    return std::nullopt;
+  }
+  std::nullopt_t fail() {
+    malformed_ = true;
+    return std::nullopt;
+  }
+
+  std::string_view rest_;
+  bool malformed_ = false;
+};
+
+// Darts-clone's double-array unit, as SentencePiece's normalizer reads it.
+bool has_leaf(std::uint32_t unit) { return ((unit >> 8) & 1) == 1; }
+std::uint32_t value_of(std::uint32_t unit) { return unit & ((1U << 31) - 1); }
+std::uint32_t label_of(std::uint32_t unit) { return unit & ((1U << 31) | 0xFF); }
+std::uint32_t offset_of(std::uint32_t unit) { return (unit >> 10) << ((unit & (1U << 9)) >> 6); }
+
+/// What would read out of bounds in one precompiled map: a 32-bit trie size,
+/// the trie (32-bit units), then NUL-terminated replacement strings. Every
+/// node reachable from the root is visited with every input byte, as a
+/// common-prefix search over arbitrary text would.
+std::string map_problem(std::string_view blob) {
+  if (blob.empty()) return "";  // no map: SentencePiece builds no trie
+  std::uint32_t trie_bytes = 0;
+  if (blob.size() <= sizeof trie_bytes) return "";  // SentencePiece refuses it itself
+  std::memcpy(&trie_bytes, blob.data(), sizeof trie_bytes);
+  if (trie_bytes >= blob.size()) return "";  // likewise
+  const std::string_view trie = blob.substr(sizeof trie_bytes, trie_bytes);
+  const std::string_view strings = blob.substr(sizeof trie_bytes + trie_bytes);
+  const std::size_t units = trie.size() / sizeof(std::uint32_t);
+  if (units == 0) return "its trie has no units";
+  const auto unit = [&](std::size_t i) {
+    std::uint32_t u = 0;
+    std::memcpy(&u, trie.data() + i * sizeof u, sizeof u);
+    return u;
+  };
+  struct Edge {
+    std::uint32_t child;
+    bool leaf;  // a rule ends here: one match of a common-prefix search
+  };
+  const std::uint32_t root = offset_of(unit(0));  // the root's children start here
+  std::unordered_map<std::uint32_t, std::vector<Edge>> edges;  // by node (its children's base)
+  std::deque<std::uint32_t> pending{root};
+  std::unordered_set<std::uint32_t> seen{root};
+  while (!pending.empty()) {
+    const std::uint32_t base = pending.front();
+    pending.pop_front();
+    for (std::uint32_t byte = 0; byte < 256; ++byte) {
+      const std::uint32_t at = base ^ byte;
+      if (at >= units) {
+        return "its trie reads unit " + std::to_string(at) + " of " + std::to_string(units) + " (input byte " +
+               std::to_string(byte) + ")";
+      }
+      const std::uint32_t u = unit(at);
+      if (label_of(u) != byte) continue;
+      const std::uint32_t child = at ^ offset_of(u);
+      if (has_leaf(u)) {
+        if (child >= units) {
+          return "a rule's value is at unit " + std::to_string(child) + " of " + std::to_string(units);
+        }
+        const std::uint32_t value = value_of(unit(child));
+        if (value >= strings.size() || strings.find('\0', value) == std::string_view::npos) {
+          return "a rule's replacement starts at byte " + std::to_string(value) + " of " +
+                 std::to_string(strings.size()) + " with no terminating NUL after it";
+        }
+      }
+      edges[base].push_back({child, has_leaf(u)});
+      if (seen.insert(child).second) pending.push_back(child);
+    }
+  }
+  // SentencePiece keeps the matches along one input in an array of 32 but
+  // loops over as many as the trie reports: a path through more than 32 rule
+  // ends (or a loop through one, unbounded) reads past it. The most rule ends
+  // on a path from the root, raised node by node (each node at most 33 times).
+  constexpr int kMaxMatches = 32;
+  std::unordered_map<std::uint32_t, int> most{{root, 0}};
+  std::deque<std::uint32_t> raised{root};
+  while (!raised.empty()) {
+    const std::uint32_t node = raised.front();
+    raised.pop_front();
+    const auto it = edges.find(node);
+    if (it == edges.end()) continue;
+    for (const Edge& e : it->second) {
+      const int count = most[node] + (e.leaf ? 1 : 0);
+      if (count > kMaxMatches) {
+        return "more than " + std::to_string(kMaxMatches) +
+               " of its rules match prefixes of one input (SentencePiece keeps " + std::to_string(kMaxMatches) +
+               " matches)";
+      }
+      const auto [at, inserted] = most.try_emplace(e.child, count);
+      if (inserted || count > at->second) {
+        at->second = count;
+        raised.push_back(e.child);
+      }
+    }
+  }
+  return "";
+}
+
+}  // namespace
+
+std::string charsmap_problem(std::string_view model_bytes) {
+  FieldReader model(model_bytes);
+  while (const std::optional<Field> field = model.next()) {
+    // ModelProto: 3 normalizer_spec, 5 denormalizer_spec (NormalizerSpec:
+    // 2 precompiled_charsmap). Every occurrence is checked: the parser merges
+    // repeated ones, so any of them may be the map that is used.
+    if (field->wire_type != 2 || (field->number != 3 && field->number != 5)) continue;
+    const char* which = field->number == 3 ? "normalizer" : "denormalizer";
+    FieldReader spec(field->bytes);
+    while (const std::optional<Field> inner = spec.next()) {
+      if (inner->number != 2 || inner->wire_type != 2) continue;
+      if (std::string problem = map_problem(inner->bytes); !problem.empty()) {
+        return std::string("the ") + which + "'s precompiled character map is broken: " + problem;
+      }
+    }
+    if (spec.malformed()) return std::string("the ") + which + " specification is malformed";
+  }
+  if (model.malformed()) return "the model is not a well-formed protocol buffer";
+  return "";
+}
+
+}  // namespace riftco_transformer::detail
