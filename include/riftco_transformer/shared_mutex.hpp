@@ -2,9 +2,14 @@
 // A reader/writer lock that lets a waiting writer in before new readers.
 // std::shared_mutex on glibc prefers readers: with four threads running
 // forwards in a loop one set_value waited for over a minute (the C ABI's
-// lock), and the same held for the Python package's and a model's structure
-// lock. Not recursive: a thread must not take it shared twice while a writer
-// may wait (each user counts its holds per thread and takes it once).
+// lock). Used where no user code runs while it is held: the C ABI's lock and
+// a model's structure lock. Not for a lock held while user code runs that may
+// wait for another thread's reader (the Python package's: a checkpoint
+// function waiting for a worker's forward deadlocked behind a waiting
+// writer). Not recursive: a thread must not take it shared twice while a
+// writer may wait (each user counts its holds per thread and takes it once).
+// glibc's writer-preferring kind needs the fix for its bug 23861 (in 2.29;
+// Debian 12 has 2.36).
 #include <pthread.h>
 
 #include <cerrno>

@@ -5,12 +5,12 @@
 #include <charconv>
 #include <cstdlib>
 #include <limits>
+#include <shared_mutex>
 #include <utility>
 #include <vector>
 
 #include "riftco_transformer/errors.hpp"
 #include "riftco_transformer/memory.hpp"
-#include "riftco_transformer/shared_mutex.hpp"
 
 namespace riftco_python {
 
@@ -131,8 +131,14 @@ std::vector<rt::Variable> variables_from_python(nb::iterable values, const char*
 }
 
 namespace {
-rt::WriterFirstSharedMutex& variables_lock() {  // a waiting change goes before new computations
-  static rt::WriterFirstSharedMutex lock;
+/// Reader-preferring (std::shared_mutex), unlike the C ABI's writer-first
+/// lock: user Python runs while it is held shared (checkpoint functions,
+/// signal handlers at the Ctrl-C check), and such code may wait for another
+/// thread's computation; a waiting change must not keep that computation out
+/// (it deadlocked with a writer-first lock: review of 2026-12-02). A stream
+/// of computations on several threads can therefore delay a change.
+std::shared_mutex& variables_lock() {
+  static std::shared_mutex lock;
   return lock;
 }
 thread_local int t_computing = 0;  // ComputeWithoutGil scopes open on this thread
@@ -160,6 +166,10 @@ ComputeWithoutGil::~ComputeWithoutGil() {
 }
 
 StepWithoutGil::StepWithoutGil() {
+  // From code that runs inside a computation of this thread (a signal
+  // handler at generate's Ctrl-C check) a step would write weights other
+  // threads' computations are reading: refused, as any change there is.
+  refuse_inside_computation("Adam.step");
   if (t_computing == 0 && t_changing == 0) {
     variables_lock().lock();
     held_ = true;

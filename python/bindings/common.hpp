@@ -89,7 +89,7 @@ std::string utf8_of(nb::handle text, const std::string& what);
 /// Python threads and the models' variables. C++ that runs with the GIL
 /// released and reads variables (a forward, backward, generate, save) holds
 /// one process-wide lock shared (ComputeWithoutGil, which also releases the
-/// GIL), an optimizer step exclusively (StepWithoutGil); a change that replaces variables' values, names or
+/// GIL), Adam.step exclusively (StepWithoutGil); a change that replaces variables' values, names or
 /// flags (set_value, to, load_state, add_lora, ...) holds it exclusively and
 /// the GIL (ExclusiveChange), so neither runs into the other: a value
 /// replaced under a running generate freed what it read (heap corruption).
@@ -111,11 +111,14 @@ class ComputeWithoutGil {
   bool held_ = false;
 };
 
-/// An optimizer step (Adam.step, backward_and_step): it writes the
-/// parameters in place, so it holds the lock exclusively — a forward, save or
-/// generate on another thread never reads half-stepped weights — but with the
-/// GIL released, as a computation. Inside a computation or change of this
-/// thread (a hook) it takes nothing more.
+/// An optimizer step (Adam.step): it writes the parameters in place, so it
+/// holds the lock exclusively — a forward, save or generate on another thread
+/// (one that releases the GIL) never reads half-stepped weights — but with
+/// the GIL released, as a computation. No user code runs inside it. From
+/// inside a computation of this thread it is a ValueError.
+/// Adam.backward_and_step runs checkpoint functions, so it computes
+/// (ComputeWithoutGil) as backward does: another thread's forward may read
+/// weights it has already stepped.
 class StepWithoutGil {
  public:
   StepWithoutGil();

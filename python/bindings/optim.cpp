@@ -171,7 +171,10 @@ void init_optim(nb::module_& m) {
       .def(
           "backward_and_step",
           [](rt::Adam& adam, const rt::Variable& loss) {
-            StepWithoutGil release;
+            // A computation, not a StepWithoutGil: checkpoint functions run in
+            // it, and one may wait for another thread's computation (which
+            // an exclusive hold would keep out: a deadlock).
+            ComputeWithoutGil release;
             return adam.backward_and_step(loss, rt::GraphAfterBackward::Release);
           },
           "loss"_a,

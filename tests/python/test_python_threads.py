@@ -108,3 +108,78 @@ def test_a_checkpoint_function_may_change_variables_it_made_itself_when_replayed
     x = riftco.Variable([1.0, 2.0, 3.0], requires_grad=True)
     riftco.sum(riftco.checkpoint(x, [w], fn)).backward()
     assert list(x.grad) == [1.0, 2.0, 0.0]
+
+
+DEADLOCK_SCRIPT = textwrap.dedent("""
+    # A checkpoint function, replayed inside backward (or backward_and_step),
+    # waits for another thread's riftco computation while a third thread's
+    # change (set_value, Adam.step) waits for the lock. With the variables lock
+    # held exclusively by backward_and_step, or preferring a waiting writer,
+    # this hung (review of 2026-12-02); both must finish.
+    import sys, threading, time
+    from concurrent.futures import ThreadPoolExecutor
+    import riftco
+    mode = sys.argv[1]
+    model = riftco.DecoderOnlyTransformer(riftco.TransformerConfig(
+        vocab_size=256, context_length=32, model_width=16, heads=2, layers=2, feed_forward_width=32), seed=1)
+    v = riftco.Variable([1.0], requires_grad=True)
+    riftco.sum(v * v).backward()
+    other = riftco.Adam([v])
+    pool = ThreadPoolExecutor(1)
+    w = riftco.Variable([1.0, 1.0, 1.0], requires_grad=True, name="w")
+    def change():
+        if mode == "set_value":
+            model.parameters()[0].set_value(model.parameters()[0].numpy().copy())
+        else:
+            other.step()
+    def fn(x):
+        if riftco.checkpoint_replaying():
+            if mode != "backward_and_step":
+                writer = threading.Thread(target=change)
+                writer.start()
+                time.sleep(0.3)  # the change is waiting for the lock now
+            pool.submit(lambda: model.forward([[1, 2, 3]])).result()
+        return x * w
+    x = riftco.Variable([1.0, 2.0, 3.0], requires_grad=True)
+    loss = riftco.sum(riftco.checkpoint(x, [w], fn))
+    if mode == "backward_and_step":
+        riftco.Adam([w], learning_rate=1e-3).backward_and_step(loss)
+    else:
+        loss.backward()
+    print("ok")
+""")
+
+
+@pytest.mark.parametrize("mode", ["backward_and_step", "set_value", "step"])
+def test_a_checkpoint_function_may_wait_for_another_threads_computation(tmp_path, mode):
+    script = tmp_path / "wait.py"
+    script.write_text(DEADLOCK_SCRIPT)
+    try:
+        r = subprocess.run([sys.executable, str(script), mode], capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"{mode}: deadlocked (no answer in 60 s)")
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), (r.returncode, r.stdout, r.stderr[-2000:])
+
+
+def test_a_step_from_inside_a_computation_is_refused():
+    # Adam.step writes the weights in place; from inside a computation of this
+    # thread (here a checkpoint function's replay) it is refused before
+    # anything moves, as any change there is.
+    w = riftco.Variable([1.0, 2.0], requires_grad=True, name="w")
+    v = riftco.Variable([1.0], requires_grad=True)
+    riftco.sum(v * v).backward()
+    other = riftco.Adam([v], learning_rate=0.1)
+    seen = []
+
+    def fn(x):
+        if riftco.checkpoint_replaying():
+            try:
+                other.step()
+            except riftco.ValueError as e:
+                seen.append(str(e))
+        return x * w
+
+    x = riftco.Variable([3.0, 4.0], requires_grad=True)
+    riftco.sum(riftco.checkpoint(x, [w], fn)).backward()
+    assert seen and "[Adam.step] called from code that runs inside" in seen[0], seen
+    assert v.numpy()[0] == 1.0
