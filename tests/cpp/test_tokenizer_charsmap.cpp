@@ -94,6 +94,12 @@ TEST(TokenizerCharsmap, ABrokenMapIsADataErrorAtLoadNeverACrashAtUse) {
          return charsmap(units, std::string("x\0", 2));
        }(), "precompiled character map"},
       {"no trie units", 3, u32(0) + std::string("x\0", 2), "no units"},
+      // A trie size SentencePiece's check lets through (below the whole map's
+      // size) that still runs past the map: the fuzzer's CgAAAAIKPw8AAAI=
+      // (11 bytes, trie 10) threw std::out_of_range from the check itself.
+      {"trie 1 byte past", 3, u32(8) + std::string(7, '\x01'), "runs past the map"},
+      {"trie 3 bytes past", 3, u32(10) + std::string("\x02\x0a\x3f\x0f\x00\x00\x02", 7), "runs past the map"},
+      {"trie 3 bytes past (denormalizer)", 5, u32(10) + std::string(7, 'x'), "runs past the map"},
   };
   for (const auto& c : cases) {
     const std::string model = with_map(good, c.spec, c.map);
