@@ -124,12 +124,12 @@ void init_model(nb::module_& m) {
       .def(
           "__init__",
           [](DecoderOnlyTransformer* self, const Dims& config, nb::str attention, nb::str activation_checkpointing,
-             std::uint64_t seed, float norm_epsilon, bool activation_offload) {
+             const IntArg<std::uint64_t>& seed, RealArg<float> norm_epsilon, bool activation_offload) {
             const auto kind = rt::parse_attention_kind(choice_of(attention, "[attention] kind"));
             const std::string checkpointing_name = choice_of(activation_checkpointing, "[activation_checkpointing] kind");
             const auto checkpointing = rt::parse_activation_checkpointing(checkpointing_name);
-            rt::Random random(seed);
-            new (self) DecoderOnlyTransformer(config, random, norm_epsilon, kind, checkpointing);
+            rt::Random random(seed.get("[DecoderOnlyTransformer] seed"));
+            new (self) DecoderOnlyTransformer(config, random, norm_epsilon.value, kind, checkpointing);
             self->set_activation_offload(activation_offload);
           },
           "config"_a = Dims{}, nb::kw_only(), "attention"_a = "materialized", "activation_checkpointing"_a = "disabled",
@@ -179,12 +179,22 @@ void init_model(nb::module_& m) {
           "(blocks > 1 only for 'block': a segment). Setting it makes activation_checkpointing 'planned'.")
       .def(
           "plan_activation_memory",
-          [](DecoderOnlyTransformer& model, nb::handle budget, std::int64_t batch, std::int64_t sequence_length,
-             bool apply) {
-            const std::int64_t bytes =
-                nb::isinstance<nb::str>(budget)
-                    ? rt::parse_byte_size(choice_of(budget, "[plan_activation_memory] budget"), "plan_activation_memory")
-                    : nb::cast<std::int64_t>(budget);
+          [](DecoderOnlyTransformer& model, nb::handle budget, const IntArg<std::int64_t>& batch_arg,
+             const IntArg<std::int64_t>& sequence_length_arg, bool apply) {
+            const std::int64_t batch = batch_arg.get("[plan_activation_memory] batch");
+            const std::int64_t sequence_length = sequence_length_arg.get("[plan_activation_memory] sequence_length");
+            std::int64_t bytes = 0;
+            if (nb::isinstance<nb::str>(budget)) {
+              bytes = rt::parse_byte_size(choice_of(budget, "[plan_activation_memory] budget"), "plan_activation_memory");
+            } else {
+              try {
+                bytes = int_of<std::int64_t>(budget, "[plan_activation_memory] budget");
+              } catch (const nb::cast_error&) {
+                throw nb::type_error(("[plan_activation_memory] budget must be an int or a str such as '256MiB', got " +
+                                      nb::cast<std::string>(nb::str(budget.type().attr("__name__"))))
+                                         .c_str());
+              }
+            }
             rt::ActivationMemoryProfile profile;
             {
               ComputeWithoutGil release;

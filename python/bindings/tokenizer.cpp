@@ -54,10 +54,10 @@ void init_tokenizer(nb::module_& m) {
 
   m.def(
       "train_tokenizer",
-      [](nb::str text_object, const std::filesystem::path& output, std::int64_t vocab_size, nb::str model_type) {
+      [](nb::str text_object, const std::filesystem::path& output, const IntArg<std::int64_t>& vocab_size, nb::str model_type) {
         const std::string text = utf8_of(text_object, "[train_tokenizer] text");
         rt::TokenizerTrainingOptions o;
-        o.vocab_size = vocab_size;
+        o.vocab_size = vocab_size.get("[train_tokenizer] vocab_size");
         o.model_type = rt::parse_tokenizer_model_type(choice_of(model_type, "[train_tokenizer] model_type"),
                                                       "train_tokenizer");
         nb::gil_scoped_release release;
@@ -82,11 +82,11 @@ void init_tokenizer(nb::module_& m) {
   m.def(
       "evaluate",
       [](rt::DecoderOnlyTransformer& model, nb::str text_object, std::optional<rt::Tokenizer> tokenizer,
-         std::int64_t batch, std::int64_t sequence_length) {
+         const IntArg<std::int64_t>& batch, const IntArg<std::int64_t>& sequence_length) {
         const std::string text = utf8_of(text_object, "[evaluate] text");
         rt::EvaluationOptions o;
-        o.batch = batch;
-        o.sequence_length = sequence_length;
+        o.batch = batch.get("[evaluate] batch");
+        o.sequence_length = sequence_length.get("[evaluate] sequence_length");
         const rt::Tokenizer t = tokenizer.value_or(rt::Tokenizer{});
         SignalCheck signals;
         o.interrupt = signals.function();
@@ -105,7 +105,8 @@ void init_tokenizer(nb::module_& m) {
       "(KeyboardInterrupt, the model's training mode restored).");
   m.def(
       "split_text",
-      [](nb::str text_object, nb::str split_object, double validation_fraction) {
+      [](nb::str text_object, nb::str split_object, RealArg<double> validation_fraction_arg) {
+        const double validation_fraction = validation_fraction_arg.value;
         const std::string text = utf8_of(text_object, "[split_text] text");
         const std::string split = choice_of(split_object, "[split_text] split");
         if (split == "all") return str_of_bytes(text);
