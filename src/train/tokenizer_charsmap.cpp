@@ -18,8 +18,14 @@ struct Field {
   std::string_view bytes;
 };
 
-/// Reads the fields of a serialized message in order; nullopt at the end or
-/// (malformed, already refused by SentencePiece's own parser) on bad input.
+/// Reads the fields of a serialized message in order, as the protobuf-lite
+/// parser SentencePiece bundles reads them; nullopt at the end or, on input
+/// that parser refuses too, with malformed() set. Where the two could differ
+/// on a model the parser accepts, a map the validator never saw would be
+/// used: so a tag is at most 5 bytes and keeps its low 32 bits (a 5-byte tag
+/// 9A 80 80 80 10 is field 3 to the parser; read as 64 bits it was field
+/// 3 + 2^29 and its map went unchecked), and groups (wire types 3 and 4),
+/// which the parser skips as unknown fields, are skipped whole.
 class FieldReader {
  public:
   explicit FieldReader(std::string_view message) : rest_(message) {}
@@ -27,34 +33,60 @@ class FieldReader {
 
   std::optional<Field> next() {
     if (rest_.empty() || malformed_) return std::nullopt;
-    const std::optional<std::uint64_t> key = varint();
+    const std::optional<std::uint32_t> key = tag();
     if (!key) return fail();
     Field field{*key >> 3, static_cast<int>(*key & 7), {}};
-    switch (field.wire_type) {
-      case 0:
-        if (!varint()) return fail();
-        break;
-      case 1:
-      case 5: {
-        const std::size_t n = field.wire_type == 1 ? 8 : 4;
-        if (rest_.size() < n) return fail();
-        rest_.remove_prefix(n);
-        break;
-      }
-      case 2: {
-        const std::optional<std::uint64_t> length = varint();
-        if (!length || *length > rest_.size()) return fail();
-        field.bytes = rest_.substr(0, static_cast<std::size_t>(*length));
-        rest_.remove_prefix(static_cast<std::size_t>(*length));
-        break;
-      }
-      default:
-        return fail();
-    }
+    if (field.wire_type == 4 || !skip_value(field, 0)) return fail();  // an end-group with no group open
     return field;
   }
 
  private:
+  static constexpr int kMaxGroupDepth = 100;  // protobuf's recursion limit
+
+  /// Consumes one field's value (a group: up to its matching end-group).
+  bool skip_value(Field& field, int depth) {
+    switch (field.wire_type) {
+      case 0:
+        return varint().has_value();
+      case 1:
+      case 5: {
+        const std::size_t n = field.wire_type == 1 ? 8 : 4;
+        if (rest_.size() < n) return false;
+        rest_.remove_prefix(n);
+        return true;
+      }
+      case 2: {
+        const std::optional<std::uint64_t> length = varint();
+        if (!length || *length > rest_.size()) return false;
+        field.bytes = rest_.substr(0, static_cast<std::size_t>(*length));
+        rest_.remove_prefix(static_cast<std::size_t>(*length));
+        return true;
+      }
+      case 3: {
+        if (depth >= kMaxGroupDepth) return false;
+        while (!rest_.empty()) {
+          const std::optional<std::uint32_t> key = tag();
+          if (!key) return false;
+          Field inner{*key >> 3, static_cast<int>(*key & 7), {}};
+          if (inner.wire_type == 4) return inner.number == field.number;
+          if (!skip_value(inner, depth + 1)) return false;
+        }
+        return false;  // no end-group
+      }
+      default:
+        return false;
+    }
+  }
+  std::optional<std::uint32_t> tag() {
+    std::uint32_t value = 0;
+    for (int i = 0; i < 5 && !rest_.empty(); ++i) {
+      const auto byte = static_cast<unsigned char>(rest_.front());
+      rest_.remove_prefix(1);
+      value |= static_cast<std::uint32_t>(byte & 0x7F) << (7 * i);  // the 5th byte's high bits drop, as in protobuf
+      if ((byte & 0x80) == 0) return value == 0 ? std::nullopt : std::optional<std::uint32_t>(value);
+    }
+    return std::nullopt;  // longer than 5 bytes, or cut off
+  }
   std::optional<std::uint64_t> varint() {
     std::uint64_t value = 0;
     for (int shift = 0; shift < 64 && !rest_.empty(); shift += 7) {
@@ -88,14 +120,22 @@ std::uint32_t offset_of(std::uint32_t unit) { return (unit >> 10) << ((unit & (1
 /// Linear in the map: a node's 256 lookups are the 256 units of its block
 /// (bounds: one comparison), its children are found through an index of the
 /// units by parent, and the state is flat arrays of one entry per unit. A
-/// hostile 64 MiB model of 16 M units, every one a node, takes about a second
-/// and a few bytes per unit (hash maps took 5.8 s and 1.6 GB).
+/// hostile 64 MiB model of 16 M units, every one a node, takes a few seconds
+/// at most and a few bytes per unit (hash maps took 5.8 s and 1.6 GB).
 std::string map_problem(std::string_view blob) {
   if (blob.empty()) return "";  // no map: SentencePiece builds no trie
+  // SentencePiece's normalizer refuses the next two at init, but its Load
+  // checks only the normalizer's status: a denormalizer map like these loaded
+  // and every decode() returned "".
   std::uint32_t trie_bytes = 0;
-  if (blob.size() <= sizeof trie_bytes) return "";  // SentencePiece refuses it itself
+  if (blob.size() <= sizeof trie_bytes) {
+    return "it has " + std::to_string(blob.size()) + " bytes, too few for its trie size field";
+  }
   std::memcpy(&trie_bytes, blob.data(), sizeof trie_bytes);
-  if (trie_bytes >= blob.size()) return "";  // likewise
+  if (trie_bytes >= blob.size()) {
+    return "its trie of " + std::to_string(trie_bytes) + " bytes is not smaller than the map's " +
+           std::to_string(blob.size()) + " bytes";
+  }
   // SentencePiece compares the size with the whole map, size field included:
   // a trie that ends within 4 bytes past the map passes its check and is read
   // out of bounds (and the strings' view then underflows).
@@ -217,7 +257,7 @@ std::string charsmap_problem(std::string_view model_bytes) {
     }
     if (spec.malformed()) return std::string("the ") + which + " specification is malformed";
   }
-  if (model.malformed()) return "the model is not a well-formed protocol buffer";
+  if (model.malformed()) return "it is not a well-formed protocol buffer";
   return "";
 }
 
