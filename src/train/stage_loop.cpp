@@ -58,16 +58,13 @@ nlohmann::json plan_json(const ActivationMemoryProfile& profile, const Activatio
 
 float evaluate(StageRun& r) {
   const StageSettings& s = *r.settings;
-  const bool was_training = r.model->training();
-  r.model->set_training(false);
+  const DecoderOnlyTransformer::EvaluationGuard evaluating;  // no dropout, on this thread only
   NoGradGuard no_graph;
   Random eval_random(s.seed ^ kEvalSeedOffset);  // the same batches at every evaluation
   if (r.comm->world_size() > 1) {  // each rank its rows of every batch
     std::vector<TokenBatch> batches;
     for (std::int64_t i = 0; i < s.eval_batches; ++i) batches.push_back(r.sample(eval_random, Split::Validation));
-    const float loss = data_parallel_loss(*r.comm, *r.model, batches);
-    r.model->set_training(was_training);
-    return loss;
+    return data_parallel_loss(*r.comm, *r.model, batches);
   }
   // The mean over every real target of the batches (each batch's mean
   // weighted by its targets): a batch whose rows hold no target (prompts
@@ -81,7 +78,6 @@ float evaluate(StageRun& r) {
     total += static_cast<double>(n) * r.model->loss(b.tokens, b.targets, b.batch).value().item();
     targets += n;
   }
-  r.model->set_training(was_training);
   if (targets == 0) throw no_validation_targets(s.eval_batches);
   return static_cast<float>(total / static_cast<double>(targets));
 }
