@@ -46,7 +46,7 @@ Generated to_python(const rt::GenerationResult& r, const OptionalTokenizer& toke
   if (r.stop_token >= 0) g.stop_token = r.stop_token;
   if (!with_text) return g;
   if (r.stop_index >= 0 || r.stop_token >= 0) {
-    g.stop_index = r.stop_index;
+    if (r.stop_index >= 0) g.stop_index = r.stop_index;  // a stop token: None, not -1 (stop[-1] is a string)
     g.text = nb::cast<std::string>(text_of_bytes(r.text));  // cut before the stop string or token
   } else if (tokenizer && !tokenizer->is_bytes()) {
     g.text = nb::cast<std::string>(text_of_bytes(tokenizer->decode(r.tokens)));
@@ -166,7 +166,8 @@ void init_decode(nb::module_& m) {
       .def(nb::init<const rt::DecoderOnlyTransformer&>(), "model"_a)
       .def(
           "decode_token",
-          [](rt::DecodeSession& s, std::int32_t token) {
+          [](rt::DecodeSession& s, const IntArg<std::int32_t>& token_arg) {
+            const std::int32_t token = token_arg.get("[decode_token] token");
             rt::Tensor logits;
             {
               ComputeWithoutGil release;

@@ -26,10 +26,12 @@ rt::ParameterGroup group_from_dict(const nb::dict& d, std::size_t index) {
       if (nb::isinstance<nb::bool_>(value) || (!nb::isinstance<nb::float_>(value) && !nb::isinstance<nb::int_>(value))) {
         throw rt::ValueError(where + ": 'weight_decay' must be a number (not a bool)");
       }
-      g.weight_decay = nb::cast<float>(value);
+      float decay = 0.0F;
+      if (!nb::try_cast<float>(value, decay)) throw rt::ValueError(where + ": 'weight_decay' is not a float32 number");
+      g.weight_decay = decay;
     } else if (k == "name") {
       if (!nb::isinstance<nb::str>(value)) throw rt::ValueError(where + ": 'name' must be a string");
-      g.name = nb::cast<std::string>(value);
+      g.name = utf8_of(value, where + ": 'name'");
     } else {
       throw rt::ValueError(where + ": unknown key '" + k + "' (expected 'params', 'weight_decay', 'name')");
     }
@@ -188,7 +190,7 @@ void init_optim(nb::module_& m) {
           "Releases the GIL.")
       .def("zero_grad", &rt::Adam::zero_grad, "Drops every parameter's gradient.")
       .def_prop_rw("learning_rate", [](const rt::Adam& a) { return short_double(a.options().learning_rate); },
-                   &rt::Adam::set_learning_rate)
+                   [](rt::Adam& a, RealArg<float> rate) { a.set_learning_rate(rate.value); })
       .def_prop_ro("step_count", &rt::Adam::step_count, "How many step()s updated at least one parameter.")
       .def_prop_ro(
           "parameter_step_counts",

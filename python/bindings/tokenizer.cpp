@@ -102,7 +102,8 @@ void init_tokenizer(nb::module_& m) {
       "model"_a, "text"_a, "tokenizer"_a = nb::none(), "batch"_a = 8, "sequence_length"_a = 0,
       "Loss, perplexity and bits per byte of `model` on `text` (non-overlapping windows of sequence_length, 0: "
       "the context length). tokenizer None: bytes. Releases the GIL; Ctrl-C stops it between batches\n"
-      "(KeyboardInterrupt, the model's training mode restored).");
+      "(KeyboardInterrupt). Dropout is off for this call's forwards only: model.training and other threads'\n"
+      "forwards are untouched.");
   m.def(
       "split_text",
       [](nb::str text_object, nb::str split_object, RealArg<double> validation_fraction_arg) {

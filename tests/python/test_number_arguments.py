@@ -5,6 +5,8 @@ token, Adam(learning_rate=True) trained at 1.0. Now a bool is a TypeError
 there, as the config classes' fields already refuse one, and an int that does
 not fit is a riftco.ValueError naming the argument and its range (was the
 generic "incompatible function arguments"). numpy numbers still convert."""
+import re
+
 import numpy as np
 import pytest
 
@@ -108,3 +110,45 @@ def test_a_bool_for_max_new_tokens_was_one_token():
     with pytest.raises(TypeError, match="max_new_tokens: int"):  # the signature shows what is expected
         model.generate("ab", max_new_tokens=True)
     assert len(model.generate("ab", max_new_tokens=3, temperature=0.0).tokens) == 3
+
+
+def test_setters_losses_decoding_and_ops_refuse_a_bool_too():
+    model = tiny_model()
+    opt = riftco.Adam(model.trainable_parameters())
+    x = riftco.Variable(np.ones((1, 2, 3, 4), dtype=np.float32))
+    refused = {
+        "Adam.learning_rate =": lambda v: setattr(opt, "learning_rate", v),
+        "loss ignore_index": lambda v: model.loss([1, 2], [2, 3], ignore_index=v),
+        "cross_entropy ignore_index": lambda v: riftco.cross_entropy(model([1, 2]), [2, 3], ignore_index=v),
+        "set_dropout seed": lambda v: model.set_dropout(0.1, seed=v),
+        "checkpoint_segment_blocks =": lambda v: setattr(model, "checkpoint_segment_blocks", v),
+        "DecodeSession.decode_token": lambda v: riftco.DecodeSession(model).decode_token(v),
+        "transpose dim0": lambda v: riftco.transpose(x, v, 2),
+        "permute dims": lambda v: riftco.permute(x, [0, v, 2, 3]),
+        "reshape shape": lambda v: riftco.reshape(x, [v, 24]),
+        "repeat_heads groups": lambda v: riftco.repeat_heads(x, v),
+        "causal_mask offset": lambda v: riftco.causal_mask(x, v),
+        "rope position_offset": lambda v: riftco.rope(x, v),
+        "rope base": lambda v: riftco.rope(x, 0, v),
+    }
+    for name, call in refused.items():
+        with pytest.raises(TypeError):
+            call(True)
+        call(np.int64(1) if "base" not in name else 10000.0)  # a number works
+    assert opt.learning_rate == 1.0  # set by the number, not by True before it
+    with pytest.raises(riftco.ValueError, match=r"ignore_index must be in \[-2147483648, 2147483647\]"):
+        model.loss([1, 2], [2, 3], ignore_index=1 << 31)
+
+
+def test_plan_groups_and_adam_groups_name_what_is_wrong():
+    model = tiny_model()
+    for plan, needle in [([(1, 2), (1, "keep")], "group 0 must be a (blocks, kind) pair with kind"),
+                         ([1], "group 0 must be a (blocks, kind) pair, got int"),
+                         ([(True, "keep")], "group 0 blocks must be an int")]:
+        with pytest.raises(TypeError, match=re.escape(needle)):
+            model.activation_checkpointing_plan = plan
+    params = model.trainable_parameters()
+    with pytest.raises(riftco.ValueError, match="parameter group 0: 'weight_decay' is not a float32 number"):
+        riftco.Adam([{"params": params, "weight_decay": 10 ** 400}])
+    with pytest.raises(riftco.ValueError, match="parameter group 0: 'name'"):
+        riftco.Adam([{"params": params, "name": "\udcff"}])
