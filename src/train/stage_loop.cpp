@@ -206,7 +206,7 @@ RunResult run(StageRun& r, const ProgressCallback& progress, const NoticeCallbac
       check_output_targets(r);  // a final file that could not be replaced fails now, not after training
       write_file_atomically(dir / ".write_probe", "");  // an unwritable directory fails now, not after training
       remove_file(dir / ".write_probe");
-      remove_stale_temporaries(dir);  // left by a process killed inside a save
+      remove_stale_temporaries(dir, kRunFileNames);  // left by a process killed inside a save (ours only)
     }
     if (s.resume && file_exists(checkpoint_path)) {
       load_training_checkpoint(
