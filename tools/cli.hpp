@@ -7,8 +7,11 @@
 // Header-only: every tools/*.cpp is a program.
 #include <CLI/CLI.hpp>
 
+#include <cerrno>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstring>
 #include <functional>
 #include <iomanip>
 #include <iostream>
@@ -122,6 +125,21 @@ inline const CLI::Validator kUnsigned64(
     },
     "", "integer in [0, 2^64)");
 
+/// `rc`, or 1 when what the tool printed could not all be written (a full
+/// disk, /dev/full, a closed pipe's EIO): `rt-eval --json > result.json` on a
+/// full disk exited 0 with an empty file. As cat and Python do.
+inline int finish_output(const std::string& tool, int rc) {
+  std::cout.flush();
+  errno = 0;
+  const bool failed = !std::cout.good() || std::fflush(stdout) != 0 || std::ferror(stdout) != 0;
+  if (failed && rc == 0) {
+    std::cerr << tool << ": error: writing to standard output failed"
+              << (errno != 0 ? std::string(" (") + std::strerror(errno) + ")" : std::string()) << "\n";
+    return 1;
+  }
+  return rc;
+}
+
 /// Runs `body` with the tools' exit-code convention. `parse` parses argv
 /// (CLI11 errors → exit 2 with a hint naming the subcommand's --help);
 /// `body` does the work: a ValueError before `running` is set is still a
@@ -173,7 +191,7 @@ inline int run_tool(const std::string& tool, CLI::App& app, int argc, char** arg
     if (const CLI::Option* config = target->get_option_no_throw("--config"); config && config->count() > 0) {
       apply_config_file(*target, config->as<std::string>());
     }
-    return body(running);
+    return finish_output(tool, body(running));
   } catch (const CLI::ParseError& e) {  // from a --config file
     std::cerr << tool << ": " << e.what() << "\n" << hint() << "\n";
     return 2;

@@ -272,14 +272,26 @@ std::string policy_text(const StageSettings& s) {
   return std::string("checkpointing ") + activation_checkpointing_name(s.activation_checkpointing);
 }
 
-void print_result(const RunResult& r) {
+/// `checkpoint_interval`: the run's, to say which step its last training
+/// checkpoint holds (a checkpoint is written every that many steps).
+void print_result(const RunResult& r, std::int64_t checkpoint_interval) {
   if (!r.completed) {  // --stop-after
     const bool resumable = std::filesystem::exists(r.output_dir / "training_checkpoint.safetensors");
+    const std::int64_t saved = checkpoint_interval > 0 ? r.steps / checkpoint_interval * checkpoint_interval : 0;
+    std::string resume = "no training checkpoint (--checkpoint-interval): --resume starts over";
+    if (resumable) {
+      // The last checkpoint may be before the stop: say which steps run again
+      // (it printed only "--resume continues from ..." and redid them quietly).
+      resume = "--resume continues from " + (r.output_dir / "training_checkpoint.safetensors").string() +
+               " (step " + std::to_string(saved) + ")";
+      if (saved < r.steps) {
+        resume += (saved + 1 == r.steps ? "; step " + std::to_string(r.steps) + " runs"
+                                        : "; steps " + std::to_string(saved + 1) + "-" + std::to_string(r.steps) + " run") +
+                  " again (a checkpoint is written every " + std::to_string(checkpoint_interval) + " steps)";
+      }
+    }
     std::cout << "stopped after step " << r.steps << " (--stop-after), final train loss " << r.final_train_loss
-              << "; no final files written; "
-              << (resumable ? "--resume continues from " + (r.output_dir / "training_checkpoint.safetensors").string()
-                            : std::string("no training checkpoint (--checkpoint-interval): --resume starts over"))
-              << "\n";
+              << "; no final files written; " << resume << "\n";
     return;
   }
   std::cout << "done: " << r.steps << " steps";
@@ -348,7 +360,7 @@ int pretrain(const CLI::App& sub, Commands& c, bool& running) {
   running = true;
   const RunResult r = run_pretraining(
       p, progress_printer("pretrain", c.pretrain_text.quiet || !print, c.pretrain_text.stop_after), print_notice);
-  if (print) print_result(r);
+  if (print) print_result(r, p.checkpoint_interval);
   return 0;
 }
 
@@ -416,7 +428,7 @@ int post_train(const CLI::App& sub, Commands& c, bool& running) {
   running = true;
   const RunResult r = run_post_training(
       p, progress_printer("post-train", c.post_text.quiet || !print, c.post_text.stop_after), print_notice);
-  if (print) print_result(r);
+  if (print) print_result(r, p.checkpoint_interval);
   return 0;
 }
 

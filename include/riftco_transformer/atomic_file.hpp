@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 
@@ -29,8 +30,12 @@ bool same_file(const std::filesystem::path& a, const std::filesystem::path& b);
 
 /// Removes the temporary files that write_file_atomically() leaves behind
 /// when a process is killed inside a save (".<name>.tmp.<pid>.<n>") in
-/// `directory`, for processes that no longer run. Returns how many it
-/// removed; never throws.
-int remove_stale_temporaries(const std::filesystem::path& directory);
+/// `directory`, for processes that no longer run. Only regular files, and
+/// with `names` non-empty only those whose <name> is one of them: a run's
+/// output directory may be any directory, and a user's ".notes.txt.tmp.9.0",
+/// symlink or FIFO of that shape was removed. Returns how many it removed;
+/// never throws.
+int remove_stale_temporaries(const std::filesystem::path& directory,
+                             std::span<const std::string_view> names = {});
 
 }  // namespace riftco_transformer

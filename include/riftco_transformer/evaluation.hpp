@@ -16,8 +16,8 @@ struct EvaluationOptions {
   /// Window length; 0: the model's context length.
   std::int64_t sequence_length = 0;
   /// Called before each batch's forward pass: what it throws stops the
-  /// evaluation and reaches the caller, with the model's training mode
-  /// restored. Empty: never called. Python's bindings check for Ctrl-C here.
+  /// evaluation and reaches the caller (the model's training mode was never
+  /// changed). Empty: never called. Python's bindings check for Ctrl-C here.
   std::function<void()> interrupt;
 };
 
@@ -34,8 +34,9 @@ struct EvaluationResult {
 /// [kW + 1, kW + W + 1), so every id but the first is scored exactly once,
 /// with between 0 and W - 1 ids of context (the cheap, deterministic choice;
 /// a sliding window would score with more context at W times the cost).
-/// Dropout is off and no graph is built; the model's training mode is
-/// restored. ValueError for bad options or a tokenizer whose vocabulary is
+/// Dropout is off on this thread and no graph is built; the model's training
+/// mode is not changed (DecoderOnlyTransformer::EvaluationGuard), so a
+/// training forward on another thread keeps its dropout. ValueError for bad options or a tokenizer whose vocabulary is
 /// not the model's; DataError when the text gives fewer than 2 ids or the
 /// tokenizer does not reproduce it byte for byte (bits per byte would lie).
 EvaluationResult evaluate(DecoderOnlyTransformer& model, std::string_view text, const Tokenizer& tokenizer,

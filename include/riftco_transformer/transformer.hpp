@@ -194,6 +194,22 @@ class DecoderOnlyTransformer {
   float dropout() const;
   void set_training(bool training);
   bool training() const;
+  /// While one is alive, forwards on this thread run as in evaluation (no
+  /// dropout) whatever training() says; the flag and other threads' forwards
+  /// are untouched. evaluate() and the pipelines' validation use it: they
+  /// used to flip the shared flag, so a training forward on another thread
+  /// ran without dropout, and two evaluations left the model in eval mode.
+  class EvaluationGuard {
+   public:
+    EvaluationGuard();
+    ~EvaluationGuard();
+    EvaluationGuard(const EvaluationGuard&) = delete;
+    EvaluationGuard& operator=(const EvaluationGuard&) = delete;
+    static bool active();
+
+   private:
+    bool previous_;
+  };
   /// The dropout generator (for saving and restoring a training run).
   Random& dropout_random();
 

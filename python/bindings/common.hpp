@@ -57,6 +57,36 @@ T int_of(nb::handle value, const std::string& what) {
   throw nb::cast_error();
 }
 
+/// A number argument of a bound function (max_new_tokens=, seed=, lr=...).
+/// nanobind's own casters take a bool as 1 or 0 (bool is an int subclass),
+/// and give an int that does not fit only the generic "incompatible function
+/// arguments" TypeError. These refuse a bool (a TypeError listing the
+/// signature, as a str there would get) and keep an int that does not fit
+/// for get() to refuse as a ValueError naming the argument and the range.
+/// numpy integers and floats are taken, as PyTorch takes them.
+template <class T>
+struct IntArg {
+  static_assert(std::is_integral_v<T> && !std::is_same_v<T, bool>);
+  T value{};
+  std::string too_large;  // the int's text when it does not fit T
+  IntArg() = default;
+  IntArg(T v) : value(v) {}  // NOLINT: defaults in the argument list
+  T get(const char* name) const {
+    if (!too_large.empty()) {
+      throw rt::ValueError(std::string(name) + " must be in [" + std::to_string(std::numeric_limits<T>::min()) +
+                           ", " + std::to_string(std::numeric_limits<T>::max()) + "], got " + too_large);
+    }
+    return value;
+  }
+};
+template <class T>
+struct RealArg {
+  static_assert(std::is_floating_point_v<T>);
+  T value{};
+  RealArg() = default;
+  RealArg(T v) : value(v) {}  // NOLINT: defaults in the argument list
+};
+
 /// A float32 Tensor holding a copy of any array-like (numpy array, list,
 /// Python float).
 rt::Tensor tensor_from_python(nb::handle values);
@@ -212,3 +242,52 @@ void init_pipelines(nb::module_& m);
 void init_tokenizer(nb::module_& m);
 
 }  // namespace riftco_python
+
+namespace nanobind::detail {
+
+template <class T>
+struct type_caster<riftco_python::IntArg<T>> {
+  NB_TYPE_CASTER(riftco_python::IntArg<T>, const_name("int"))
+  bool from_python(handle src, uint8_t flags, cleanup_list* cleanup) noexcept {
+    if (PyBool_Check(src.ptr())) return false;
+    PyObject* index = PyNumber_Index(src.ptr());  // int, numpy integer; not float or str
+    if (index == nullptr) {
+      PyErr_Clear();
+      return false;
+    }
+    make_caster<T> inner;
+    if (inner.from_python(handle(index), flags | static_cast<uint8_t>(cast_flags::convert), cleanup)) {
+      value = riftco_python::IntArg<T>(inner.value);
+    } else {
+      PyErr_Clear();
+      PyObject* text = PyObject_Str(index);
+      const char* utf8 = text != nullptr ? PyUnicode_AsUTF8(text) : nullptr;
+      value = riftco_python::IntArg<T>();
+      value.too_large = utf8 != nullptr ? utf8 : "an int out of range";
+      Py_XDECREF(text);
+      PyErr_Clear();
+    }
+    Py_DECREF(index);
+    return true;
+  }
+  static handle from_cpp(const riftco_python::IntArg<T>& v, rv_policy policy, cleanup_list* cleanup) noexcept {
+    return make_caster<T>::from_cpp(v.value, policy, cleanup);
+  }
+};
+
+template <class T>
+struct type_caster<riftco_python::RealArg<T>> {
+  NB_TYPE_CASTER(riftco_python::RealArg<T>, const_name("float"))
+  bool from_python(handle src, uint8_t flags, cleanup_list* cleanup) noexcept {
+    if (PyBool_Check(src.ptr())) return false;
+    make_caster<T> inner;
+    if (!inner.from_python(src, flags, cleanup)) return false;
+    value = riftco_python::RealArg<T>(inner.value);
+    return true;
+  }
+  static handle from_cpp(const riftco_python::RealArg<T>& v, rv_policy policy, cleanup_list* cleanup) noexcept {
+    return make_caster<T>::from_cpp(v.value, policy, cleanup);
+  }
+};
+
+}  // namespace nanobind::detail

@@ -46,7 +46,7 @@ Generated to_python(const rt::GenerationResult& r, const OptionalTokenizer& toke
   if (r.stop_token >= 0) g.stop_token = r.stop_token;
   if (!with_text) return g;
   if (r.stop_index >= 0 || r.stop_token >= 0) {
-    g.stop_index = r.stop_index;
+    if (r.stop_index >= 0) g.stop_index = r.stop_index;  // a stop token: None, not -1 (stop[-1] is a string)
     g.text = nb::cast<std::string>(text_of_bytes(r.text));  // cut before the stop string or token
   } else if (tokenizer && !tokenizer->is_bytes()) {
     g.text = nb::cast<std::string>(text_of_bytes(tokenizer->decode(r.tokens)));
@@ -57,17 +57,18 @@ Generated to_python(const rt::GenerationResult& r, const OptionalTokenizer& toke
 }
 
 /// generate()'s keyword arguments as GenerationOptions (stop: a str or a list of str).
-rt::GenerationOptions options_of(std::int64_t max_new_tokens, float temperature, std::int64_t top_k, std::uint64_t seed,
-                                 float top_p, float repetition_penalty, nb::handle stop, std::int64_t num_samples,
-                                 nb::handle stop_tokens, const std::optional<rt::Tokenizer>& tokenizer) {
+rt::GenerationOptions options_of(const IntArg<std::int64_t>& max_new_tokens, RealArg<float> temperature, const IntArg<std::int64_t>& top_k,
+                                 const IntArg<std::uint64_t>& seed, RealArg<float> top_p, RealArg<float> repetition_penalty, nb::handle stop,
+                                 const IntArg<std::int64_t>& num_samples, nb::handle stop_tokens,
+                                 const std::optional<rt::Tokenizer>& tokenizer) {
   rt::GenerationOptions o;
-  o.max_new_tokens = max_new_tokens;
-  o.temperature = temperature;
-  o.top_k = top_k;
-  o.seed = seed;
-  o.top_p = top_p;
-  o.repetition_penalty = repetition_penalty;
-  o.num_samples = num_samples;
+  o.max_new_tokens = max_new_tokens.get("[generate] max_new_tokens");
+  o.temperature = temperature.value;
+  o.top_k = top_k.get("[generate] top_k");
+  o.seed = seed.get("[generate] seed");
+  o.top_p = top_p.value;
+  o.repetition_penalty = repetition_penalty.value;
+  o.num_samples = num_samples.get("[generate_samples] num_samples");
   if (nb::isinstance<nb::str>(stop)) {
     o.stop.push_back(utf8_of(stop, "[generate] the stop string"));
   } else if (!stop.is_none()) {
@@ -165,7 +166,8 @@ void init_decode(nb::module_& m) {
       .def(nb::init<const rt::DecoderOnlyTransformer&>(), "model"_a)
       .def(
           "decode_token",
-          [](rt::DecodeSession& s, std::int32_t token) {
+          [](rt::DecodeSession& s, const IntArg<std::int32_t>& token_arg) {
+            const std::int32_t token = token_arg.get("[decode_token] token");
             rt::Tensor logits;
             {
               ComputeWithoutGil release;
@@ -193,11 +195,11 @@ void init_decode(nb::module_& m) {
   const rt::GenerationOptions d{};
   nb::handle model_type = nb::type<rt::DecoderOnlyTransformer>();
   model_type.attr("generate") = nb::cpp_function(
-      [](const rt::DecoderOnlyTransformer& model, nb::handle prompt, std::int64_t max_new_tokens, float temperature,
-         std::int64_t top_k, std::uint64_t seed, float top_p, float repetition_penalty, nb::handle stop,
-         const OptionalTokenizer& tokenizer, nb::handle stop_tokens) {
+      [](const rt::DecoderOnlyTransformer& model, nb::handle prompt, const IntArg<std::int64_t>& max_new_tokens,
+         RealArg<float> temperature, const IntArg<std::int64_t>& top_k, const IntArg<std::uint64_t>& seed, RealArg<float> top_p,
+         RealArg<float> repetition_penalty, nb::handle stop, const OptionalTokenizer& tokenizer, nb::handle stop_tokens) {
         rt::GenerationOptions options = options_of(max_new_tokens, temperature, top_k, seed, top_p,
-                                                   repetition_penalty, stop, 1, stop_tokens, tokenizer);
+                                                   repetition_penalty, stop, IntArg<std::int64_t>(1), stop_tokens, tokenizer);
         const bool with_text = needs_text(model, prompt, tokenizer, options);
         if (with_text) check_tokenizer(model, prompt, tokenizer);
         const std::vector<std::int32_t> ids = prompt_ids(prompt, tokenizer);
@@ -225,9 +227,10 @@ void init_decode(nb::module_& m) {
       "eos_id if it has one; []: none; the id ends .tokens, not .text, and is .stop_token). Releases the GIL;\n"
       "Ctrl-C stops it between tokens (KeyboardInterrupt).");
   model_type.attr("generate_samples") = nb::cpp_function(
-      [](const rt::DecoderOnlyTransformer& model, nb::handle prompt, std::int64_t num_samples,
-         std::int64_t max_new_tokens, float temperature, std::int64_t top_k, std::uint64_t seed, float top_p,
-         float repetition_penalty, nb::handle stop, const OptionalTokenizer& tokenizer, nb::handle stop_tokens) {
+      [](const rt::DecoderOnlyTransformer& model, nb::handle prompt, const IntArg<std::int64_t>& num_samples,
+         const IntArg<std::int64_t>& max_new_tokens, RealArg<float> temperature, const IntArg<std::int64_t>& top_k, const IntArg<std::uint64_t>& seed,
+         RealArg<float> top_p, RealArg<float> repetition_penalty, nb::handle stop, const OptionalTokenizer& tokenizer,
+         nb::handle stop_tokens) {
         rt::GenerationOptions options = options_of(max_new_tokens, temperature, top_k, seed, top_p,
                                                    repetition_penalty, stop, num_samples, stop_tokens, tokenizer);
         const bool with_text = needs_text(model, prompt, tokenizer, options);

@@ -124,12 +124,12 @@ void init_model(nb::module_& m) {
       .def(
           "__init__",
           [](DecoderOnlyTransformer* self, const Dims& config, nb::str attention, nb::str activation_checkpointing,
-             std::uint64_t seed, float norm_epsilon, bool activation_offload) {
+             const IntArg<std::uint64_t>& seed, RealArg<float> norm_epsilon, bool activation_offload) {
             const auto kind = rt::parse_attention_kind(choice_of(attention, "[attention] kind"));
             const std::string checkpointing_name = choice_of(activation_checkpointing, "[activation_checkpointing] kind");
             const auto checkpointing = rt::parse_activation_checkpointing(checkpointing_name);
-            rt::Random random(seed);
-            new (self) DecoderOnlyTransformer(config, random, norm_epsilon, kind, checkpointing);
+            rt::Random random(seed.get("[DecoderOnlyTransformer] seed"));
+            new (self) DecoderOnlyTransformer(config, random, norm_epsilon.value, kind, checkpointing);
             self->set_activation_offload(activation_offload);
           },
           "config"_a = Dims{}, nb::kw_only(), "attention"_a = "materialized", "activation_checkpointing"_a = "disabled",
@@ -170,8 +170,26 @@ void init_model(nb::module_& m) {
           [](DecoderOnlyTransformer& model, const nb::handle& groups) {
             rt::ActivationCheckpointingPlan plan;
             for (nb::handle item : nb::iter(groups)) {
-              const auto pair = nb::cast<std::tuple<std::int64_t, std::string>>(item);
-              plan.push_back({std::get<0>(pair), parse_block_recompute(std::get<1>(pair))});
+              // (blocks, kind): a wrong shape or type names the group (was
+              // the anonymous "an argument has the wrong type").
+              const std::string where = "[activation_checkpointing_plan] group " + std::to_string(plan.size());
+              if (!nb::isinstance<nb::tuple>(item) && !nb::isinstance<nb::list>(item)) {
+                throw nb::type_error((where + " must be a (blocks, kind) pair, got " +
+                                      nb::cast<std::string>(nb::str(item.type().attr("__name__"))))
+                                         .c_str());
+              }
+              if (nb::len(item) != 2 || !nb::isinstance<nb::str>(item[1])) {
+                throw nb::type_error((where + " must be a (blocks, kind) pair with kind 'keep', 'attention', "
+                                      "'mlp' or 'block'")
+                                         .c_str());
+              }
+              std::int64_t blocks = 0;
+              try {
+                blocks = int_of<std::int64_t>(item[0], where + " blocks");
+              } catch (const nb::cast_error&) {
+                throw nb::type_error((where + " blocks must be an int").c_str());
+              }
+              plan.push_back({blocks, parse_block_recompute(choice_of(item[1], where))});
             }
             model.set_activation_checkpointing_plan(plan);
           },
@@ -179,12 +197,22 @@ void init_model(nb::module_& m) {
           "(blocks > 1 only for 'block': a segment). Setting it makes activation_checkpointing 'planned'.")
       .def(
           "plan_activation_memory",
-          [](DecoderOnlyTransformer& model, nb::handle budget, std::int64_t batch, std::int64_t sequence_length,
-             bool apply) {
-            const std::int64_t bytes =
-                nb::isinstance<nb::str>(budget)
-                    ? rt::parse_byte_size(choice_of(budget, "[plan_activation_memory] budget"), "plan_activation_memory")
-                    : nb::cast<std::int64_t>(budget);
+          [](DecoderOnlyTransformer& model, nb::handle budget, const IntArg<std::int64_t>& batch_arg,
+             const IntArg<std::int64_t>& sequence_length_arg, bool apply) {
+            const std::int64_t batch = batch_arg.get("[plan_activation_memory] batch");
+            const std::int64_t sequence_length = sequence_length_arg.get("[plan_activation_memory] sequence_length");
+            std::int64_t bytes = 0;
+            if (nb::isinstance<nb::str>(budget)) {
+              bytes = rt::parse_byte_size(choice_of(budget, "[plan_activation_memory] budget"), "plan_activation_memory");
+            } else {
+              try {
+                bytes = int_of<std::int64_t>(budget, "[plan_activation_memory] budget");
+              } catch (const nb::cast_error&) {
+                throw nb::type_error(("[plan_activation_memory] budget must be an int or a str such as '256MiB', got " +
+                                      nb::cast<std::string>(nb::str(budget.type().attr("__name__"))))
+                                         .c_str());
+              }
+            }
             rt::ActivationMemoryProfile profile;
             {
               ComputeWithoutGil release;
@@ -217,13 +245,17 @@ void init_model(nb::module_& m) {
             rt::parse_activation_checkpointing(choice_of(kind, "[activation_checkpointing] kind")));
       }, "kind"_a)
       .def_prop_rw("checkpoint_segment_blocks", &DecoderOnlyTransformer::checkpoint_segment_blocks,
-                   &DecoderOnlyTransformer::set_checkpoint_segment_blocks,
+                   [](DecoderOnlyTransformer& model, const IntArg<std::int64_t>& blocks) {
+                     model.set_checkpoint_segment_blocks(blocks.get("[checkpoint_segment_blocks]"));
+                   },
                    "Blocks per segment for 'segments' (set 0 for round(sqrt(layers))).")
       .def_prop_rw("activation_offload", &DecoderOnlyTransformer::activation_offload,
                    &DecoderOnlyTransformer::set_activation_offload,
                    "Keep checkpointed groups' block-boundary inputs in pinned host memory, copied back one group "
                    "ahead of each replay (cuda models; nothing moves on the CPU; same gradients).")
-      .def("set_dropout", &DecoderOnlyTransformer::set_dropout, "p"_a, "seed"_a = 0)
+      .def("set_dropout", [](DecoderOnlyTransformer& model, RealArg<float> p, const IntArg<std::uint64_t>& seed) {
+        model.set_dropout(p.value, seed.get("[set_dropout] seed"));
+      }, "p"_a, "seed"_a = 0)
       .def_prop_ro("dropout", [](const DecoderOnlyTransformer& model) { return short_double(model.dropout()); })
       .def_prop_rw("training", &DecoderOnlyTransformer::training, &DecoderOnlyTransformer::set_training)
       .def(
@@ -270,7 +302,9 @@ void init_model(nb::module_& m) {
       .def("__call__", &run_forward, "tokens"_a)
       .def(
           "loss",
-          [](const DecoderOnlyTransformer& model, nb::handle tokens, nb::handle targets, std::int32_t ignore_index) {
+          [](const DecoderOnlyTransformer& model, nb::handle tokens, nb::handle targets,
+             const IntArg<std::int32_t>& ignore_index_arg) {
+            const std::int32_t ignore_index = ignore_index_arg.get("[loss] ignore_index");
             const TokenArray t = tokens_from_python(tokens, "loss", model.dimensions().context_length);
             const TokenArray y = tokens_from_python(targets, "loss", model.dimensions().context_length);
             if (t.shape != y.shape) {

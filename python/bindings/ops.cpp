@@ -19,15 +19,36 @@ void init_ops(nb::module_& m) {
   m.def("swiglu", &rt::swiglu, "gate"_a, "up"_a);
   m.def("sum", &rt::sum, "x"_a);
   m.def("mean", &rt::mean, "x"_a);
-  m.def("reshape", [](const Variable& x, const rt::Shape& shape) { return rt::reshape(x, shape); }, "x"_a, "shape"_a);
-  m.def("transpose", &rt::transpose, "x"_a, "dim0"_a, "dim1"_a);
-  m.def("permute", &rt::permute, "x"_a, "dims"_a);
-  m.def("repeat_heads", &rt::repeat_heads, "x"_a, "groups"_a,
+  // Integer and float arguments refuse a bool, as PyTorch's dims do
+  // ("argument 'dim0' must be int, not bool"); see IntArg in common.hpp.
+  const auto ints = [](const std::vector<IntArg<std::int64_t>>& values, const char* what) {
+    std::vector<std::int64_t> out;
+    for (const IntArg<std::int64_t>& v : values) out.push_back(v.get(what));
+    return out;
+  };
+  m.def("reshape", [ints](const Variable& x, const std::vector<IntArg<std::int64_t>>& shape) {
+    return rt::reshape(x, ints(shape, "[reshape] a dimension of shape"));
+  }, "x"_a, "shape"_a);
+  m.def("transpose", [](const Variable& x, const IntArg<std::int64_t>& dim0, const IntArg<std::int64_t>& dim1) {
+    return rt::transpose(x, dim0.get("[transpose] dim0"), dim1.get("[transpose] dim1"));
+  }, "x"_a, "dim0"_a, "dim1"_a);
+  m.def("permute", [ints](const Variable& x, const std::vector<IntArg<std::int64_t>>& dims) {
+    return rt::permute(x, ints(dims, "[permute] a dim"));
+  }, "x"_a, "dims"_a);
+  m.def("repeat_heads", [](const Variable& x, const IntArg<std::int64_t>& groups) {
+    return rt::repeat_heads(x, groups.get("[repeat_heads] groups"));
+  }, "x"_a, "groups"_a,
         "(B, G, T, D) → (B, G·groups, T, D), head h reading head h // groups (grouped-query attention).");
-  m.def("rms_norm", &rt::rms_norm, "x"_a, "weight"_a, "eps"_a = 1.0e-5F);
+  m.def("rms_norm", [](const Variable& x, const Variable& weight, RealArg<float> eps) {
+    return rt::rms_norm(x, weight, eps.value);
+  }, "x"_a, "weight"_a, "eps"_a = 1.0e-5F);
   m.def("softmax", &rt::softmax, "x"_a);
-  m.def("causal_mask", &rt::causal_mask, "scores"_a, "offset"_a = 0);
-  m.def("rope", &rt::rope, "x"_a, "position_offset"_a = 0, "base"_a = 10000.0F);
+  m.def("causal_mask", [](const Variable& scores, const IntArg<std::int64_t>& offset) {
+    return rt::causal_mask(scores, offset.get("[causal_mask] offset"));
+  }, "scores"_a, "offset"_a = 0);
+  m.def("rope", [](const Variable& x, const IntArg<std::int64_t>& position_offset, RealArg<float> base) {
+    return rt::rope(x, position_offset.get("[rope] position_offset"), base.value);
+  }, "x"_a, "position_offset"_a = 0, "base"_a = 10000.0F);
   m.def("embedding",
         [](const Variable& weight, nb::handle ids) {
           const TokenArray t = tokens_from_python(ids, "embedding");
@@ -35,9 +56,10 @@ void init_ops(nb::module_& m) {
         },
         "weight"_a, "ids"_a, "weight (V, C), ids (B, T) → (B, T, C).");
   m.def("cross_entropy",
-        [](const Variable& logits, nb::handle targets, std::int32_t ignore_index) {
+        [](const Variable& logits, nb::handle targets, const IntArg<std::int32_t>& ignore_index) {
+          const std::int32_t ignore = ignore_index.get("[cross_entropy] ignore_index");
           const TokenArray t = tokens_from_python(targets, "cross_entropy");
-          return rt::cross_entropy(logits, t.ids, ignore_index);
+          return rt::cross_entropy(logits, t.ids, ignore);
         },
         "logits"_a, "targets"_a, "ignore_index"_a = -100, "Mean cross-entropy over rows; ignore_index rows skipped.");
   m.def("causal_attention",

@@ -26,10 +26,12 @@ rt::ParameterGroup group_from_dict(const nb::dict& d, std::size_t index) {
       if (nb::isinstance<nb::bool_>(value) || (!nb::isinstance<nb::float_>(value) && !nb::isinstance<nb::int_>(value))) {
         throw rt::ValueError(where + ": 'weight_decay' must be a number (not a bool)");
       }
-      g.weight_decay = nb::cast<float>(value);
+      float decay = 0.0F;
+      if (!nb::try_cast<float>(value, decay)) throw rt::ValueError(where + ": 'weight_decay' is not a float32 number");
+      g.weight_decay = decay;
     } else if (k == "name") {
       if (!nb::isinstance<nb::str>(value)) throw rt::ValueError(where + ": 'name' must be a string");
-      g.name = nb::cast<std::string>(value);
+      g.name = utf8_of(value, where + ": 'name'");
     } else {
       throw rt::ValueError(where + ": unknown key '" + k + "' (expected 'params', 'weight_decay', 'name')");
     }
@@ -56,7 +58,7 @@ void init_optim(nb::module_& m) {
           // Keeps the GIL: the GIL is what serializes add() and clear() from
           // several Python threads (released, one freed the sums the other
           // was writing: segfault).
-          [](rt::GradientAccumulator& a, float weight) { a.add(weight); },
+          [](rt::GradientAccumulator& a, RealArg<float> weight) { a.add(weight.value); },
           "weight"_a = 1.0F,
           "Adds weight * each parameter's current gradient to its sum, once per gradient: a parameter the\n"
           "last backward did not reach (its .grad an earlier pass's, already added) adds nothing.")
@@ -79,7 +81,8 @@ void init_optim(nb::module_& m) {
 
   m.def(
       "default_parameter_groups",
-      [](nb::iterable parameters, float weight_decay, bool decay_embeddings) {
+      [](nb::iterable parameters, RealArg<float> weight_decay_arg, bool decay_embeddings) {
+        const float weight_decay = weight_decay_arg.value;
         // (name, Variable) pairs (model.named_parameters(): the model's
         // structural names, whatever the Variables' labels) or Variables
         // (grouped by their labels).
@@ -119,9 +122,10 @@ void init_optim(nb::module_& m) {
   nb::class_<rt::Adam>(m, "Adam", "AdamW over leaves that require grad. step() bumps their versions.")
       .def(
           "__init__",
-          [](rt::Adam* self, nb::iterable parameters, float learning_rate, float beta1, float beta2, float epsilon,
-             float weight_decay, float max_grad_norm) {
-            const rt::AdamOptions options{learning_rate, beta1, beta2, epsilon, weight_decay, max_grad_norm};
+          [](rt::Adam* self, nb::iterable parameters, RealArg<float> learning_rate, RealArg<float> beta1, RealArg<float> beta2,
+             RealArg<float> epsilon, RealArg<float> weight_decay, RealArg<float> max_grad_norm) {
+            const rt::AdamOptions options{learning_rate.value, beta1.value,  beta2.value,
+                                          epsilon.value,       weight_decay.value, max_grad_norm.value};
             std::vector<rt::Variable> params;
             std::vector<rt::ParameterGroup> groups;
             for (nb::handle p : parameters) {
@@ -186,7 +190,7 @@ void init_optim(nb::module_& m) {
           "Releases the GIL.")
       .def("zero_grad", &rt::Adam::zero_grad, "Drops every parameter's gradient.")
       .def_prop_rw("learning_rate", [](const rt::Adam& a) { return short_double(a.options().learning_rate); },
-                   &rt::Adam::set_learning_rate)
+                   [](rt::Adam& a, RealArg<float> rate) { a.set_learning_rate(rate.value); })
       .def_prop_ro("step_count", &rt::Adam::step_count, "How many step()s updated at least one parameter.")
       .def_prop_ro(
           "parameter_step_counts",

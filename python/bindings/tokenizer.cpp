@@ -54,10 +54,10 @@ void init_tokenizer(nb::module_& m) {
 
   m.def(
       "train_tokenizer",
-      [](nb::str text_object, const std::filesystem::path& output, std::int64_t vocab_size, nb::str model_type) {
+      [](nb::str text_object, const std::filesystem::path& output, const IntArg<std::int64_t>& vocab_size, nb::str model_type) {
         const std::string text = utf8_of(text_object, "[train_tokenizer] text");
         rt::TokenizerTrainingOptions o;
-        o.vocab_size = vocab_size;
+        o.vocab_size = vocab_size.get("[train_tokenizer] vocab_size");
         o.model_type = rt::parse_tokenizer_model_type(choice_of(model_type, "[train_tokenizer] model_type"),
                                                       "train_tokenizer");
         nb::gil_scoped_release release;
@@ -82,11 +82,11 @@ void init_tokenizer(nb::module_& m) {
   m.def(
       "evaluate",
       [](rt::DecoderOnlyTransformer& model, nb::str text_object, std::optional<rt::Tokenizer> tokenizer,
-         std::int64_t batch, std::int64_t sequence_length) {
+         const IntArg<std::int64_t>& batch, const IntArg<std::int64_t>& sequence_length) {
         const std::string text = utf8_of(text_object, "[evaluate] text");
         rt::EvaluationOptions o;
-        o.batch = batch;
-        o.sequence_length = sequence_length;
+        o.batch = batch.get("[evaluate] batch");
+        o.sequence_length = sequence_length.get("[evaluate] sequence_length");
         const rt::Tokenizer t = tokenizer.value_or(rt::Tokenizer{});
         SignalCheck signals;
         o.interrupt = signals.function();
@@ -102,10 +102,12 @@ void init_tokenizer(nb::module_& m) {
       "model"_a, "text"_a, "tokenizer"_a = nb::none(), "batch"_a = 8, "sequence_length"_a = 0,
       "Loss, perplexity and bits per byte of `model` on `text` (non-overlapping windows of sequence_length, 0: "
       "the context length). tokenizer None: bytes. Releases the GIL; Ctrl-C stops it between batches\n"
-      "(KeyboardInterrupt, the model's training mode restored).");
+      "(KeyboardInterrupt). Dropout is off for this call's forwards only: model.training and other threads'\n"
+      "forwards are untouched.");
   m.def(
       "split_text",
-      [](nb::str text_object, nb::str split_object, double validation_fraction) {
+      [](nb::str text_object, nb::str split_object, RealArg<double> validation_fraction_arg) {
+        const double validation_fraction = validation_fraction_arg.value;
         const std::string text = utf8_of(text_object, "[split_text] text");
         const std::string split = choice_of(split_object, "[split_text] split");
         if (split == "all") return str_of_bytes(text);

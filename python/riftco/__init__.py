@@ -93,8 +93,36 @@ from ._pipelines import post_train, pretrain  # noqa: F401
 
 
 def _no_grad_call(self, fn):
-    """`@riftco.no_grad()` on a function runs every call of it without building graphs (PyTorch's form)."""
+    """`@riftco.no_grad()` on a function runs every call of it without building graphs (PyTorch's form).
+    On a generator function every step of the generator runs without graphs, and the caller's code
+    between its yields with them, as PyTorch's decorator does (the plain wrapper only covered the call
+    that creates the generator, so its body built graphs)."""
     import functools
+    import inspect
+
+    if inspect.isgeneratorfunction(fn):
+        @functools.wraps(fn)
+        def generator_without_grad(*args, **kwargs):
+            gen = fn(*args, **kwargs)
+            try:
+                with self:
+                    response = gen.send(None)
+                while True:
+                    try:
+                        request = yield response
+                    except GeneratorExit:
+                        with self:
+                            gen.close()
+                        raise
+                    except BaseException as error:  # thrown in by the caller: into the generator
+                        with self:
+                            response = gen.throw(error)
+                    else:
+                        with self:
+                            response = gen.send(request)
+            except StopIteration as stop:
+                return stop.value
+        return generator_without_grad
 
     @functools.wraps(fn)
     def without_grad(*args, **kwargs):

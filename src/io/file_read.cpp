@@ -1,5 +1,6 @@
 // Reading whole files without blocking on FIFOs, and cleaning up the
 // temporaries of interrupted atomic writes (atomic_file.hpp).
+#include <algorithm>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -74,13 +75,19 @@ std::optional<std::string> read_regular_file(const std::filesystem::path& path, 
   return std::nullopt;
 }
 
-int remove_stale_temporaries(const std::filesystem::path& directory) {
+int remove_stale_temporaries(const std::filesystem::path& directory, std::span<const std::string_view> names) {
   int removed = 0;
   std::error_code ec;
   for (std::filesystem::directory_iterator it(directory, ec), end; !ec && it != end; it.increment(ec)) {
     const std::string name = it->path().filename().string();
     const pid_t owner = temporary_owner(name);
     if (owner == 0) continue;
+    std::error_code type_error;
+    if (!std::filesystem::is_regular_file(it->symlink_status(type_error)) || type_error) continue;
+    if (names.size() != 0) {
+      const std::string_view base = std::string_view(name).substr(1, name.rfind(".tmp." + std::to_string(owner) + ".") - 1);
+      if (std::find(names.begin(), names.end(), base) == names.end()) continue;
+    }
     const bool alive = owner == ::getpid() || ::kill(owner, 0) == 0 || errno == EPERM;
     if (alive) continue;
     std::error_code remove_error;

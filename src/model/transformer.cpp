@@ -308,6 +308,13 @@ void DecoderOnlyTransformer::set_dropout(float p, std::uint64_t seed) {
 
 float DecoderOnlyTransformer::dropout() const { return core_->dropout_probability; }
 void DecoderOnlyTransformer::set_training(bool training) { core_->training = training; }
+
+namespace {
+thread_local bool t_evaluating = false;
+}  // namespace
+DecoderOnlyTransformer::EvaluationGuard::EvaluationGuard() : previous_(t_evaluating) { t_evaluating = true; }
+DecoderOnlyTransformer::EvaluationGuard::~EvaluationGuard() { t_evaluating = previous_; }
+bool DecoderOnlyTransformer::EvaluationGuard::active() { return t_evaluating; }
 bool DecoderOnlyTransformer::training() const { return core_->training; }
 Random& DecoderOnlyTransformer::dropout_random() { return core_->dropout_random; }
 

@@ -277,7 +277,7 @@ Variable DecoderOnlyTransformer::forward(std::span<const std::int32_t> tokens, s
   const StructureReadLock structure(m);
   const std::int64_t t = sequence_length(m.dims, tokens.size(), batch);
   m.check_parameters("forward");
-  const float drop = m.training ? m.dropout_probability : 0.0F;
+  const float drop = m.training && !EvaluationGuard::active() ? m.dropout_probability : 0.0F;
   const bool grad = !NoGradGuard::active();
   Variable h = embedding(m.token_embedding, tokens, {batch, t});  // (B, T, C)
   // Activation offload: the block-boundary inputs of checkpointed groups

@@ -153,6 +153,8 @@ namespace {
 std::string message_of(const std::exception_ptr& error) {
   try {
     std::rethrow_exception(error);
+  } catch (const OutOfMemoryError& e) {  // says what wanted how much
+    return e.what();
   } catch (const std::bad_alloc&) {
     return "out of memory (std::bad_alloc)";
   } catch (const std::exception& e) {

@@ -41,11 +41,17 @@ const DeviceQuery& device_query() {
   return query;
 }
 
+/// Out of device (or pinned host) memory is an OutOfMemoryError, a
+/// std::bad_alloc as the host's is (RT_ERROR_OUT_OF_MEMORY in C, MemoryError
+/// in Python), so a caller tells it from a broken device; other failures are
+/// BackendErrors.
 void check(cudaError_t status, const char* op, const char* call, std::size_t bytes) {
   if (status == cudaSuccess) return;
   cudaGetLastError();
-  throw BackendError(std::string("[") + op + "] " + call + " of " + std::to_string(bytes) +
-                     " bytes failed on cuda: " + cudaGetErrorString(status));
+  const std::string message = std::string("[") + op + "] " + call + " of " + std::to_string(bytes) +
+                              " bytes failed on cuda: " + cudaGetErrorString(status);
+  if (status == cudaErrorMemoryAllocation) throw OutOfMemoryError(message);
+  throw BackendError(message);
 }
 
 }  // namespace

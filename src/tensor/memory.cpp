@@ -297,11 +297,27 @@ std::int64_t release_cached_memory(Backend backend) {
 
 namespace detail {
 
+namespace {
+void* allocate_counted(Backend backend, std::size_t bytes);
+}  // namespace
+
 void* allocate_bytes(Backend backend, std::size_t bytes) {
   check_backend(backend, "allocate");
   if (!backend_available(backend)) {
     throw BackendError(std::string("[allocate] ") + detail::cuda_unavailable_reason());
   }
+  try {
+    return allocate_counted(backend, bytes);
+  } catch (const OutOfMemoryError&) {
+    throw;
+  } catch (const std::bad_alloc&) {  // the host's: say how much, as PyTorch's "you tried to allocate N bytes"
+    throw OutOfMemoryError("[allocate] out of memory: " + std::to_string(bytes) + " bytes (" +
+                           std::to_string(bytes >> 20) + " MiB) on " + backend_name(backend) + " could not be allocated");
+  }
+}
+
+namespace {
+void* allocate_counted(Backend backend, std::size_t bytes) {
   check_request(bytes);
   Counters& c = counters(backend);
   const std::size_t rounded = block_size(backend, bytes);
@@ -314,7 +330,7 @@ void* allocate_bytes(Backend backend, std::size_t bytes) {
   if (ptr == nullptr) {
     try {
       ptr = system_allocate(backend, rounded);
-    } catch (const BackendError&) {
+    } catch (const OutOfMemoryError&) {
       // Out of device memory with blocks cached: give them back and try once more.
       if (backend != Backend::Cuda || release_cached_memory(backend) == 0) throw;
       ptr = system_allocate(backend, rounded);
@@ -327,6 +343,7 @@ void* allocate_bytes(Backend backend, std::size_t bytes) {
   meter_note(backend, static_cast<std::int64_t>(bytes));
   return ptr;
 }
+}  // namespace
 
 void free_bytes(Backend backend, void* ptr, std::size_t bytes) noexcept {
   if (ptr == nullptr) return;

@@ -26,12 +26,17 @@ std::string shape_string(const std::vector<std::int64_t>& shape) {
 }
 
 std::int64_t shape_numel(const Shape& shape, const char* op) {
+  // The product of the nonzero dimensions bounds every stride, so it must fit
+  // even when a zero makes the tensor empty: (0, 6, 2^62) was accepted while
+  // (2^62, 0) was refused, and its strides overflowed.
   std::int64_t n = 1;
+  std::int64_t extent = 1;
   for (const std::int64_t d : shape) {
     if (d < 0) throw ShapeError(std::string("[") + op + "] shape " + shape_string(shape) + " has a negative dimension");
-    if (d != 0 && n > std::numeric_limits<std::int64_t>::max() / 4 / d) {
+    if (d != 0 && extent > std::numeric_limits<std::int64_t>::max() / 4 / d) {
       throw ShapeError(std::string("[") + op + "] shape " + shape_string(shape) + " is too large");
     }
+    if (d != 0) extent *= d;
     n *= d;
   }
   return n;

@@ -42,34 +42,27 @@ EvaluationResult evaluate(DecoderOnlyTransformer& model, std::string_view text, 
   const auto scored = static_cast<std::int64_t>(ids.size()) - 1;
   const std::int64_t windows = (scored + window - 1) / window;
 
-  const bool was_training = model.training();
-  model.set_training(false);
+  const DecoderOnlyTransformer::EvaluationGuard evaluating;  // this thread only; the flag stays
   NoGradGuard no_graph;
   double total_nats = 0.0;
-  try {
-    for (std::int64_t first = 0; first < windows; first += options.batch) {
-      if (options.interrupt) options.interrupt();
-      const std::int64_t rows = std::min(options.batch, windows - first);
-      std::vector<std::int32_t> tokens(static_cast<std::size_t>(rows * window), 0);
-      std::vector<std::int32_t> targets(static_cast<std::size_t>(rows * window), kIgnoreTarget);
-      std::int64_t real = 0;
-      for (std::int64_t r = 0; r < rows; ++r) {
-        const std::int64_t start = (first + r) * window;
-        const std::int64_t n = std::min(window, scored - start);
-        for (std::int64_t t = 0; t < n; ++t) {
-          tokens[static_cast<std::size_t>(r * window + t)] = ids[static_cast<std::size_t>(start + t)];
-          targets[static_cast<std::size_t>(r * window + t)] = ids[static_cast<std::size_t>(start + t + 1)];
-        }
-        real += n;
+  for (std::int64_t first = 0; first < windows; first += options.batch) {
+    if (options.interrupt) options.interrupt();
+    const std::int64_t rows = std::min(options.batch, windows - first);
+    std::vector<std::int32_t> tokens(static_cast<std::size_t>(rows * window), 0);
+    std::vector<std::int32_t> targets(static_cast<std::size_t>(rows * window), kIgnoreTarget);
+    std::int64_t real = 0;
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const std::int64_t start = (first + r) * window;
+      const std::int64_t n = std::min(window, scored - start);
+      for (std::int64_t t = 0; t < n; ++t) {
+        tokens[static_cast<std::size_t>(r * window + t)] = ids[static_cast<std::size_t>(start + t)];
+        targets[static_cast<std::size_t>(r * window + t)] = ids[static_cast<std::size_t>(start + t + 1)];
       }
-      const float mean = model.loss(tokens, targets, rows).value().item();  // read on the host
-      total_nats += static_cast<double>(mean) * static_cast<double>(real);
+      real += n;
     }
-  } catch (...) {
-    model.set_training(was_training);
-    throw;
+    const float mean = model.loss(tokens, targets, rows).value().item();  // read on the host
+    total_nats += static_cast<double>(mean) * static_cast<double>(real);
   }
-  model.set_training(was_training);
 
   EvaluationResult result;
   result.tokens = scored;

@@ -182,7 +182,9 @@ std::vector<nlohmann::json> read_metrics(const std::filesystem::path& path, std:
       rows.push_back(std::move(plain));
     } catch (const detail::JsonReadError& e) {
       throw Error("[resume] " + path.string() + ": line " + std::to_string(line_number) + ": " + detail::line_error(e) +
-                  " (the metrics log is damaged: remove the line, or start the run over)");
+                  " (the metrics log is damaged: repair the line, which must be step " +
+                  std::to_string(rows.size() + 1) + "'s row as the run wrote it (removing it leaves a step " +
+                  "missing), or start the run over)");
     }
   }
   if (static_cast<std::int64_t>(rows.size()) != keep) {
@@ -231,15 +233,12 @@ void check_output_targets(const StageRun& r) {
 void check_inputs_are_not_outputs(const std::filesystem::path& output_dir,
                                   std::initializer_list<std::pair<const char*, std::filesystem::path>> inputs,
                                   const char* op) {
-  static const char* const kWritten[] = {"model.safetensors", "adapter.safetensors", "metadata.json",
-                                         "metrics.jsonl",     kLossCurveFile,        kTrainingCheckpointFile,
-                                         kPartialMetricsFile, ".lock",               ".write_probe"};
   for (const auto& [field, input] : inputs) {
     if (input.empty()) continue;
-    for (const char* name : kWritten) {
-      if (same_file(output_dir / name, input)) {
+    for (const std::string_view name : kRunFileNames) {
+      if (same_file(output_dir / std::string(name), input)) {
         throw ValueError(std::string("[") + op + "] " + field + " " + input.string() + " is " +
-                         (output_dir / name).string() +
+                         (output_dir / std::string(name)).string() +
                          ", a file this run writes or removes in output_dir: it would be replaced after training "
                          "on it; move it or choose another output_dir");
       }
@@ -299,7 +298,7 @@ std::filesystem::path write_final_files(StageRun& r, const RunResult& result, co
   // still holds a partial log).
   remove_file(dir / kPartialMetricsFile);
   remove_file(dir / kTrainingCheckpointFile);  // the run is complete
-  remove_stale_temporaries(dir);
+  remove_stale_temporaries(dir, kRunFileNames);
   return weights;
 }
 

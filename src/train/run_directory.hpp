@@ -5,11 +5,20 @@
 #include <cstdint>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <string_view>
 #include <vector>
 
 #include "stage_loop.hpp"
+#include "training_checkpoint.hpp"
 
 namespace riftco_transformer::stage {
+
+/// Every file a run writes or removes in its output directory: the inputs
+/// that must not be one of them, and the only names whose stale temporaries
+/// (".<name>.tmp.<pid>.<n>") a run removes there.
+inline constexpr std::string_view kRunFileNames[] = {
+    "model.safetensors", "adapter.safetensors", "metadata.json", "metrics.jsonl",  "loss_curve.svg",
+    kTrainingCheckpointFile, kPartialMetricsFile, ".lock", ".write_probe"};
 
 /// File-system steps with typed errors: a failure is a ModelStateError
 /// "[save] <path>: cannot ...: <reason>" (never a raw std::filesystem error).

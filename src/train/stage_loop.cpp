@@ -58,16 +58,13 @@ nlohmann::json plan_json(const ActivationMemoryProfile& profile, const Activatio
 
 float evaluate(StageRun& r) {
   const StageSettings& s = *r.settings;
-  const bool was_training = r.model->training();
-  r.model->set_training(false);
+  const DecoderOnlyTransformer::EvaluationGuard evaluating;  // no dropout, on this thread only
   NoGradGuard no_graph;
   Random eval_random(s.seed ^ kEvalSeedOffset);  // the same batches at every evaluation
   if (r.comm->world_size() > 1) {  // each rank its rows of every batch
     std::vector<TokenBatch> batches;
     for (std::int64_t i = 0; i < s.eval_batches; ++i) batches.push_back(r.sample(eval_random, Split::Validation));
-    const float loss = data_parallel_loss(*r.comm, *r.model, batches);
-    r.model->set_training(was_training);
-    return loss;
+    return data_parallel_loss(*r.comm, *r.model, batches);
   }
   // The mean over every real target of the batches (each batch's mean
   // weighted by its targets): a batch whose rows hold no target (prompts
@@ -81,7 +78,6 @@ float evaluate(StageRun& r) {
     total += static_cast<double>(n) * r.model->loss(b.tokens, b.targets, b.batch).value().item();
     targets += n;
   }
-  r.model->set_training(was_training);
   if (targets == 0) throw no_validation_targets(s.eval_batches);
   return static_cast<float>(total / static_cast<double>(targets));
 }
@@ -210,7 +206,7 @@ RunResult run(StageRun& r, const ProgressCallback& progress, const NoticeCallbac
       check_output_targets(r);  // a final file that could not be replaced fails now, not after training
       write_file_atomically(dir / ".write_probe", "");  // an unwritable directory fails now, not after training
       remove_file(dir / ".write_probe");
-      remove_stale_temporaries(dir);  // left by a process killed inside a save
+      remove_stale_temporaries(dir, kRunFileNames);  // left by a process killed inside a save (ours only)
     }
     if (s.resume && file_exists(checkpoint_path)) {
       load_training_checkpoint(

@@ -11,7 +11,9 @@ namespace riftco_transformer::detail {
 
 /// "" when every precompiled character map in the serialized ModelProto (the
 /// normalizer's and the denormalizer's, every occurrence) is safe to look up
-/// with any input; otherwise what is wrong and where.
+/// with any input; otherwise what is wrong and where (also when the bytes are
+/// not a protocol buffer SentencePiece's parser would read). Called before
+/// SentencePiece loads the bytes: its Load already normalizes with the maps.
 std::string charsmap_problem(std::string_view model_bytes);
 
 }  // namespace riftco_transformer::detail

@@ -98,6 +98,11 @@ Tokenizer Tokenizer::load(const std::filesystem::path& path) {
 Tokenizer Tokenizer::from_serialized(std::string_view model_bytes, const std::filesystem::path& source) {
   if (model_bytes.empty()) tokenizer_error(source, "the file is empty (not a SentencePiece model)");
   if (model_bytes.size() > kMaxModelBytes) tokenizer_error(source, "larger than 64 MiB (not a tokenizer model)");
+  // Before SentencePiece sees the bytes: its Load normalizes the model's
+  // self-test samples, so a broken character map crashed inside the load.
+  if (const std::string problem = detail::charsmap_problem(model_bytes); !problem.empty()) {
+    tokenizer_error(source, "not a usable SentencePiece model (" + problem + ")");
+  }
   auto impl = std::make_shared<Impl>();
   sentencepiece::util::Status status;
   try {
@@ -106,9 +111,6 @@ Tokenizer Tokenizer::from_serialized(std::string_view model_bytes, const std::fi
     tokenizer_error(source, std::string("not a valid SentencePiece model (") + e.what() + ")");
   }
   if (!status.ok()) tokenizer_error(source, "not a valid SentencePiece model (" + status.ToString() + ")");
-  if (const std::string problem = detail::charsmap_problem(model_bytes); !problem.empty()) {
-    tokenizer_error(source, "not a usable SentencePiece model (" + problem + ")");
-  }
   const int size = impl->processor.GetPieceSize();
   if (size < 2 || size > (1 << 24)) tokenizer_error(source, "vocabulary of " + std::to_string(size) + " pieces");
   impl->piece_bytes.resize(static_cast<std::size_t>(size));

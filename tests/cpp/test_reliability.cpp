@@ -18,6 +18,7 @@
 #include "../../src/io/json_read.hpp"
 #include "../../src/train/training_checkpoint.hpp"
 #include "model_fixtures.hpp"
+#include "scratch.hpp"
 #include "riftco_transformer/adam.hpp"
 #include "riftco_transformer/adapter_state.hpp"
 #include "riftco_transformer/atomic_file.hpp"
@@ -573,8 +574,19 @@ TEST(RunDirectory, StaleTemporariesOfDeadProcessesAreRemovedAtTheNextStart) {
   EXPECT_TRUE(fs::exists(c.output_dir / live));
   EXPECT_TRUE(fs::exists(c.output_dir / "notes.tmp.1.2"));
   write_bytes(c.output_dir / ".metrics.jsonl.tmp.2147483646.3", "x");
+  // What a run did not write is not its to remove, though it has the shape
+  // (the output directory may be any directory, even "."): a user's file of
+  // another name, a directory, a symlink and a FIFO all stayed deleted before.
+  write_bytes(c.output_dir / ".notes.txt.tmp.2147483646.0", "the user's");
+  fs::create_directory(c.output_dir / ".model.safetensors.tmp.2147483646.5");
+  fs::create_symlink("metadata.json", c.output_dir / ".metadata.json.tmp.2147483646.6");
+  ASSERT_EQ(::mkfifo((c.output_dir / ".metrics.jsonl.tmp.2147483646.7").c_str(), 0600), 0);
   ASSERT_TRUE(run_pretraining(c).completed);
   EXPECT_FALSE(fs::exists(c.output_dir / ".metrics.jsonl.tmp.2147483646.3"));
+  EXPECT_EQ(rt_test::read_file(c.output_dir / ".notes.txt.tmp.2147483646.0"), "the user's");
+  EXPECT_TRUE(fs::is_directory(c.output_dir / ".model.safetensors.tmp.2147483646.5"));
+  EXPECT_TRUE(fs::is_symlink(c.output_dir / ".metadata.json.tmp.2147483646.6"));
+  EXPECT_TRUE(fs::is_fifo(c.output_dir / ".metrics.jsonl.tmp.2147483646.7"));
 }
 
 // A NUL in an error's text (a user's name, path or enum string) cut the

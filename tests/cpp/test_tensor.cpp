@@ -7,7 +7,9 @@
 #include <vector>
 
 
+#include "riftco_transformer/ops.hpp"
 #include "riftco_transformer/tensor.hpp"
+#include "riftco_transformer/variable.hpp"
 
 using namespace riftco_transformer;
 
@@ -166,4 +168,15 @@ TEST(Tensor, AnUnknownBackendAndImpossibleRandomParametersAreValueErrors) {
   EXPECT_THROW((void)Tensor::uniform({2}, r, 0.0F, std::numeric_limits<float>::infinity()), ValueError);
   EXPECT_EQ(Tensor::normal({2}, r, 3.0F, 0.0F).to_vector(), (std::vector<float>{3.0F, 3.0F}));
   EXPECT_EQ(Tensor::uniform({1}, r, 2.0F, 2.0F).to_vector(), (std::vector<float>{2.0F}));
+}
+
+TEST(TensorShape, AnEmptyShapeWhoseOtherDimensionsOverflowIsRefusedInAnyOrder) {
+  // The nonzero dimensions bound every stride: (0, 6, 2^62) was accepted
+  // (its strides overflowed) while (2^62, 0) was refused.
+  const std::int64_t huge = std::int64_t{1} << 62;
+  for (const Shape& shape : {Shape{0, 6, huge}, Shape{huge, 0}, Shape{6, 0, huge}, Shape{huge, 6, 0}}) {
+    EXPECT_THROW((void)Tensor::zeros(shape), ShapeError) << shape_string(shape);
+    EXPECT_THROW((void)reshape(Variable(Tensor::zeros({0, 4})), shape), ShapeError) << shape_string(shape);
+  }
+  EXPECT_EQ(Tensor::zeros({0, 6, std::int64_t{1} << 40}).numel(), 0);  // large but representable: fine
 }

@@ -3,7 +3,9 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cmath>
+#include <thread>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -208,6 +210,54 @@ TEST(Evaluation, ByteLevelBitsPerByteIsLossOverLn2Exactly) {
   EXPECT_THROW(evaluate(model, "a", Tokenizer{}), DataError);
   options.sequence_length = 17;
   EXPECT_THROW(evaluate(model, text, Tokenizer{}, options), ValueError);
+}
+
+TEST(Evaluation, DropoutIsOffForTheEvaluatingThreadOnlyAndTheTrainingFlagNeverMoves) {
+  // evaluate() used to flip the model's shared training flag: a training
+  // forward on another thread ran without dropout while it ran (275 of 300
+  // losses in the review's script), and two concurrent evaluations could
+  // leave the model in eval mode for good.
+  Random init(9);
+  DecoderOnlyTransformer model({256, 32, 16, 2, 1, 24}, init);
+  model.set_dropout(0.5F, 1);
+  model.set_training(true);
+  const std::vector<std::int32_t> x = {1, 2, 3, 4, 5, 6, 7, 8};
+  const std::vector<std::int32_t> y = {2, 3, 4, 5, 6, 7, 8, 9};
+  NoGradGuard no_graph;
+  float without_dropout = 0.0F;
+  {
+    const DecoderOnlyTransformer::EvaluationGuard evaluating;
+    EXPECT_TRUE(DecoderOnlyTransformer::EvaluationGuard::active());
+    EXPECT_TRUE(model.training());  // the flag is the model's, untouched
+    without_dropout = model.loss(x, y, 1).value().item();
+    // Another thread's forward in the same span keeps its dropout.
+    float other = 0.0F;
+    std::thread([&] { other = model.loss(x, y, 1).value().item(); }).join();
+    EXPECT_NE(other, without_dropout);
+  }
+  EXPECT_FALSE(DecoderOnlyTransformer::EvaluationGuard::active());
+  model.set_training(false);
+  const float eval_mode = model.loss(x, y, 1).value().item();
+  EXPECT_EQ(without_dropout, eval_mode);  // the guard is exactly eval mode
+  model.set_training(true);
+  // Concurrent evaluations: the flag reads true throughout and after.
+  const std::string text = sample_text().substr(0, 600);
+  std::atomic<bool> done{false};
+  std::atomic<int> seen_false{0};
+  std::vector<std::thread> evaluators;
+  for (int i = 0; i < 2; ++i) {
+    evaluators.emplace_back([&] {
+      for (int k = 0; k < 3; ++k) (void)evaluate(model, text, Tokenizer{});
+    });
+  }
+  std::thread watcher([&] {
+    while (!done) seen_false += model.training() ? 0 : 1;
+  });
+  for (std::thread& t : evaluators) t.join();
+  done = true;
+  watcher.join();
+  EXPECT_EQ(seen_false.load(), 0);
+  EXPECT_TRUE(model.training());
 }
 
 TEST(Evaluation, SubwordBytesCoverTheTextAndVocabularyMustMatch) {

@@ -94,13 +94,67 @@ TEST(TokenizerCharsmap, ABrokenMapIsADataErrorAtLoadNeverACrashAtUse) {
          return charsmap(units, std::string("x\0", 2));
        }(), "precompiled character map"},
       {"no trie units", 3, u32(0) + std::string("x\0", 2), "no units"},
+      // A trie size SentencePiece's check lets through (below the whole map's
+      // size) that still runs past the map: the fuzzer's CgAAAAIKPw8AAAI=
+      // (11 bytes, trie 10) threw std::out_of_range from the check itself.
+      {"trie 1 byte past", 3, u32(8) + std::string(7, '\x01'), "runs past the map"},
+      {"trie 3 bytes past", 3, u32(10) + std::string("\x02\x0a\x3f\x0f\x00\x00\x02", 7), "runs past the map"},
+      {"trie 3 bytes past (denormalizer)", 5, u32(10) + std::string(7, 'x'), "runs past the map"},
+      // SentencePiece's normalizer refuses these at init, but Load checks only
+      // the normalizer's status: as a denormalizer each loaded and every
+      // decode() returned "".
+      {"denormalizer of 3 bytes", 5, std::string("\x01\x02\x03", 3), "too few for its trie size field"},
+      {"denormalizer trie as large as the map", 5, u32(8) + std::string(4, 'x'), "is not smaller than the map"},
   };
   for (const auto& c : cases) {
     const std::string model = with_map(good, c.spec, c.map);
+    // Also with a self-test sample (ModelProto field 4): SentencePiece's Load
+    // normalizes it, so the check must run before the load (SIGSEGV inside
+    // LoadFromSerializedProto before).
+    const std::string with_self_test = model + field(4, field(1, field(1, "hello") + field(2, "x")));
+    const std::string early =
+        rt_test::message_of<DataError>([&] { (void)Tokenizer::from_serialized(with_self_test, "selftest.model"); });
+    EXPECT_NE(early.find(c.says), std::string::npos) << c.name << " (self-test): " << early;
     const std::string message =
         rt_test::message_of<DataError>([&] { (void)Tokenizer::from_serialized(model, "broken.model"); });
     EXPECT_NE(message.find(c.says), std::string::npos) << c.name << ": " << message;
     EXPECT_NE(message.find("broken.model"), std::string::npos) << message;
+  }
+  // Field tags as the protobuf-lite parser SentencePiece bundles reads them:
+  // at most 5 bytes, the low 32 bits kept. 9A 80 80 80 10 is field 3
+  // (normalizer_spec) to it; read as 64 bits it was field 3 + 2^29, so its
+  // map went unchecked and crashed at use.
+  const auto tag5 = [](std::uint32_t number) {  // the 5-byte tag of (number, wire type 2), bit 32 set
+    const std::uint32_t k = (number << 3) | 2;
+    return std::string{static_cast<char>((k & 0x7F) | 0x80), static_cast<char>(((k >> 7) & 0x7F) | 0x80),
+                       static_cast<char>(((k >> 14) & 0x7F) | 0x80), static_cast<char>(((k >> 21) & 0x7F) | 0x80),
+                       static_cast<char>(((k >> 28) & 0x0F) | 0x10)};
+  };
+  const std::string bad_map = charsmap({0xFFFFFFFF, 0x7FFFFFFF}, std::string("abc\0", 4));
+  const std::string spec = field(1, "custom") + field(2, bad_map);
+  const std::string inner = field(1, "custom") + tag5(2) + varint(bad_map.size()) + bad_map;
+  for (const auto& [name, model] : std::vector<std::pair<std::string, std::string>>{
+           {"normalizer", good + tag5(3) + varint(spec.size()) + spec},
+           {"denormalizer", good + tag5(5) + varint(spec.size()) + spec},
+           {"normalizer", good + field(3, inner)},
+       }) {
+    const std::string message =
+        rt_test::message_of<DataError>([&] { (void)Tokenizer::from_serialized(model, "tag5.model"); });
+    EXPECT_NE(message.find("the " + name + "'s precompiled character map is broken"), std::string::npos) << message;
+  }
+  // A group (wire type 3) the parser skips as an unknown field is skipped
+  // whole: a model with one still loads, and a broken map after it is still
+  // found. A tag longer than 5 bytes, or an unclosed group, is malformed.
+  const std::string group = varint((1000 << 3) | 3) + varint((1 << 3) | 0) + varint(7) + varint((1000 << 3) | 4);
+  EXPECT_FALSE(Tokenizer::from_serialized(good + group, "group.model").encode("abc").empty());
+  const std::string after_group = rt_test::message_of<DataError>(
+      [&] { (void)Tokenizer::from_serialized(with_map(good + group, 3, bad_map), "group.model"); });
+  EXPECT_NE(after_group.find("precompiled character map is broken"), std::string::npos) << after_group;
+  for (const std::string& malformed : {good + std::string("\x9A\x80\x80\x80\x80\x00", 6) + varint(1) + "x",
+                                       good + varint((1000 << 3) | 3) + varint((1 << 3) | 0) + varint(7)}) {
+    const std::string message =
+        rt_test::message_of<DataError>([&] { (void)Tokenizer::from_serialized(malformed, "malformed.model"); });
+    EXPECT_NE(message.find("not a well-formed protocol buffer"), std::string::npos) << message;
   }
   // Rules "a", "aa", ... "a"·n: every unit in bounds, but SentencePiece keeps
   // 32 matches of one input in a stack array and loops over all it finds

@@ -24,6 +24,7 @@
 #include "backend/cuda/decode_attention.hpp"
 #include "backend/cuda/flash_attention.hpp"
 #include "backend/cuda/kernels.hpp"
+#include "riftco_transformer/errors.hpp"
 #include "riftco_transformer/memory.hpp"
 #include "riftco_transformer/tensor.hpp"
 
@@ -710,6 +711,25 @@ TEST(CudaStorage, ReleaseCachedMemoryGivesBlocksBack) {
   const std::int64_t reserved = memory_stats(Backend::Cuda).reserved_bytes;
   { const Tensor b = Tensor::empty({1 << 20}, Backend::Cuda); }
   EXPECT_EQ(memory_stats(Backend::Cuda).reserved_bytes, reserved) << "the freed block is reused";
+}
+
+TEST(CudaStorage, RunningOutOfDeviceMemoryIsAnOutOfMemoryErrorThatLeavesTheCountersAlone) {
+  SKIP_WITHOUT_CUDA();
+  { const Tensor cached = Tensor::empty({1 << 20}, Backend::Cuda); }  // a cached block: released, then retried
+  const MemoryStats before = memory_stats(Backend::Cuda);
+  try {
+    const Tensor huge = Tensor::empty({std::int64_t{1} << 45}, Backend::Cuda);  // 128 TiB
+    FAIL() << "expected OutOfMemoryError";
+  } catch (const OutOfMemoryError& e) {  // a std::bad_alloc: RT_ERROR_OUT_OF_MEMORY, MemoryError (was BackendError)
+    const std::string message = e.what();
+    EXPECT_NE(message.find("cudaMalloc"), std::string::npos) << message;
+    EXPECT_NE(message.find("bytes"), std::string::npos) << message;
+  }
+  const MemoryStats after = memory_stats(Backend::Cuda);
+  EXPECT_EQ(after.live_bytes, before.live_bytes);
+  EXPECT_EQ(after.allocation_count, before.allocation_count);
+  EXPECT_LE(after.reserved_bytes, before.reserved_bytes);  // the cache was given back before the retry
+  { const Tensor small = Tensor::empty({1000}, Backend::Cuda); }  // the device still works
 }
 
 TEST(CudaStorage, TransferDoesNotTouchTheSourceVersion) {

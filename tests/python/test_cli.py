@@ -1,6 +1,7 @@
 """rt-train and rt-generate end to end on tiny settings, and their errors:
 one clear line, a non-zero exit, no crash, existing outputs untouched."""
 import json
+import os
 import pathlib
 import subprocess
 
@@ -94,6 +95,8 @@ def test_stop_after_leaves_a_run_that_resumes_to_the_uninterrupted_bits(tools, c
     r = run(tools[0], "pretrain", *common, "--stop-after", 3, "--output", out)
     assert r.returncode == 0, r.stderr
     assert "stopped after step 3 (--stop-after)" in r.stdout and "--resume continues from" in r.stdout, r.stdout
+    # The checkpoint is at step 2: the message says so and that step 3 runs again (it used to hide that).
+    assert "safetensors (step 2); step 3 runs again (a checkpoint is written every 2 steps)" in r.stdout, r.stdout
     # As a kill after step 3: the step-2 checkpoint and the partial metrics, no final files.
     assert (out / "training_checkpoint.safetensors").exists() and (out / "metrics.partial.jsonl").exists()
     assert not (out / "metadata.json").exists() and not (out / "model.safetensors").exists()
@@ -696,3 +699,16 @@ def test_values_that_look_like_an_empty_option_are_still_values(tools, pretraine
                  ["--prompt", "a", "--stop", "---x="]):
         r = run(tools[1], "--model", model, "--max-new-tokens", 2, *args)
         assert r.returncode == 0, (args, r.stderr)
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full on this system")
+def test_output_that_cannot_be_written_is_an_error_not_exit_0(build_dir, tools, pretrained, corpus):
+    # `rt-eval --json > result.json` on a full disk exited 0 with an empty file; cat and Python exit 1.
+    model = pretrained / "model.safetensors"
+    for tool, args in [(build_dir / "rt-eval", ["--model", model, "--data", corpus, "--json"]),
+                       (tools[1], ["--model", model, "--max-new-tokens", 3, "--temperature", 0])]:
+        with open("/dev/full", "w") as full:
+            r = subprocess.run([str(tool), *map(str, args)], stdout=full, stderr=subprocess.PIPE, text=True,
+                               timeout=300)
+        assert r.returncode == 1, (tool, r.stderr)
+        assert "writing to standard output failed" in r.stderr, r.stderr

@@ -532,6 +532,30 @@ def test_no_grad_decorates_a_function_and_a_variables_truth_is_its_one_value():
 
     assert not predict(w).requires_grad and riftco.is_grad_enabled()
     assert predict.__name__ == "predict"
+
+    # A generator function: every step runs without graphs, the caller's code between yields with
+    # them (PyTorch's decorator; the plain wrapper covered only the call that makes the generator).
+    @riftco.no_grad()
+    def steps(x, n):
+        for _ in range(n):
+            sent = yield (x * 2.0).requires_grad, riftco.is_grad_enabled()
+            if sent == "stop":
+                return "stopped"
+
+    gen = steps(w, 3)
+    assert next(gen) == (False, False) and riftco.is_grad_enabled()
+    assert gen.send(None) == (False, False) and riftco.is_grad_enabled()
+    with pytest.raises(StopIteration) as stopped:
+        gen.send("stop")
+    assert stopped.value.value == "stopped" and riftco.is_grad_enabled()
+    gen = steps(w, 5)
+    next(gen)
+    with pytest.raises(KeyError):
+        gen.throw(KeyError("into the generator"))
+    gen = steps(w, 5)
+    next(gen)
+    gen.close()
+    assert riftco.is_grad_enabled()
     assert bool(riftco.Variable([0.0])) is False and bool(riftco.Variable(3.0)) is True
     with pytest.raises(ValueError, match="ambiguous"):
         bool(w)

@@ -27,6 +27,10 @@ def test_a_stop_token_ends_generation_and_is_left_out_of_the_text():
     assert r.tokens == free.tokens[:first + 1] and r.stop_token == eos
     assert r.text == bytes(free.tokens[:first]).decode("utf-8", "replace")
     assert f"at stop token {eos}" in r.message and f"stop_token={eos}" in repr(r)
+    # No stop string ended it: stop_index is None (was -1, so stop[r.stop_index] picked the last string).
+    assert r.stop_index is None and "stop_index" not in repr(r)
+    with_strings = m.generate([72, 105], max_new_tokens=10, temperature=0, stop_tokens=[eos], stop=["\x00\x01"])
+    assert with_strings.stop_token == eos and with_strings.stop_index is None
     for s in m.generate_samples([72, 105], num_samples=3, max_new_tokens=10, stop_tokens=[eos], seed=5):
         assert s.stop_token is None or s.tokens[-1] == eos == s.stop_token
     assert m.generate([72, 105], max_new_tokens=10, temperature=0, stop_tokens=[]).tokens == free.tokens
