@@ -129,9 +129,9 @@ inline const CLI::Validator kUnsigned64(
 /// disk, /dev/full, a closed pipe's EIO): `rt-eval --json > result.json` on a
 /// full disk exited 0 with an empty file. As cat and Python do.
 inline int finish_output(const std::string& tool, int rc) {
-  std::cout.flush();
-  errno = 0;
-  const bool failed = !std::cout.good() || std::fflush(stdout) != 0 || std::ferror(stdout) != 0;
+  errno = 0;  // the first failed write sets it: cout's (already failed, badbit) or the flush here
+  const bool failed = !std::cout.good() || (std::cout.flush(), !std::cout.good()) || std::fflush(stdout) != 0 ||
+                      std::ferror(stdout) != 0;
   if (failed && rc == 0) {
     std::cerr << tool << ": error: writing to standard output failed"
               << (errno != 0 ? std::string(" (") + std::strerror(errno) + ")" : std::string()) << "\n";

@@ -272,12 +272,10 @@ std::string policy_text(const StageSettings& s) {
   return std::string("checkpointing ") + activation_checkpointing_name(s.activation_checkpointing);
 }
 
-/// `checkpoint_interval`: the run's, to say which step its last training
-/// checkpoint holds (a checkpoint is written every that many steps).
-void print_result(const RunResult& r, std::int64_t checkpoint_interval) {
+void print_result(const RunResult& r) {
   if (!r.completed) {  // --stop-after
     const bool resumable = std::filesystem::exists(r.output_dir / "training_checkpoint.safetensors");
-    const std::int64_t saved = checkpoint_interval > 0 ? r.steps / checkpoint_interval * checkpoint_interval : 0;
+    const std::int64_t saved = r.checkpoint_step;
     std::string resume = "no training checkpoint (--checkpoint-interval): --resume starts over";
     if (resumable) {
       // The last checkpoint may be before the stop: say which steps run again
@@ -287,7 +285,7 @@ void print_result(const RunResult& r, std::int64_t checkpoint_interval) {
       if (saved < r.steps) {
         resume += (saved + 1 == r.steps ? "; step " + std::to_string(r.steps) + " runs"
                                         : "; steps " + std::to_string(saved + 1) + "-" + std::to_string(r.steps) + " run") +
-                  " again (a checkpoint is written every " + std::to_string(checkpoint_interval) + " steps)";
+                  " again";
       }
     }
     std::cout << "stopped after step " << r.steps << " (--stop-after), final train loss " << r.final_train_loss
@@ -360,7 +358,7 @@ int pretrain(const CLI::App& sub, Commands& c, bool& running) {
   running = true;
   const RunResult r = run_pretraining(
       p, progress_printer("pretrain", c.pretrain_text.quiet || !print, c.pretrain_text.stop_after), print_notice);
-  if (print) print_result(r, p.checkpoint_interval);
+  if (print) print_result(r);
   return 0;
 }
 
@@ -428,7 +426,7 @@ int post_train(const CLI::App& sub, Commands& c, bool& running) {
   running = true;
   const RunResult r = run_post_training(
       p, progress_printer("post-train", c.post_text.quiet || !print, c.post_text.stop_after), print_notice);
-  if (print) print_result(r, p.checkpoint_interval);
+  if (print) print_result(r);
   return 0;
 }
 

@@ -38,6 +38,10 @@ struct MemoryStats {
 
 MemoryStats memory_stats(Backend backend = Backend::Cpu);
 
+/// Host memory this process may use: physical memory, or the cgroup's limit
+/// or the address-space limit (ulimit -v) when lower; 0 when unknown.
+double available_host_memory_bytes();
+
 class ThreadMemoryMeter;
 namespace detail {
 void meter_note(Backend backend, std::int64_t bytes) noexcept;

@@ -198,6 +198,10 @@ struct RunResult {
   bool completed = false;  // false when the callback stopped the run
   std::int64_t steps = 0;  // steps completed, including resumed ones
   std::int64_t resumed_from_step = 0;
+  /// The step the output directory's training checkpoint holds when the run
+  /// ends (0: none, or the run completed and removed it): a stopped run's
+  /// resume continues from there.
+  std::int64_t checkpoint_step = 0;
   float final_train_loss = 0.0F;
   float final_validation_loss = 0.0F;
   double tokens_per_second = 0.0;

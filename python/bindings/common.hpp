@@ -38,6 +38,15 @@ namespace rt = riftco_transformer;
 /// for a snapshot. A tensor on another backend is copied to the CPU first.
 nb::object to_numpy(const rt::Tensor& tensor);
 
+/// True for Python's bool and numpy's (numpy.bool_, numpy.bool in numpy 2),
+/// which numbers refuse: numpy's converts through __index__ (with only a
+/// DeprecationWarning) and __float__, so max_new_tokens=np.True_ was 1.
+inline bool is_bool_like(PyObject* value) {
+  if (PyBool_Check(value)) return true;
+  const std::string_view type = Py_TYPE(value)->tp_name;
+  return type == "numpy.bool_" || type == "numpy.bool";
+}
+
 /// An integer argument or field as T. Python's bool is an int subclass, but
 /// rank=True or zero_stage=True is a mistake, not 1: a bool (or anything that
 /// is not an integer) is nb::cast_error, for the caller to turn into a
@@ -46,7 +55,7 @@ nb::object to_numpy(const rt::Tensor& tensor);
 template <class T>
 T int_of(nb::handle value, const std::string& what) {
   static_assert(std::is_integral_v<T> && !std::is_same_v<T, bool>);
-  if (nb::isinstance<nb::bool_>(value)) throw nb::cast_error();
+  if (is_bool_like(value.ptr())) throw nb::cast_error();
   T out{};
   if (nb::try_cast<T>(value, out)) return out;
   if (nb::isinstance<nb::int_>(value)) {
@@ -249,7 +258,7 @@ template <class T>
 struct type_caster<riftco_python::IntArg<T>> {
   NB_TYPE_CASTER(riftco_python::IntArg<T>, const_name("int"))
   bool from_python(handle src, uint8_t flags, cleanup_list* cleanup) noexcept {
-    if (PyBool_Check(src.ptr())) return false;
+    if (riftco_python::is_bool_like(src.ptr())) return false;
     PyObject* index = PyNumber_Index(src.ptr());  // int, numpy integer; not float or str
     if (index == nullptr) {
       PyErr_Clear();
@@ -279,7 +288,7 @@ template <class T>
 struct type_caster<riftco_python::RealArg<T>> {
   NB_TYPE_CASTER(riftco_python::RealArg<T>, const_name("float"))
   bool from_python(handle src, uint8_t flags, cleanup_list* cleanup) noexcept {
-    if (PyBool_Check(src.ptr())) return false;
+    if (riftco_python::is_bool_like(src.ptr())) return false;
     make_caster<T> inner;
     if (!inner.from_python(src, flags, cleanup)) return false;
     value = riftco_python::RealArg<T>(inner.value);

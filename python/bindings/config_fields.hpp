@@ -27,7 +27,7 @@ class ConfigClass {
       if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
         c.*member = int_of<T>(v, what);  // also: an int out of range is a ValueError naming it
       } else {
-        if (std::is_arithmetic_v<T> && !std::is_same_v<T, bool> && nb::isinstance<nb::bool_>(v)) throw nb::cast_error();
+        if (std::is_arithmetic_v<T> && !std::is_same_v<T, bool> && is_bool_like(v.ptr())) throw nb::cast_error();
         c.*member = nb::cast<T>(v);
       }
     };
@@ -53,7 +53,7 @@ class ConfigClass {
   ConfigClass& real(const char* name, float Base::*member, const char* doc = "") {
     auto get = [member](const C& c) { return short_double(c.*member); };
     auto set = [member](C& c, nb::handle v) {
-      if (nb::isinstance<nb::bool_>(v)) throw nb::cast_error();  // not a number here
+      if (is_bool_like(v.ptr())) throw nb::cast_error();  // not a number here
       c.*member = static_cast<float>(nb::cast<double>(v));
     };
     add(name, "float", get, set, [get](const C& c) { return nb::cast(get(c)); }, doc);

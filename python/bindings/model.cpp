@@ -297,7 +297,9 @@ void init_model(nb::module_& m) {
       .def("parameter_count", &DecoderOnlyTransformer::parameter_count)
       .def("validate_parameters", &DecoderOnlyTransformer::validate_parameters,
            "ShapeError naming the first parameter whose shape or backend no longer fits.")
-      .def("block_dependencies", &DecoderOnlyTransformer::block_dependencies, "index"_a)
+      .def("block_dependencies", [](const DecoderOnlyTransformer& model, const IntArg<std::size_t>& index) {
+        return model.block_dependencies(index.get("[block_dependencies] index"));
+      }, "index"_a)
       .def("forward", &run_forward, "tokens"_a, "Logits (B, T, V) for (B, T) token ids. Releases the GIL.")
       .def("__call__", &run_forward, "tokens"_a)
       .def(

@@ -13,7 +13,8 @@ void init_ops(nb::module_& m) {
   m.def("add", &rt::add, "a"_a, "b"_a);
   m.def("sub", &rt::sub, "a"_a, "b"_a);
   m.def("mul", &rt::mul, "a"_a, "b"_a);
-  m.def("scale", &rt::scale, "a"_a, "factor"_a);
+  m.def("scale", [](const Variable& a, RealArg<float> factor) { return rt::scale(a, factor.value); }, "a"_a,
+        "factor"_a);
   m.def("silu", &rt::silu, "x"_a);
   m.def("gelu", &rt::gelu, "x"_a);
   m.def("swiglu", &rt::swiglu, "gate"_a, "up"_a);

@@ -23,11 +23,11 @@ rt::ParameterGroup group_from_dict(const nb::dict& d, std::size_t index) {
       }
     } else if (k == "weight_decay") {
       // A bool is an int to Python: refused, as the config fields refuse it.
-      if (nb::isinstance<nb::bool_>(value) || (!nb::isinstance<nb::float_>(value) && !nb::isinstance<nb::int_>(value))) {
-        throw rt::ValueError(where + ": 'weight_decay' must be a number (not a bool)");
-      }
       float decay = 0.0F;
-      if (!nb::try_cast<float>(value, decay)) throw rt::ValueError(where + ": 'weight_decay' is not a float32 number");
+      if (is_bool_like(value.ptr()) || nb::isinstance<nb::str>(value) || !nb::try_cast<float>(value, decay)) {
+        throw rt::ValueError(where + ": 'weight_decay' must be a number (not a bool) that fits a float32, got " +
+                             nb::cast<std::string>(nb::str(value.type().attr("__name__"))));
+      }
       g.weight_decay = decay;
     } else if (k == "name") {
       if (!nb::isinstance<nb::str>(value)) throw rt::ValueError(where + ": 'name' must be a string");

@@ -182,6 +182,9 @@ void init_pipelines(nb::module_& m) {
       .def_ro("completed", &rt::RunResult::completed, "False when the progress callback stopped the run")
       .def_ro("steps", &rt::RunResult::steps)
       .def_ro("resumed_from_step", &rt::RunResult::resumed_from_step)
+      .def_ro("checkpoint_step", &rt::RunResult::checkpoint_step,
+              "the step the output directory's training checkpoint holds (0: none, or the run completed): a "
+              "stopped run's resume continues from there")
       .def_ro("final_train_loss", &rt::RunResult::final_train_loss)
       .def_ro("final_validation_loss", &rt::RunResult::final_validation_loss)
       .def_ro("tokens_per_second", &rt::RunResult::tokens_per_second)

@@ -102,10 +102,11 @@ Tensor DecodeSession::decode_token(std::int32_t token) {
         keys.push_back(widened(keys_[i], rows));
         values.push_back(widened(values_[i], rows));
       }
-    } catch (const std::bad_alloc&) {
+    } catch (const std::bad_alloc& e) {
+      const bool ours = dynamic_cast<const OutOfMemoryError*>(&e) != nullptr;  // the allocator's: device, bytes
       throw OutOfMemoryError("[decode_token] no memory to grow the K/V caches to " + std::to_string(rows) +
                              " positions (" + cache_bytes(dims, rows) + "); the session is as it was at position " +
-                             std::to_string(position_));
+                             std::to_string(position_) + (ours ? std::string(" (") + e.what() + ")" : std::string()));
     }
     keys_ = std::move(keys);
     values_ = std::move(values);

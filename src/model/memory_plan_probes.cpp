@@ -118,6 +118,19 @@ ActivationMemoryProfile profile_activation_memory(const DecoderOnlyTransformer& 
                      std::to_string(d.layers) + " blocks): the planner plans a step that trains the blocks (the probes "
                      "split the peak where a block's last gradient is final); unfreeze a block parameter or add LoRA adapters");
   }
+  // The probes run a step at this batch: its logits and their gradient
+  // alone are 2·B·T·V floats. Refused up front when that cannot fit (batch
+  // 2^20 ran until std::bad_alloc at 2.4 GiB under a 3 GB limit, and would
+  // have needed about 240 GiB), as the runs refuse an allocation bomb.
+  const double probe_floor = 4.0 * 2.0 * static_cast<double>(batch) * static_cast<double>(sequence_length) *
+                             static_cast<double>(d.vocab_size + d.model_width);
+  const double available = model.backend() == Backend::Cpu ? available_host_memory_bytes() : 0.0;
+  if (available > 0 && probe_floor > available) {
+    throw ValueError("[profile_activation_memory] profiling at batch " + std::to_string(batch) +
+                     " and sequence length " + std::to_string(sequence_length) + " needs at least " +
+                     format_bytes(probe_floor) + " (the logits and their gradient) but this machine has " +
+                     format_bytes(available) + "; plan for a smaller batch");
+  }
   ActivationMemoryProfile p;
   p.layers = d.layers;
   p.batch = batch;

@@ -72,7 +72,9 @@ constexpr std::size_t kCudaAlign = 512;
 constexpr std::size_t kLargestRequest = std::size_t{1} << 62;
 
 void check_request(std::size_t bytes) {
-  if (bytes > kLargestRequest) throw std::bad_alloc();
+  if (bytes > kLargestRequest) {
+    throw OutOfMemoryError("[allocate] out of memory: " + std::to_string(bytes) + " bytes is more than any allocation may be");
+  }
 }
 
 std::size_t size_class(std::size_t bytes) {

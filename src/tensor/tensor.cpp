@@ -205,18 +205,20 @@ Tensor Tensor::clone() const {
 
 Tensor Tensor::reshape(const Shape& shape) const {
   Shape resolved = shape;
-  std::int64_t known = 1;
   int inferred = -1;
   for (std::size_t i = 0; i < resolved.size(); ++i) {
     if (resolved[i] == -1) {
       if (inferred >= 0) throw ShapeError("[reshape] only one dimension may be -1 in " + shape_string(shape));
       inferred = static_cast<int>(i);
-    } else {
-      if (resolved[i] < 0) throw ShapeError("[reshape] bad target shape " + shape_string(shape));
-      known *= resolved[i];
+      resolved[i] = 1;  // for the product of the others, checked below
+    } else if (resolved[i] < 0) {
+      throw ShapeError("[reshape] bad target shape " + shape_string(shape));
     }
   }
   if (inferred >= 0) {
+    // The other dimensions' product, overflow-checked (a running product
+    // overflowed for (2^62, 6, -1) before any check: UB).
+    const std::int64_t known = shape_numel(resolved, "reshape");
     if (known == 0 || numel_ % known != 0) {
       throw ShapeError("[reshape] cannot reshape " + shape_string(shape_) + " to " + shape_string(shape));
     }

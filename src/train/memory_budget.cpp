@@ -1,5 +1,7 @@
 #include "memory_budget.hpp"
 
+#include "riftco_transformer/memory.hpp"
+
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -64,26 +66,7 @@ MemoryEstimate estimate_training_memory(const TransformerDimensions& d, std::int
   return e;
 }
 
-double available_memory_bytes() {
-  const long pages = ::sysconf(_SC_PHYS_PAGES);
-  const long page = ::sysconf(_SC_PAGE_SIZE);
-  double bytes = pages > 0 && page > 0 ? static_cast<double>(pages) * static_cast<double>(page) : 0.0;
-  struct rlimit address_space {};  // ulimit -v: the address space this process may map
-  if (::getrlimit(RLIMIT_AS, &address_space) == 0 && address_space.rlim_cur != RLIM_INFINITY) {
-    const auto as = static_cast<double>(address_space.rlim_cur);
-    bytes = bytes > 0 ? std::min(bytes, as) : as;
-  }
-  std::ifstream limit("/sys/fs/cgroup/memory.max");  // cgroup v2; "max" when unlimited
-  std::string text;
-  if (limit >> text && text != "max") {
-    try {
-      const double cgroup = std::stod(text);
-      if (cgroup > 0) bytes = bytes > 0 ? std::min(bytes, cgroup) : cgroup;
-    } catch (const std::exception&) {
-    }
-  }
-  return bytes;
-}
+double available_memory_bytes() { return available_host_memory_bytes(); }
 
 void check_memory_budget(const MemoryEstimate& e, const char* op) {
   const double available = available_memory_bytes();

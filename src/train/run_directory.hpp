@@ -18,7 +18,7 @@ namespace riftco_transformer::stage {
 /// (".<name>.tmp.<pid>.<n>") a run removes there.
 inline constexpr std::string_view kRunFileNames[] = {
     "model.safetensors", "adapter.safetensors", "metadata.json", "metrics.jsonl",  "loss_curve.svg",
-    kTrainingCheckpointFile, kPartialMetricsFile, ".lock", ".write_probe"};
+    "loss_curve.png" /* riftco.plot's, beside the run's files */, kTrainingCheckpointFile, kPartialMetricsFile, ".lock", ".write_probe"};
 
 /// File-system steps with typed errors: a failure is a ModelStateError
 /// "[save] <path>: cannot ...: <reason>" (never a raw std::filesystem error).

@@ -215,6 +215,7 @@ RunResult run(StageRun& r, const ProgressCallback& progress, const NoticeCallbac
       data_random.set_state(state.data_random);
       model.dropout_random().set_state(state.dropout_random);
       result.resumed_from_step = state.step;
+      result.checkpoint_step = state.step;
       // The in-progress log. Without one, metrics.jsonl: a directory written
       // by an older build kept the log there while in progress, and a kill
       // between completion's last two removals leaves it complete there.
@@ -426,6 +427,7 @@ RunResult run(StageRun& r, const ProgressCallback& progress, const NoticeCallbac
           raised_by_every_rank = false;
         }
         state.step = step + 1;
+        result.checkpoint_step = state.step;  // once saved below (a failed save ends the run)
         state.data_random = data_random.state();
         const std::vector<Random::State> dropout = gather_random_states(comm, model.dropout_random().state());
         state.dropout_random = dropout.front();
@@ -474,6 +476,7 @@ RunResult run(StageRun& r, const ProgressCallback& progress, const NoticeCallbac
   metrics.close();
   result.steps = s.steps;
   result.completed = true;
+  result.checkpoint_step = 0;  // the final files replace it
   result.final_validation_loss = last_validation;
   std::exception_ptr final_error;
   if (writer) {

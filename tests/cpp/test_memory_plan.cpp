@@ -8,6 +8,7 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 
+#include "message_of.hpp"
 #include "model_fixtures.hpp"
 #include "scratch.hpp"
 #include "tiny_pretraining.hpp"
@@ -347,4 +348,20 @@ TEST(MemoryPlan, LoraPostTrainingWithABudgetStaysUnderIt) {
   EXPECT_LE(r.activation_peak_bytes, c.activation_memory_budget);
   EXPECT_LT(r.activation_peak_bytes, unplanned.activation_peak_bytes);
   EXPECT_EQ(r.final_train_loss, unplanned.final_train_loss);
+}
+
+TEST(MemoryPlan, ProfilingABatchWhoseLogitsCannotFitIsRefusedBeforeAnyProbe) {
+  // The probes run a step at the batch asked for: batch 2^20 ran until
+  // std::bad_alloc (2.4 GiB under a 3 GB limit, about 240 GiB wanted).
+  Random init(3);
+  const TransformerDimensions d{256, 64, 16, 2, 1, 32};
+  DecoderOnlyTransformer model(d, init);
+  const double floor_bytes = 8.0 * static_cast<double>(1 << 20) * 64.0 * (256.0 + 16.0);  // ~146 GB
+  if (available_host_memory_bytes() >= floor_bytes) GTEST_SKIP() << "this machine has room for the logits";
+  const MemoryStats before = memory_stats();
+  const std::string message = rt_test::message_of<ValueError>([&] { (void)profile_activation_memory(model, 1 << 20, 64); });
+  EXPECT_NE(message.find("profiling at batch 1048576 and sequence length 64 needs at least"), std::string::npos) << message;
+  EXPECT_NE(message.find("plan for a smaller batch"), std::string::npos) << message;
+  EXPECT_EQ(memory_stats().allocation_count, before.allocation_count);  // refused before anything ran
+  EXPECT_GT(available_host_memory_bytes(), 0.0);
 }

@@ -171,3 +171,36 @@ attention x13, keep x27 35656311 4.719e+10
 keep x40 42184595 0
 )");
 }
+
+// Past 96 blocks the search takes counts in steps of ceil(L/96) and segment
+// sizes 1..96 plus those steps (512 blocks took 71 s, 4096 would have taken
+// days). Its plans still cover every block, fit the budget by the same
+// prediction, keep everything when that fits, and are never worse than the
+// uniform policies that fit; the smallest plan is found in the grid.
+TEST(MemoryPlanSearch, DeepModelsSearchAGridThatHoldsTheUniformPlans) {
+  for (const std::int64_t layers : {97, 1000, 4096}) {
+    const ActivationMemoryProfile p = random_profile(layers, 11 + static_cast<std::uint64_t>(layers), false, false);
+    const ActivationMemoryPlan loosest = plan_activation_memory(p, std::int64_t{1} << 50);
+    EXPECT_EQ(loosest.recompute_flops, 0.0) << layers;  // keeping everything fits: it is the plan
+    EXPECT_EQ(loosest.predicted_peak_bytes, loosest.disabled_peak_bytes) << layers;
+    const std::int64_t whole_segment = predicted_activation_peak(p, {{layers, BlockRecompute::Whole}});
+    EXPECT_LE(loosest.smallest_feasible_bytes, whole_segment) << layers;
+    for (int i = 0; i <= 4; i += layers == 4096 ? 8 : 2) {  // the smallest plan's budget, two more
+      const std::int64_t budget =
+          loosest.smallest_feasible_bytes + (loosest.disabled_peak_bytes - loosest.smallest_feasible_bytes) * i / 4;
+      const ActivationMemoryPlan plan = plan_activation_memory(p, budget);
+      std::int64_t blocks = 0;
+      for (const CheckpointGroup& g : plan.plan) blocks += g.blocks;
+      EXPECT_EQ(blocks, layers);
+      EXPECT_LE(plan.predicted_peak_bytes, budget) << layers << " blocks, budget " << budget;
+      EXPECT_EQ(plan.predicted_peak_bytes, predicted_activation_peak(p, plan.plan)) << layers;
+      for (const BlockRecompute r : {BlockRecompute::Whole, BlockRecompute::Mlp, BlockRecompute::Attention}) {
+        const ActivationCheckpointingPlan uniform_plan(static_cast<std::size_t>(layers), CheckpointGroup{1, r});
+        if (predicted_activation_peak(p, uniform_plan) <= budget) {
+          EXPECT_LE(plan.recompute_flops, static_cast<double>(layers) * p.recompute_flops[static_cast<std::size_t>(r)])
+              << layers << " blocks, budget " << budget;
+        }
+      }
+    }
+  }
+}

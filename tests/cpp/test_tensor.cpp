@@ -178,5 +178,9 @@ TEST(TensorShape, AnEmptyShapeWhoseOtherDimensionsOverflowIsRefusedInAnyOrder) {
     EXPECT_THROW((void)Tensor::zeros(shape), ShapeError) << shape_string(shape);
     EXPECT_THROW((void)reshape(Variable(Tensor::zeros({0, 4})), shape), ShapeError) << shape_string(shape);
   }
+  for (const Shape& shape : {Shape{huge, 6, -1}, Shape{-1, huge, 6}, Shape{0, huge, 8, -1}}) {  // -1 inferred
+    EXPECT_THROW((void)reshape(Variable(Tensor::zeros({0, 4})), shape), ShapeError) << shape_string(shape);
+  }
   EXPECT_EQ(Tensor::zeros({0, 6, std::int64_t{1} << 40}).numel(), 0);  // large but representable: fine
+  EXPECT_EQ(Tensor::zeros({2, 6}).reshape({-1, 3}).shape(), (Shape{4, 3}));
 }

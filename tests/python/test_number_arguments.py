@@ -67,7 +67,7 @@ GOOD = {  # a value each argument takes (as a numpy number: converted as PyTorch
 def test_a_bool_is_refused_where_a_number_is_expected(name):
     model = tiny_model()
     call = calls(model)[name]
-    for flag in (True, False):
+    for flag in (True, False, np.True_, np.False_):  # numpy's converts through __index__ and __float__
         with pytest.raises(TypeError):
             call(flag)
     call(GOOD[name])  # the model is still usable: nothing was half-applied
@@ -130,11 +130,15 @@ def test_setters_losses_decoding_and_ops_refuse_a_bool_too():
         "causal_mask offset": lambda v: riftco.causal_mask(x, v),
         "rope position_offset": lambda v: riftco.rope(x, v),
         "rope base": lambda v: riftco.rope(x, 0, v),
+        "scale factor": lambda v: riftco.scale(x, v),
+        "block_dependencies index": lambda v: model.block_dependencies(v),
     }
     for name, call in refused.items():
-        with pytest.raises(TypeError):
-            call(True)
-        call(np.int64(1) if "base" not in name else 10000.0)  # a number works
+        for flag in (True, np.True_):
+            with pytest.raises(TypeError):
+                call(flag)
+        good = 2.0 if "base" in name or "factor" in name else np.int64(0 if "index" in name else 1)
+        call(good)  # a number works
     assert opt.learning_rate == 1.0  # set by the number, not by True before it
     with pytest.raises(riftco.ValueError, match=r"ignore_index must be in \[-2147483648, 2147483647\]"):
         model.loss([1, 2], [2, 3], ignore_index=1 << 31)
@@ -148,7 +152,19 @@ def test_plan_groups_and_adam_groups_name_what_is_wrong():
         with pytest.raises(TypeError, match=re.escape(needle)):
             model.activation_checkpointing_plan = plan
     params = model.trainable_parameters()
-    with pytest.raises(riftco.ValueError, match="parameter group 0: 'weight_decay' is not a float32 number"):
+    with pytest.raises(riftco.ValueError, match="parameter group 0: 'weight_decay' must be a number .* fits a float32"):
         riftco.Adam([{"params": params, "weight_decay": 10 ** 400}])
+    for decay in (np.float32(0.1), np.int64(0), 0.1, 0):  # numpy numbers too, as the docs say
+        riftco.Adam([{"params": params, "weight_decay": decay}])
+    with pytest.raises(riftco.ValueError, match="not a bool"):
+        riftco.Adam([{"params": params, "weight_decay": np.True_}])
     with pytest.raises(riftco.ValueError, match="parameter group 0: 'name'"):
         riftco.Adam([{"params": params, "name": "\udcff"}])
+
+
+def test_config_fields_refuse_a_numpy_bool():
+    with pytest.raises(TypeError):
+        riftco.PretrainingConfig(steps=np.True_)
+    with pytest.raises(TypeError):
+        riftco.PretrainingConfig(learning_rate=np.True_)
+    assert riftco.PretrainingConfig(steps=np.int64(3)).steps == 3
