@@ -198,7 +198,12 @@ class RunConfigFile : public CLI::ConfigTOML {
         flatten(value, inner, items);
         continue;
       }
-      if (value.is_null()) continue;
+      // null is not "unset": {"data": null} trained on the default corpus and
+      // {"steps": null} the default 200 steps, silently. Leave the key out.
+      if (value.is_null()) {
+        throw CLI::ConfigError("config file: '" + key + "' is null: give it a value, or leave the key out for the "
+                               "default");
+      }
       CLI::ConfigItem item;
       item.parents = parents;
       item.name = key;

@@ -101,11 +101,23 @@ def write_loss_curve(run_dir, output: Optional[pathlib.Path] = None, title: Opti
     figure = Figure(figsize=(8, 5), dpi=100)
     FigureCanvasAgg(figure)
     axes = figure.add_subplot()
-    axes.plot(*series["train"], label="train loss", color="#1F77B4", linewidth=1.5)
+    # A diverged run's ±1e308 made matplotlib's linear axis overflow (an
+    # IndexError deep in its tick code): such a range is drawn on a symlog
+    # axis, clipped to ±1e30 (its autoscaled ticks overflowed near 1e300).
+    finite = [v for v in series["train"][1] + series["validation"][1] if math.isfinite(v)]
+    huge = bool(finite) and not (math.isfinite(max(finite) - min(finite)) and max(abs(v) for v in finite) < 1e100)
+
+    def drawn(values):
+        return [max(-1e30, min(1e30, v)) if huge and math.isfinite(v) else v for v in values]
+
+    axes.plot(series["train"][0], drawn(series["train"][1]), label="train loss", color="#1F77B4", linewidth=1.5)
     if series["validation"][0]:
-        axes.plot(*series["validation"], label="validation loss", color="#D62728", marker="o", linewidth=1.5)
+        axes.plot(series["validation"][0], drawn(series["validation"][1]), label="validation loss", color="#D62728",
+                  marker="o", linewidth=1.5)
+    if huge:
+        axes.set_yscale("symlog")
     axes.set_xlabel("step")
-    axes.set_ylabel("cross-entropy (nats/token)")
+    axes.set_ylabel("cross-entropy (nats/token" + (", symlog; beyond ±1e30 drawn at ±1e30)" if huge else ")"))
     axes.set_title(title)
     axes.grid(True, alpha=0.3)
     axes.legend()

@@ -376,6 +376,10 @@ feed_forward_width = 16
     # Before: an option's two names were two options here; the first key won.
     ('{"zero": 0, "zero_stage": 1}', "'zero' and 'zero_stage' both set --zero"),
     ('{"bucket_mib": 3, "gradient_bucket_mib": 5}', "both set --bucket-mib"),
+    # Before: null read as unset ({"data": null} trained on the default corpus).
+    ('{"data": null}', "'data' is null: give it a value, or leave the key out"),
+    ('{"dimensions": {"layers": null}}', "'layers' is null"),
+    ('{"stage": "pretraining", "config": {"steps": null}}', "'steps' is null"),
 ])
 def test_bad_config_files_exit_2_naming_the_setting(tools, tmp_path, text, needle):
     config = tmp_path / "bad.cfg"

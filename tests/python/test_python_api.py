@@ -453,6 +453,19 @@ def test_plot_module_writes_a_png_from_metrics(tmp_path):
     assert r.returncode == 2 and "metrics.jsonl" in r.stderr
 
 
+def test_plot_of_a_diverged_run_draws_instead_of_failing(tmp_path):
+    # ±1e308 losses made matplotlib's linear axis overflow: exit 1 with an IndexError traceback.
+    pytest.importorskip("matplotlib")
+    run = tmp_path / "diverged"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text('{"step": 1, "loss": 2.0}\n'
+                                       '{"step": 2, "loss": 1e308, "validation_loss": -1e308}\n'
+                                       '{"step": 3, "loss": null}\n')
+    r = subprocess.run([sys.executable, "-m", "riftco.plot", str(run)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert (run / "loss_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 def _metrics_run(path):
     path.mkdir()
     (path / "metrics.jsonl").write_text('{"step": 1, "loss": 5.0}\n{"step": 2, "loss": 4.0, "validation_loss": 4.5}\n')
