@@ -7,6 +7,7 @@
 #include "../tensor/hash.hpp"
 #include "../io/json_read.hpp"
 #include "../io/safetensors_header.hpp"
+#include "riftco_transformer/atomic_file.hpp"
 #include "riftco_transformer/model_state.hpp"
 
 namespace riftco_transformer::stage {
@@ -301,6 +302,15 @@ void load_training_checkpoint(const std::filesystem::path& path, const std::vect
                             expected["gradient_accumulation_steps"].dump() +
                             "; resume with the same value or use a new output directory");
     }
+    // A file named another way is the same setting: --data corpus.txt
+    // resumes a run started with --data /abs/path/corpus.txt from that cwd.
+    for (auto it = expected.begin(); it != expected.end(); ++it) {
+      const auto at = saved.find(it.key());
+      if (at != saved.end() && at->is_string() && it->is_string() && *at != *it && !at->get<std::string>().empty() &&
+          !it->get<std::string>().empty() && same_file(at->get<std::string>(), it->get<std::string>())) {
+        *at = *it;
+      }
+    }
     if (saved != expected) {
       std::string field = "?";
       for (auto it = expected.begin(); it != expected.end(); ++it) {
@@ -309,8 +319,15 @@ void load_training_checkpoint(const std::filesystem::path& path, const std::vect
           break;
         }
       }
-      throw ModelStateError(where + "made with a different configuration (first difference: '" + field +
-                            "'); resume with the same settings or use a new output directory");
+      const auto shown = [](const nlohmann::json& value) {
+        std::string text = value.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);  // any path
+        return text.size() > 200 ? text.substr(0, 200) + "..." : text;
+      };
+      const std::string values = saved.contains(field) && expected.contains(field)
+                                     ? ": the checkpoint's " + shown(saved[field]) + ", this run's " + shown(expected[field])
+                                     : "";
+      throw ModelStateError(where + "made with a different configuration (first difference: '" + field + "'" + values +
+                            "); resume with the same settings or use a new output directory");
     }
   };
   // The format and every tensor's name and shape are checked from the

@@ -716,3 +716,22 @@ def test_output_that_cannot_be_written_is_an_error_not_exit_0(build_dir, tools, 
                                timeout=300)
         assert r.returncode == 1, (tool, r.stderr)
         assert "writing to standard output failed" in r.stderr, r.stderr
+
+
+def test_resume_takes_the_same_data_file_by_another_name_and_names_both_values(tools, corpus, tmp_path):
+    # --data corpus.txt from its directory is the file the run named by its absolute path: a resume
+    # was refused ("first difference: 'data'"). A real difference names both values.
+    out = tmp_path / "run"
+    common = ["--steps", 4, "--checkpoint-interval", 2, *TINY]
+    r = run(tools[0], "pretrain", "--data", corpus, *common, "--stop-after", 2, "--output", out)
+    assert r.returncode == 0, r.stderr
+    r = subprocess.run([str(tools[0]), "pretrain", "--data", corpus.name, *map(str, common), "--resume",
+                        "--output", str(out)], capture_output=True, text=True, timeout=300, cwd=corpus.parent)
+    assert r.returncode == 0, r.stderr
+    assert (out / "model.safetensors").exists()
+    other = tmp_path / "other"
+    r = run(tools[0], "pretrain", "--data", corpus, *common, "--stop-after", 2, "--output", other)
+    assert r.returncode == 0, r.stderr
+    r = run(tools[0], "pretrain", "--data", corpus, *common[:-1], "--seed", 7, "--quiet", "--resume", "--output", other)
+    assert r.returncode != 0
+    assert "first difference: 'seed': the checkpoint's 1234, this run's 7" in r.stderr, r.stderr
