@@ -18,8 +18,9 @@ struct Field {
   std::string_view bytes;
 };
 
-/// Reads the fields of a serialized message in order, as the protobuf-lite
-/// parser SentencePiece bundles reads them; nullopt at the end or, on input
+/// Reads the fields of a serialized message in order, as the protobuf parser
+/// SentencePiece uses reads them (Debian's links protobuf 3.21; the copy
+/// SentencePiece bundles reads tags the same way); nullopt at the end or, on input
 /// that parser refuses too, with malformed() set. Where the two could differ
 /// on a model the parser accepts, a map the validator never saw would be
 /// used: so a tag is at most 5 bytes and keeps its low 32 bits (a 5-byte tag
